@@ -1,0 +1,23 @@
+"""dsakv: the KV cache of DeepSeek-Sparse-Attention models (GLM-5.x, DeepSeek-V3.2).
+
+Two caches per token (MLA latent KV and lightning-indexer K) under one 64-token page id: one
+budget, one prefix cache, one eviction, one offload. See ``docs/structures.md`` for the map.
+"""
+
+from dsakv.allocator import PageAllocator
+from dsakv.errors import DsakvError, OutOfPagesError
+from dsakv.layout import KV_DTYPES, CacheLayout
+from dsakv.spec import PRESETS, ModelSpec, load_spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheLayout",
+    "DsakvError",
+    "KV_DTYPES",
+    "ModelSpec",
+    "OutOfPagesError",
+    "PRESETS",
+    "PageAllocator",
+    "load_spec",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from dsakv.cli import main
+
+sys.exit(main())

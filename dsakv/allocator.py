@@ -1,0 +1,125 @@
+"""Page allocator: hands out whole pages by id. Holds page ids only, never tensors, so the simulator
+runs it at full scale without storage and the engine drives the same object with a pool attached.
+
+Page ids run from ``first_page`` to ``first_page + num_pages - 1``. The pool keeps page 0 as a
+scratch page for padded writes (``first_page=1``); the budget counts it.
+
+Reuse order: the free list is a stack. Initially the lowest id is handed out first; afterwards the
+most recently freed page is reused first (it is the warmest in caches and TLBs, and the order is
+cheap: slicing the end of a list). ``alloc`` returns pages in the order they were popped.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from dsakv.errors import DsakvError, OutOfPagesError
+
+
+class PageAllocator:
+    """Free list of page ids. ``alloc(n)`` either returns n pages or raises and changes nothing."""
+
+    def __init__(self, num_pages: int, page_size: int = 64, first_page: int = 0) -> None:
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
+            raise DsakvError(f"num_pages = {num_pages!r}: must be a positive integer")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise DsakvError(f"page_size = {page_size!r}: must be a positive integer")
+        if not isinstance(first_page, int) or first_page < 0:
+            raise DsakvError(f"first_page = {first_page!r}: must be an integer >= 0")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.first_page = first_page
+        self.end_page = first_page + num_pages
+        # Stack: the end of the list is handed out first, so store ids in descending order.
+        self._free: list[int] = list(range(self.end_page - 1, first_page - 1, -1))
+        # 1 = allocated, 0 = free; indexed by page id (ids below first_page stay 1: never free).
+        self._allocated = bytearray(b"\x01" * first_page + b"\x00" * num_pages)
+
+    # ----- queries -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_allocated(self) -> int:
+        return self.num_pages - len(self._free)
+
+    @property
+    def free_tokens(self) -> int:
+        return len(self._free) * self.page_size
+
+    def is_allocated(self, page: int) -> bool:
+        return self.first_page <= page < self.end_page and self._allocated[page] == 1
+
+    def can_alloc(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    # ----- mutation ------------------------------------------------------------------------------
+    def alloc(self, n: int) -> list[int]:
+        """Allocate ``n`` pages. Raises ``OutOfPagesError`` (allocating nothing) if fewer are free."""
+        free = self._free
+        if n > len(free):
+            raise OutOfPagesError(f"cannot allocate {n} pages: {len(free)} free of {self.num_pages}")
+        if n <= 0:
+            if n < 0:
+                raise DsakvError(f"page count = {n}: must be >= 0")
+            return []
+        pages = free[-n:]
+        del free[-n:]
+        pages.reverse()
+        allocated = self._allocated
+        for p in pages:
+            allocated[p] = 1
+        return pages
+
+    def free(self, pages: Iterable[int]) -> None:
+        """Free pages by id. Every id must be allocated and appear once; otherwise nothing is freed."""
+        pages = list(pages)
+        allocated = self._allocated
+        for p in pages:
+            if not (self.first_page <= p < self.end_page) or allocated[p] != 1:
+                state = "out of range" if not (self.first_page <= p < self.end_page) else "not allocated (double free?)"
+                raise DsakvError(f"free of page {p}: {state}; valid ids {self.first_page}..{self.end_page - 1}")
+        if len(set(pages)) != len(pages):
+            raise DsakvError("free: the same page id appears twice in one call (double free)")
+        for p in pages:
+            allocated[p] = 0
+        self._free.extend(reversed(pages))
+
+    def free_token_segments(self, segments: Iterable[tuple[int, int]]) -> list[int]:
+        """Free the pages touched by token-slot segments ``[start, end)``, each page once.
+
+        A page touched by several segments (say a request's prefix and its tail) is freed once.
+        Returns the freed page ids in ascending order.
+        """
+        ps = self.page_size
+        pages: set[int] = set()
+        for start, end in segments:
+            if start < 0 or end < start:
+                raise DsakvError(f"token segment [{start}, {end}): must satisfy 0 <= start <= end")
+            if end > start:
+                pages.update(range(start // ps, (end - 1) // ps + 1))
+        ordered = sorted(pages)
+        self.free(ordered)
+        return ordered
+
+    def reset(self) -> None:
+        """Free every page (used when the whole cache is cleared)."""
+        self.__init__(self.num_pages, self.page_size, self.first_page)  # type: ignore[misc]
+
+    # ----- invariants ----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """free + allocated == total; no page twice in the free list; free flags match the list."""
+        free = self._free
+        if len(set(free)) != len(free):
+            raise AssertionError("allocator: a page id appears twice in the free list")
+        for p in free:
+            if not (self.first_page <= p < self.end_page):
+                raise AssertionError(f"allocator: free page {p} out of range")
+            if self._allocated[p] != 0:
+                raise AssertionError(f"allocator: page {p} is in the free list but marked allocated")
+        marked = sum(self._allocated[self.first_page : self.end_page])
+        if marked + len(free) != self.num_pages:
+            raise AssertionError(
+                f"allocator: allocated {marked} + free {len(free)} != total {self.num_pages}"
+            )

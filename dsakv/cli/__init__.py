@@ -1,0 +1,49 @@
+"""``dsakv`` command line: one console script, one module per subcommand.
+
+Each subcommand module exposes ``add_parser(subparsers)`` and ``run(args) -> int``. Bad input
+raises ``DsakvError``; it is printed as one line and the exit status is 1 (130 on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from dsakv.errors import DsakvError
+
+COMMANDS = ("plan", "demo", "simulate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsakv", description="KV cache manager for DeepSeek-Sparse-Attention models")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"dsakv.cli.{name}")
+        except ModuleNotFoundError as exc:  # TODO(founder): remove once every command module exists
+            if exc.name != f"dsakv.cli.{name}":
+                raise
+            continue
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except DsakvError as exc:
+        print(f"dsakv: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dsakv: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

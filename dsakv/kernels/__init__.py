@@ -1,0 +1,23 @@
+"""Kernels: each Triton kernel sits beside a plain-torch reference with the same signature, and a
+dispatcher picks Triton on CUDA (or when ``DSAKV_KERNELS=triton``, e.g. under ``TRITON_INTERPRET=1``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_triton(device: torch.device | str) -> bool:
+    """Triton on CUDA tensors, or anywhere when DSAKV_KERNELS=triton (the CPU interpreter in tests)."""
+    choice = os.environ.get("DSAKV_KERNELS", "auto")
+    if choice == "torch" or not triton_available():
+        return False
+    if choice == "triton":
+        return True
+    return torch.device(device).type == "cuda"
