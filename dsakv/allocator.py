@@ -6,12 +6,13 @@ scratch page for padded writes (``first_page=1``); the budget counts it.
 
 Reuse order: the free list is a stack. Initially the lowest id is handed out first; afterwards the
 most recently freed page is reused first (it is the warmest in caches and TLBs, and the order is
-cheap: slicing the end of a list). ``alloc`` returns pages in the order they were popped.
+cheap: slicing the end of a list). ``alloc`` returns pages in the order they were popped, and pages
+freed by one ``free(pages)`` call come back in that call's order, so ``free(p); alloc(len(p)) == p``.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from dsakv.errors import DsakvError, OutOfPagesError
 
@@ -120,6 +121,4 @@ class PageAllocator:
                 raise AssertionError(f"allocator: page {p} is in the free list but marked allocated")
         marked = sum(self._allocated[self.first_page : self.end_page])
         if marked + len(free) != self.num_pages:
-            raise AssertionError(
-                f"allocator: allocated {marked} + free {len(free)} != total {self.num_pages}"
-            )
+            raise AssertionError(f"allocator: allocated {marked} + free {len(free)} != total {self.num_pages}")

@@ -1,0 +1,205 @@
+"""Quantize-and-store and gather-and-dequantize for both caches (plain-torch references + dispatcher).
+
+Every function takes per-layer *views* of the pool (``TwinPool.main_view`` / ``indexer_view``), so the
+``slot`` and ``packed`` layouts differ only in strides, never in kernel code:
+
+* ``main``  uint8 ``[pages, page_size, row_bytes]``;
+* ``index`` uint8 ``[pages, states_per_page * 132]`` (keys then scales, see ``dsakv.layout``).
+
+A token slot is ``page * page_size + offset``. Inputs are assumed validated by the pool (slots in range,
+no duplicate main slots); these functions do not check.
+
+Quantization (``kv_dtype="fp8_ds_mla"``)::
+
+    latent[512] -> 4 tiles of 128: scale_i = amax(|tile_i|) / 448, q = fp8_e4m3(tile_i / scale_i)
+    row = | q (512 x fp8) | scale_0..3 (4 x fp32) | rope (64 x bf16) |        little-endian, 656 B
+
+An all-zero tile gets scale 1.0 (not 0, which would make ``0 / 0``); its fp8 bytes are then zero and it
+dequantizes to exact zeros. The indexer key uses the same rule with one scale per 128-value key.
+``bf16`` stores latent and RoPE as bf16; ``fp8`` stores both as fp8 divided by one per-layer scale
+(``fp8_scale``, default 1.0), values beyond ``448 * fp8_scale`` saturating.
+
+``index_kpool = N > 1``: token offset ``o`` maps to indexer state ``o // N``. A state holds the key of the
+*most recently stored* token of its group: within one call the last token (in slot order) of a group
+wins, and a later call overwrites. Stored in order, a complete group therefore holds its last token's key.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsakv.kernels import use_triton
+from dsakv.layout import FP8_E4M3_MAX, QUANT_TILE
+
+FP8 = torch.float8_e4m3fn
+INDEXER_SCALE_BYTES = 4
+
+
+def quantize_tiles(x: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [n, d]`` -> (fp8 ``[n, d]``, fp32 scales ``[n, d // tile]``); scale = amax / 448, zero tile -> 1.0."""
+    n, d = x.shape
+    t = x.float().reshape(n, d // tile, tile)
+    amax = t.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
+    q = (t / scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8)
+    return q.reshape(n, d), scale
+
+
+def _split_slots(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.div(slots, page_size, rounding_mode="floor"), slots % page_size
+
+
+def last_per_key(keys: torch.Tensor) -> torch.Tensor:
+    """Positions ``i`` such that ``keys[i]`` does not occur again later (the last writer of each key)."""
+    order = torch.arange(keys.numel(), device=keys.device)
+    last = torch.full((int(keys.max()) + 1,), -1, dtype=torch.long, device=keys.device)
+    last.scatter_reduce_(0, keys, order, reduce="amax")
+    return order[last[keys] == order]
+
+
+# ----- main KV ---------------------------------------------------------------------------------------
+def encode_main_rows(latent: torch.Tensor, rope: torch.Tensor, kv_dtype: str, fp8_scale: float = 1.0) -> torch.Tensor:
+    """Quantize ``latent [n, r]`` and ``rope [n, p]`` into uint8 rows ``[n, row_bytes]``."""
+    n = latent.shape[0]
+    if kv_dtype == "fp8_ds_mla":
+        q, scale = quantize_tiles(latent, QUANT_TILE)
+        parts = [
+            q.view(torch.uint8),
+            scale.contiguous().view(torch.uint8),
+            rope.to(torch.bfloat16).contiguous().view(torch.uint8),
+        ]
+    elif kv_dtype == "bf16":
+        parts = [t.to(torch.bfloat16).contiguous().view(torch.uint8) for t in (latent, rope)]
+    elif kv_dtype == "fp8":
+        both = torch.cat([latent.float(), rope.float()], dim=1) / fp8_scale
+        parts = [both.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8).view(torch.uint8)]
+    else:
+        raise ValueError(f"kv_dtype {kv_dtype!r}")
+    return torch.cat([p.reshape(n, -1) for p in parts], dim=1)
+
+
+def decode_main_rows(
+    rows: torch.Tensor, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 rows ``[n, row_bytes]`` -> (latent fp32 ``[n, r]``, rope fp32 ``[n, p]``)."""
+    n = rows.shape[0]
+    rows = rows.contiguous()
+    r = kv_lora_rank
+    if kv_dtype == "fp8_ds_mla":
+        tiles = r // QUANT_TILE
+        q = rows[:, :r].contiguous().view(FP8).float().reshape(n, tiles, QUANT_TILE)
+        scale = rows[:, r : r + 4 * tiles].contiguous().view(torch.float32)
+        latent = (q * scale.unsqueeze(-1)).reshape(n, r)
+        rope = rows[:, r + 4 * tiles :].contiguous().view(torch.bfloat16).float()
+    elif kv_dtype == "bf16":
+        both = rows.view(torch.bfloat16).float()
+        latent, rope = both[:, :r], both[:, r:]
+    elif kv_dtype == "fp8":
+        both = rows.view(FP8).float() * fp8_scale
+        latent, rope = both[:, :r], both[:, r:]
+    else:
+        raise ValueError(f"kv_dtype {kv_dtype!r}")
+    return latent.reshape(n, r), rope.reshape(n, rope_dim)
+
+
+def store_main_torch(
+    main: torch.Tensor,
+    slots: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    kv_dtype: str,
+    fp8_scale: float = 1.0,
+) -> None:
+    """Quantize and write one main-KV row per slot into ``main [pages, page_size, row]`` (in place)."""
+    rows = encode_main_rows(latent, rope, kv_dtype, fp8_scale)
+    if main.is_contiguous():  # slot layout: slot == row index; index_copy_ is much faster than index_put
+        main.view(-1, main.shape[2]).index_copy_(0, slots, rows)
+    else:
+        page, off = _split_slots(slots, main.shape[1])
+        main[page, off] = rows
+
+
+def gather_main_torch(
+    main: torch.Tensor, slots: torch.Tensor, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read and dequantize the rows of ``slots``; does not modify the pool."""
+    if main.is_contiguous():
+        rows = main.view(-1, main.shape[2]).index_select(0, slots)
+    else:
+        page, off = _split_slots(slots, main.shape[1])
+        rows = main[page, off]
+    return decode_main_rows(rows, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
+
+
+# ----- indexer K -------------------------------------------------------------------------------------
+def indexer_columns(states: torch.Tensor, states_per_page: int, key_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte columns of each state's key ``[n, key_dim]`` and scale ``[n, 4]`` inside an indexer page.
+
+    ::
+
+        | key 0 | key 1 | ... | key S-1 | scale 0 | ... | scale S-1 |     S = states_per_page
+        state s: key at s * key_dim, scale at S * key_dim + 4 * s
+    """
+    key_cols = states.unsqueeze(1) * key_dim + torch.arange(key_dim, device=states.device)
+    scale_base = states_per_page * key_dim + INDEXER_SCALE_BYTES * states
+    scale_cols = scale_base.unsqueeze(1) + torch.arange(INDEXER_SCALE_BYTES, device=states.device)
+    return key_cols, scale_cols
+
+
+def slot_states(slots: torch.Tensor, page_size: int, kpool: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page, state within the page) of each slot: state = offset // kpool."""
+    page, off = _split_slots(slots, page_size)
+    return page, torch.div(off, kpool, rounding_mode="floor")
+
+
+def store_indexer_torch(
+    index: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, page_size: int, kpool: int = 1
+) -> None:
+    """Quantize each key to fp8 with one fp32 scale and write key and scale bytes (in place)."""
+    states_per_page = page_size // kpool
+    page, state = slot_states(slots, page_size, kpool)
+    if kpool > 1:
+        keep = last_per_key(page * states_per_page + state)
+        page, state, key = page[keep], state[keep], key[keep]
+    q, scale = quantize_tiles(key, key.shape[1])
+    key_cols, scale_cols = indexer_columns(state, states_per_page, key.shape[1])
+    rows = page.unsqueeze(1)
+    index[rows, key_cols] = q.view(torch.uint8)
+    index[rows, scale_cols] = scale.contiguous().view(torch.uint8)
+
+
+def gather_indexer_torch(
+    index: torch.Tensor, slots: torch.Tensor, page_size: int, key_dim: int, kpool: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw fp8 keys ``[n, key_dim]`` and fp32 scales ``[n]`` of ``slots``; does not modify the pool."""
+    page, state = slot_states(slots, page_size, kpool)
+    key_cols, scale_cols = indexer_columns(state, page_size // kpool, key_dim)
+    rows = page.unsqueeze(1)
+    key = index[rows, key_cols].contiguous().view(FP8)
+    scale = index[rows, scale_cols].contiguous().view(torch.float32).reshape(-1)
+    return key, scale
+
+
+# ----- dispatch --------------------------------------------------------------------------------------
+def _impl(name: str, device: torch.device):
+    if use_triton(device):
+        from dsakv.kernels import cache_ops_triton
+
+        return getattr(cache_ops_triton, name + "_triton")
+    return globals()[name + "_torch"]
+
+
+def store_main(main, slots, latent, rope, kv_dtype: str, fp8_scale: float = 1.0) -> None:
+    _impl("store_main", main.device)(main, slots, latent, rope, kv_dtype, fp8_scale)
+
+
+def gather_main(main, slots, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0):
+    return _impl("gather_main", main.device)(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
+
+
+def store_indexer(index, slots, key, page_size: int, kpool: int = 1) -> None:
+    _impl("store_indexer", index.device)(index, slots, key, page_size, kpool)
+
+
+def gather_indexer(index, slots, page_size: int, key_dim: int, kpool: int = 1):
+    return _impl("gather_indexer", index.device)(index, slots, page_size, key_dim, kpool)
