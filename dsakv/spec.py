@@ -16,10 +16,11 @@ When a config carries several forms they must agree, or the config is rejected a
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dsakv.errors import DsakvError
 
@@ -85,7 +86,9 @@ def _resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tup
     explicit = cfg.get("indexer_types")
     if explicit is not None:
         if not isinstance(explicit, (list, tuple)):
-            raise DsakvError(f"config field 'indexer_types' must be a list of {INDEXER_TYPES}, got {type(explicit).__name__}")
+            raise DsakvError(
+                f"config field 'indexer_types' must be a list of {INDEXER_TYPES}, got {type(explicit).__name__}"
+            )
         for i, t in enumerate(explicit):
             if t not in INDEXER_TYPES:
                 raise DsakvError(f"config field 'indexer_types'[{i}] = {t!r}: allowed values are {INDEXER_TYPES}")
@@ -113,7 +116,9 @@ def _resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tup
         if types != first:
             raise DsakvError(f"config fields {first_name!r} and {name!r} give different indexer schedules")
     if first[0] != FULL:
-        raise DsakvError(f"config field {first_name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)")
+        raise DsakvError(
+            f"config field {first_name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)"
+        )
     return first, first_name
 
 
@@ -153,7 +158,9 @@ class ModelSpec:
             if t not in INDEXER_TYPES:
                 raise DsakvError(f"spec field 'indexer_types'[{i}] = {t!r}: allowed values are {INDEXER_TYPES}")
         if self.indexer_types[0] != FULL:
-            raise DsakvError("spec field 'indexer_types'[0] must be 'full' (a shared layer reuses a previous full layer)")
+            raise DsakvError(
+                "spec field 'indexer_types'[0] must be 'full' (a shared layer reuses a previous full layer)"
+            )
 
     # ----- derived schedule -------------------------------------------------------------------
     @property
@@ -194,10 +201,10 @@ class ModelSpec:
         return 2 * self.index_n_heads * self.index_head_dim
 
     # ----- what-ifs -----------------------------------------------------------------------------
-    def with_indexer_types(self, types: tuple[str, ...] | list[str], source: str) -> "ModelSpec":
+    def with_indexer_types(self, types: tuple[str, ...] | list[str], source: str) -> ModelSpec:
         return replace(self, indexer_types=tuple(types), indexer_source=source)
 
-    def with_indexer_pattern(self, pattern: str, source: str = "pattern") -> "ModelSpec":
+    def with_indexer_pattern(self, pattern: str, source: str = "pattern") -> ModelSpec:
         """Apply an "F"/"S" string (e.g. an IndexCache pattern) as a what-if."""
         types = indexer_types_from_pattern(pattern, field_name="indexer pattern")
         if len(types) != self.num_hidden_layers:
@@ -206,11 +213,11 @@ class ModelSpec:
             )
         return self.with_indexer_types(types, source)
 
-    def with_all_indexers_full(self) -> "ModelSpec":
+    def with_all_indexers_full(self) -> ModelSpec:
         """Indexer K kept on every layer (GLM-5.1 style; host tier, PD and draft pools of some engines)."""
         return self.with_indexer_types((FULL,) * self.num_hidden_layers, "all layers full")
 
-    def with_full_indexer_count(self, count: int) -> "ModelSpec":
+    def with_full_indexer_count(self, count: int) -> ModelSpec:
         """An evenly spread schedule with ``count`` full layers, layer 0 always full (what-if rows)."""
         n = self.num_hidden_layers
         if not 1 <= count <= n:
@@ -242,7 +249,7 @@ class ModelSpec:
 
     # ----- construction -------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, name: str | None = None) -> ModelSpec:
         """Build a spec from a Hugging Face ``config.json`` (a path or an already-parsed dict)."""
         if isinstance(config, (str, Path)):
             path = Path(config)
@@ -259,7 +266,9 @@ class ModelSpec:
             raise DsakvError(f"config must be a JSON object, got {type(config).__name__}")
         missing = [k for k in REQUIRED_FIELDS if config.get(k) is None]
         if missing:
-            raise DsakvError(f"config is missing required field {missing[0]!r} (required: {', '.join(REQUIRED_FIELDS)})")
+            raise DsakvError(
+                f"config is missing required field {missing[0]!r} (required: {', '.join(REQUIRED_FIELDS)})"
+            )
         values = {k: _positive_int(config, k) for k in REQUIRED_FIELDS}
         num_layers = values["num_hidden_layers"]
         types, source = _resolve_indexer_types(config, num_layers)
@@ -291,7 +300,7 @@ class ModelSpec:
         )
 
     @classmethod
-    def preset(cls, name: str) -> "ModelSpec":
+    def preset(cls, name: str) -> ModelSpec:
         """One of the presets shipped with the package (see ``PRESETS``)."""
         if name not in PRESETS:
             raise DsakvError(f"unknown model preset {name!r}: choose one of {', '.join(PRESETS)}")
