@@ -11,13 +11,29 @@ from dsakv.spec import PRESETS, ModelSpec, load_spec
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The engine pulls in torch; import it (and the scheduler beside it) only when asked for.
+    if name == "Engine":
+        from dsakv.engine import Engine
+
+        return Engine
+    if name == "Scheduler":
+        from dsakv.scheduler import Scheduler
+
+        return Scheduler
+    raise AttributeError(f"module 'dsakv' has no attribute {name!r}")
+
+
 __all__ = [
     "CacheLayout",
     "DsakvError",
+    "Engine",
     "KV_DTYPES",
     "ModelSpec",
     "OutOfPagesError",
     "PRESETS",
     "PageAllocator",
+    "Scheduler",
     "load_spec",
 ]

@@ -1,0 +1,213 @@
+"""``dsakv simulate``: replay a trace (or the embedded synthetic scenario) through the real scheduler,
+allocator and radix tree at the planner's pool capacity; print the summary (``--json``: every figure).
+
+``--out DIR`` writes ``config.json`` (resolved configuration), ``summary.json``, ``requests.jsonl`` (one
+record per request) and the PNG plots. ``--sweep`` runs several configurations in worker processes and
+prints one comparison table. Figures are defined in ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from dsakv.cli.plan import parse_bytes, parse_fraction, parse_int
+from dsakv.cli.simulate_render import render_summary, render_sweep
+from dsakv.errors import DsakvError
+from dsakv.eviction import POLICIES
+from dsakv.gpus import GPU_KINDS
+from dsakv.layout import KV_DTYPES
+from dsakv.preemption import PREEMPTION_MODES
+from dsakv.radix import MODES
+from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
+from dsakv.sim.loop import simulate
+from dsakv.sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
+from dsakv.sim.source import Source, open_source
+from dsakv.sim.sweep import SWEEP_KEYS, parse_sweep, run_sweep
+from dsakv.spec import PRESETS
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("simulate", help="trace-driven simulation of the twin cache at GLM-5.3 scale")
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", help="Mooncake JSON-lines trace (timestamp ms, input_length, output_length, hash_ids)")
+    w.add_argument(
+        "--scenario", help=f"synthetic scenario: {', '.join(SCENARIOS)} (default: {DEFAULT_SCENARIO}, embedded)"
+    )
+    w.add_argument("--scale", default="1", help="scenario size multiplier (sessions)")
+    w.add_argument("--seed", default="0", help="seed of the scenario and of MTP draft acceptance")
+    w.add_argument("--skip-bad", action="store_true", help="skip malformed trace lines (counted in the summary)")
+    w.add_argument("--time-scale", default="1", help="multiply arrival times (2 = replay twice as slowly)")
+    m = p.add_argument_group("model and cache layout")
+    m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
+    m.add_argument("--config", help="path to a Hugging Face config.json")
+    m.add_argument("--indexer", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name")
+    m.add_argument("--kv-dtype", default="fp8_ds_mla", help=f"main KV format: {', '.join(KV_DTYPES)}")
+    m.add_argument("--mtp", default="0", help="MTP draft tokens per decode (0 = off)")
+    m.add_argument("--mtp-accept", default="0.8", help="acceptance probability of each draft token")
+    m.add_argument("--dcp", default="1", help="decode-context-parallel size")
+    g = p.add_argument_group("GPU setting (as in dsakv plan)")
+    g.add_argument("--gpu", default="H200", help=f"GPU kind: {', '.join(GPU_KINDS)} (default H200)")
+    g.add_argument("--gpu-memory", help="bytes per GPU (overrides the kind's); units GB/GiB accepted")
+    g.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
+    g.add_argument("--tp", help="tensor-parallel size (default: --gpus)")
+    g.add_argument("--mem-fraction-static", default="0.85", help="fraction in (0, 1]")
+    g.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
+    s = p.add_argument_group("cache and scheduler")
+    s.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
+    s.add_argument(
+        "--mode", default="finish", choices=MODES, help="insert into the prefix cache at finish or allocation"
+    )
+    s.add_argument("--no-prefix-cache", action="store_true", help="run without a prefix cache")
+    s.add_argument("--preemption", default="recompute", help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
+    s.add_argument("--max-step-tokens", default="8192", help="tokens computed per step (chunked prefill budget)")
+    s.add_argument("--chunk-tokens", default="8192", help="largest prefill chunk of one request per step")
+    s.add_argument("--max-running", default="256", help="requests holding pages at once")
+    s.add_argument("--step-model", default="roofline", choices=STEP_MODELS, help="step-time model (docs/steptime.md)")
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
+    )
+    o.add_argument("--workers", help="sweep worker processes (default: CPU count)")
+    o.add_argument("--out", help="directory for config.json, summary.json, requests.jsonl and PNG plots")
+    o.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    o.add_argument("--json", action="store_true", help="print every figure as JSON")
+    return p
+
+
+def _float(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DsakvError(f"{flag} = {text!r}: must be a positive number") from None
+    if not value > 0 or value == float("inf"):
+        raise DsakvError(f"{flag} = {text!r}: must be a positive number")
+    return value
+
+
+def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
+    cfg = SimConfig(
+        model=args.model,
+        config=args.config,
+        gpu=args.gpu,
+        gpu_memory_bytes=parse_bytes("--gpu-memory", args.gpu_memory),
+        num_gpus=parse_int("--gpus", args.gpus),
+        tp=parse_int("--tp", args.tp),
+        dcp=parse_int("--dcp", args.dcp),
+        mem_fraction_static=parse_fraction("--mem-fraction-static", args.mem_fraction_static),
+        kv_dtype=args.kv_dtype,
+        mtp=parse_int("--mtp", args.mtp, 0),
+        mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
+        indexer=args.indexer,
+        pool_tokens=parse_int("--pool-tokens", args.pool_tokens, 0),
+        policy=args.policy,
+        mode=args.mode,
+        prefix_cache=not args.no_prefix_cache,
+        preemption=args.preemption,
+        max_step_tokens=parse_int("--max-step-tokens", args.max_step_tokens),
+        chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
+        max_running=parse_int("--max-running", args.max_running),
+        time_scale=_float("--time-scale", args.time_scale),
+        step_model=args.step_model,
+        seed=parse_int("--seed", args.seed, 0),
+    )
+    source = Source(
+        trace=args.trace,
+        scenario=args.scenario,
+        scale=_float("--scale", args.scale),
+        seed=cfg.seed,
+        skip_bad=args.skip_bad,
+    )
+    return cfg, source
+
+
+def _progress(enabled: bool, total: int, what: str):
+    """A rich progress bar on stderr (only on a TTY and without --json); returns (bar or None, callback)."""
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = bar.add_task(what, total=total)
+    return bar, lambda done: bar.update(task, completed=done)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, source = build_config(args)
+    setup = build_setup(cfg)  # impossible settings are reported here, before any trace is read
+    show_bar = sys.stderr.isatty() and not args.json
+    if args.sweep:
+        points = parse_sweep(args.sweep, cfg)
+        bar, tick = _progress(show_bar, len(points), "sweep points")
+        done = []
+        if bar:
+            bar.start()
+        try:
+            rows = run_sweep(
+                cfg,
+                points,
+                source,
+                parse_int("--workers", args.workers),
+                lambda r: (done.append(r), tick and tick(len(done))),
+            )
+        finally:
+            if bar:
+                bar.stop()
+        if args.json:
+            print(json.dumps({"source": source.to_dict(), "base": cfg.to_dict(), "rows": [r.to_dict() for r in rows]}))
+        else:
+            render_sweep(rows, source, Console(width=None if sys.stdout.isatty() else 200))
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "sweep.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
+        return 0
+    opened = open_source(source)
+    for note in opened.warnings:
+        print(f"dsakv: warning: {note}", file=sys.stderr)
+    bar, tick = _progress(show_bar and opened.num_requests >= 200, opened.num_requests, "requests")
+    if bar:
+        bar.start()
+    try:
+        result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
+    finally:
+        if bar:
+            bar.stop()
+    resolved = {"source": source.to_dict(), "config": cfg.to_dict(), "setup": setup.to_dict()}
+    if args.out:
+        _write_out(Path(args.out), result, resolved, plots=not args.no_plots)
+    if args.json:
+        print(json.dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
+    else:
+        render_summary(result, setup, source, Console(width=None if sys.stdout.isatty() else 160))
+    return 0
+
+
+def _write_out(out: Path, result, resolved: dict, plots: bool) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DsakvError(f"--out {str(out)!r}: cannot create the directory ({exc.strerror or exc})") from None
+    (out / "config.json").write_text(json.dumps(resolved, indent=1))
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=1))
+    with (out / "requests.jsonl").open("w") as f:
+        for rec in result.records:
+            f.write(json.dumps(rec.to_dict()) + "\n")
+    if plots:
+        from dsakv.sim.plots import write_plots
+
+        write_plots(out, result)
+
+
+__all__ = ["add_parser", "build_config", "run"]

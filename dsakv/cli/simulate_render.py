@@ -1,0 +1,109 @@
+"""Rich tables for ``dsakv simulate``: the run summary and the sweep comparison (docs/metrics.md)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from dsakv.sim.report import SimResult
+from dsakv.sim.sweep import TABLE_COLUMNS, SweepRow, row_figures
+
+
+def _n(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.3f}" if abs(x) < 1000 else f"{x:,.0f}"
+    return f"{x:,}"
+
+
+def _gb(x) -> str:
+    return f"{x / 1e9:,.2f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _table(title: str, *cols: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    return t
+
+
+def render_summary(result: SimResult, setup, source, console: Console) -> None:
+    s = result.summary
+    st = setup.setting
+    console.print(
+        f"[bold]{setup.spec.name}[/] on {st.num_gpus} x {st.to_dict()['gpu'] or 'custom GPU'}, TP {st.tensor_parallel}, "
+        f"DCP {setup.cell.dcp}; {source.name}; pool {s['pool_tokens']:,} tokens ({setup.pool_source}); "
+        f"policy {result.config['policy']}, insert at {result.config['mode']}",
+        highlight=False,
+    )
+    t = _table("workload and prefix cache", "figure", "value")
+    t.add_row(
+        "requests (admitted / finished / rejected / unfinished)",
+        f"{s['requests']:,} ({s['admitted']:,} / {s['finished']:,} / {s['rejected']:,} / {s['unfinished']:,})",
+    )
+    for reason, n in s["rejected_reasons"].items():
+        t.add_row(f"  rejected: {reason}", f"{n:,}")
+    if s["skipped_lines"] or s["reordered_lines"]:
+        t.add_row("trace lines skipped / out of order", f"{s['skipped_lines']:,} / {s['reordered_lines']:,}")
+    t.add_row("input tokens / output tokens", f"{s['input_tokens']:,} / {s['output_tokens']:,}")
+    t.add_row(
+        "hit tokens; hit rate by tokens / by requests",
+        f"{s['hit_tokens']:,}; {_pct(s['hit_rate_tokens'])} / {_pct(s['hit_rate_requests'])}",
+    )
+    t.add_row("evicted tokens (steps that evicted)", f"{s['evicted_tokens']:,} ({s['evictions']:,})")
+    t.add_row("preemptions", f"{s['preemptions']:,}")
+    t.add_row(
+        "mean tail-page waste (tokens / B)", f"{s['tail_waste_tokens_mean']:.1f} / {s['tail_waste_bytes_mean']:,.0f}"
+    )
+    console.print(t)
+    t = _table("bytes per rank and indexer work", "figure", "main KV", "indexer K")
+    t.add_row("written (GB)", _gb(s["main_bytes_written"]), _gb(s["indexer_bytes_written"]))
+    t.add_row("saved by prefix hits (GB)", _gb(s["main_bytes_saved"]), _gb(s["indexer_bytes_saved"]))
+    t.add_row("pool (GB)", _gb(s["pool_main_bytes"]), _gb(s["pool_indexer_bytes"]))
+    t.add_row("peak use (GB)", _gb(s["peak_main_bytes"]), _gb(s["peak_indexer_bytes"]))
+    t.add_row("mean use (GB)", _gb(s["mean_main_bytes"]), _gb(s["mean_indexer_bytes"]))
+    console.print(t)
+    t = _table("lightning indexer (all indexer layers)", "figure", "score pairs", "FLOPs")
+    t.add_row("saved (prefix-internal)", _n(s["indexer_pairs_saved"]), f"{s['indexer_flops_saved']:.3e}")
+    t.add_row("still paid (cross P x S + suffix)", _n(s["indexer_pairs_paid"]), f"{s['indexer_flops_paid']:.3e}")
+    t.add_row("  of which cross term P x S", _n(s["indexer_cross_pairs_paid"]), "")
+    console.print(t)
+    t = _table(
+        f"latency and throughput ({result.config['step_model']} step time)", "figure", "p50", "p90", "p99", "mean"
+    )
+    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "end-to-end (s)")):
+        d = s[key]
+        t.add_row(label, *(_n(d[k]) for k in ("p50", "p90", "p99", "mean")))
+    console.print(t)
+    console.print(
+        f"pool use peak {_pct(s['peak_pool_use'])}, mean {_pct(s['mean_pool_use'])}; {s['steps']:,} steps over "
+        f"{s['makespan_s']:,.1f} simulated s; {s['output_tokens_per_s']:,.0f} output tok/s, "
+        f"{s['input_tokens_per_s']:,.0f} input tok/s",
+        highlight=False,
+    )
+
+
+def render_sweep(rows: list[SweepRow], source, console: Console) -> None:
+    t = _table(f"sweep over {source.name}", "point", *(label for _, label in TABLE_COLUMNS))
+    for row in rows:
+        if row.error:
+            t.add_row(row.label, f"[red]impossible: {row.error}[/]", *([""] * (len(TABLE_COLUMNS) - 1)))
+            continue
+        f = row_figures(row)
+        cells = []
+        for key, _ in TABLE_COLUMNS:
+            v = f[key]
+            cells.append(
+                _pct(v)
+                if key.startswith(("hit_rate", "peak_pool"))
+                else f"{v:.3e}"
+                if key == "indexer_flops_saved"
+                else _n(v)
+            )
+        t.add_row(row.label, *cells)
+    console.print(t)

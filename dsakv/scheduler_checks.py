@@ -1,0 +1,71 @@
+"""The scheduler's integrity invariants, checked after every operation in the tests.
+
+* allocator: free list consistent; ``free + tree pages + request-held == total`` (no leak, no double hold);
+* radix: ``evictable + protected == tokens in the tree``, lock counts balance (its own check, told how many
+  pages requests hold outside it); at idle nothing is locked;
+* running requests: status RUNNING, page table covers the computed tokens, shared pages are whole computed
+  pages under a lock, owned pages allocated and held by no one else, ``num_computed < num_tokens`` (the last
+  token is written by the next step);
+* waiting / offloaded requests hold no page and no lock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsakv.admission import pages_for
+from dsakv.request import Status
+
+if TYPE_CHECKING:
+    from dsakv.scheduler import Scheduler
+
+
+def check_scheduler(s: Scheduler) -> None:
+    alloc, radix, ps = s.allocator, s.radix, s.page_size
+    alloc.check_integrity()
+    owned_seen: set[int] = set()
+    held = 0
+    for r in s.running:
+        if r.status is not Status.RUNNING:
+            raise AssertionError(f"{r}: in the running list with status {r.status.value}")
+        if len(r.pages) < pages_for(r.num_computed, ps):
+            raise AssertionError(f"{r}: {len(r.pages)} pages cannot hold {r.num_computed} computed tokens")
+        if r.num_computed >= r.num_tokens:
+            raise AssertionError(f"{r}: running with every token computed")
+        if r.num_shared_pages * ps > r.num_computed:
+            raise AssertionError(f"{r}: {r.num_shared_pages} shared pages beyond its computed tokens")
+        if r.num_shared_pages and (radix is None or r.node is None):
+            raise AssertionError(f"{r}: shared pages without a locked radix node")
+        for p in r.pages:
+            if not alloc.is_allocated(p):
+                raise AssertionError(f"{r}: holds page {p}, which is free")
+        for p in r.owned_pages:
+            if p in owned_seen:
+                raise AssertionError(f"page {p} owned by two running requests")
+            owned_seen.add(p)
+        held += len(r.pages) - r.num_shared_pages
+    for r in s.waiting:
+        if r.status not in (Status.WAITING, Status.OFFLOADED):
+            raise AssertionError(f"{r}: in the waiting queue with status {r.status.value}")
+        if r.pages or r.node is not None or r.num_computed:
+            raise AssertionError(f"{r}: waiting but holds pages, a lock or computed tokens")
+        if (r.status is Status.OFFLOADED) != (r.offloaded_tokens > 0):
+            raise AssertionError(f"{r}: offloaded status and offloaded_tokens disagree")
+    tree_pages = 0
+    if radix is not None:
+        if radix.total_tokens % ps:
+            raise AssertionError(f"radix holds {radix.total_tokens} tokens, not whole pages")
+        tree_pages = radix.total_tokens // ps
+        if radix.evictable_tokens + radix.protected_tokens != radix.total_tokens:
+            raise AssertionError("radix: evictable + protected != total tokens")
+        radix.check_integrity(request_held_pages=held)
+        if not s.running and radix.protected_tokens:
+            raise AssertionError(f"idle scheduler but radix protects {radix.protected_tokens} tokens (lock leak)")
+        in_tree = radix._in_tree  # per-page flags the radix keeps for its own check
+        for p in owned_seen:
+            if in_tree[p]:
+                raise AssertionError(f"page {p} is both owned by a request and mapped in the prefix cache")
+    if alloc.num_free + tree_pages + held != alloc.num_pages:
+        raise AssertionError(
+            f"free {alloc.num_free} + cached {tree_pages} + request-held {held} != total {alloc.num_pages}"
+        )

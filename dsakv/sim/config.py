@@ -1,0 +1,178 @@
+"""Configuration of one simulation (``SimConfig``, frozen, picklable for sweep workers) and what it
+resolves to (``Setup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
+configuration. Building a setup reads no trace and changes nothing.
+
+The pool comes from ``dsakv.budget.pool_capacity`` for the GPU setting (default GLM-5.3 on 8 x H200,
+TP8) unless ``pool_tokens`` overrides it. Layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
+base checkpoint's weights, exactly like the planner's what-if table (``dsakv.variants.variant_capacity``).
+The simulator's pages are ``page_size`` tokens of the TP group; under DCP one rank page holds
+``page_size x dcp`` tokens, so the pool has ``capacity.tokens // page_size`` simulator pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from dsakv.admission import SchedulerConfig
+from dsakv.budget import PoolCapacity, RankCell, pool_capacity
+from dsakv.deployment import DEFAULT_MEM_FRACTION, GpuSetting
+from dsakv.errors import DsakvError
+from dsakv.eviction import get_policy
+from dsakv.layout import CacheLayout
+from dsakv.planner import apply_indexer_pattern, indexer_patterns
+from dsakv.preemption import check_mode
+from dsakv.radix import MODES
+from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, gpu_perf
+from dsakv.spec import ModelSpec, load_spec
+from dsakv.variants import Variant, variant_capacity
+
+STEP_MODELS = ("roofline", "constant")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of one run. ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or
+    an IndexCache pattern name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer)."""
+
+    model: str | None = None
+    config: str | None = None
+    gpu: str = "H200"
+    gpu_memory_bytes: int | None = None
+    num_gpus: int = 8
+    tp: int | None = None
+    dcp: int = 1
+    mem_fraction_static: float = DEFAULT_MEM_FRACTION
+    kv_dtype: str = "fp8_ds_mla"
+    mtp: int = 0
+    mtp_accept: float = 0.8
+    indexer: str | None = None
+    pool_tokens: int | None = None
+    policy: str = "lru"
+    mode: str = "finish"
+    prefix_cache: bool = True
+    preemption: str = "recompute"
+    max_step_tokens: int = 8192
+    chunk_tokens: int = 8192
+    max_running: int = 256
+    time_scale: float = 1.0
+    step_model: str = "roofline"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        get_policy(self.policy)
+        check_mode(self.preemption)
+        if self.mode not in MODES:
+            raise DsakvError(f"mode = {self.mode!r}: must be one of {', '.join(MODES)}")
+        if self.step_model not in STEP_MODELS:
+            raise DsakvError(f"step model = {self.step_model!r}: must be one of {', '.join(STEP_MODELS)}")
+        ts = self.time_scale
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
+            raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")
+        for name in ("mtp", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
+        if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
+            raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
+
+    def label(self, base: SimConfig | None = None) -> str:
+        """The fields that differ from ``base`` (all non-default fields without one), as k=v."""
+        ref = asdict(base or SimConfig())
+        diff = [f"{k}={v}" for k, v in asdict(self).items() if ref[k] != v]
+        return ", ".join(diff) or "base"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Setup:
+    spec: ModelSpec
+    layout: CacheLayout
+    setting: GpuSetting
+    capacity: PoolCapacity
+    cell: RankCell
+    pages: int  # simulator pages (page_size tokens each) in the pool
+    pool_source: str
+    step_time: RooflineStepTime | ConstantStepTime
+    scheduler: SchedulerConfig
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.spec.to_dict(),
+            "layout": self.layout.to_dict(),
+            "gpu_setting": self.setting.to_dict(),
+            "pool": {**self.capacity.to_dict(), "simulator_pages": self.pages, "source": self.pool_source},
+            "cell": self.cell.to_dict(),
+            "step_time": self.step_time.to_dict(),
+            "scheduler": asdict(self.scheduler),
+        }
+
+
+def _apply_indexer(spec: ModelSpec, indexer: str | None) -> ModelSpec:
+    if indexer is None or indexer == "":
+        return spec
+    if indexer == "all":
+        return spec.with_all_indexers_full()
+    if indexer.isdigit():
+        count = int(indexer)
+        return spec if count == spec.num_full_indexer_layers else spec.with_full_indexer_count(count)
+    return apply_indexer_pattern(spec, indexer, indexer_patterns())
+
+
+def build_setup(cfg: SimConfig) -> Setup:
+    """Resolve a config; an impossible one (no pool page, bad sizes) raises ``DsakvError`` with the reason."""
+    base_spec = load_spec(cfg.model, cfg.config)
+    spec = _apply_indexer(base_spec, cfg.indexer)
+    mtp_layers = 1 if cfg.mtp else 0
+    layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers)
+    setting = GpuSetting(
+        gpu=cfg.gpu,
+        gpu_memory_bytes=cfg.gpu_memory_bytes,
+        num_gpus=cfg.num_gpus,
+        tp=cfg.tp,
+        dcp=cfg.dcp,
+        mem_fraction_static=cfg.mem_fraction_static,
+        max_batched_tokens=cfg.max_step_tokens,
+    )
+    if layout == CacheLayout(base_spec) and cfg.dcp == 1:
+        capacity = pool_capacity(layout, setting)
+    else:
+        variant = Variant("sim", layout, cfg.dcp)
+        capacity = variant_capacity(CacheLayout(base_spec), variant, replace(setting, dcp=1), None)
+        if capacity is None:
+            raise DsakvError(f"dcp = {cfg.dcp}: this TP layout cannot run it (tp = {setting.tensor_parallel})")
+    ps = layout.page_size
+    if cfg.pool_tokens is not None:
+        pages, source = cfg.pool_tokens // ps, "--pool-tokens"
+        if pages < 1:
+            raise DsakvError(f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {ps} tokens")
+    else:
+        pages, source = capacity.tokens // ps, "planner (GPU setting)"
+        if pages < 1:
+            mem = capacity.memory
+            raise DsakvError(
+                f"the GPU setting leaves {capacity.available_bytes} B for the pool, less than one page "
+                f"({capacity.page_bytes} B)" + (f": weights take {mem.weights_bytes} B per rank" if mem else "")
+            )
+    if cfg.step_model == "constant":
+        step_time = ConstantStepTime()
+    else:
+        step_time = RooflineStepTime(
+            layout,
+            gpu_perf(cfg.gpu),
+            tp=setting.tensor_parallel,
+            dcp=cfg.dcp,
+            mtp_draft=cfg.mtp,
+            mtp_accept=cfg.mtp_accept,
+        )
+    chunk = max(ps, cfg.chunk_tokens // ps * ps)
+    sched = SchedulerConfig(
+        max_step_tokens=max(cfg.max_step_tokens, ps),
+        chunk_tokens=chunk,
+        max_running=cfg.max_running,
+        max_context=spec.max_position_embeddings,
+        preemption=cfg.preemption,
+        num_draft_tokens=cfg.mtp,
+    )
+    return Setup(spec, layout, setting, capacity, RankCell(layout, cfg.dcp), pages, source, step_time, sched)

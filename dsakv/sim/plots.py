@@ -1,0 +1,132 @@
+"""PNG plots of one simulation (matplotlib, Agg backend; imported only when plots are asked for).
+
+``write_plots(out_dir, result)`` writes four files and returns their paths:
+
+* ``pool_use.png``: bytes of the main-KV cache and of the indexer-K cache in use over simulated time
+  (stacked), with the part held only by the prefix cache (evictable or locked by nobody running) dashed;
+* ``hit_rate.png``: prefix-cache hit rate by tokens per arrival window, and cumulative;
+* ``prefix_cdf.png``: CDF of the cached-prefix length P over admitted requests;
+* ``timeline.png``: admissions, preemptions, rejections and finishes per time window.
+
+Writes only under ``out_dir`` (which must exist); reads ``result`` without changing it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from dsakv.sim.report import SimResult
+
+GIB = 2**30
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bins(t_end: float, n: int = 60) -> np.ndarray:
+    return np.linspace(0.0, max(t_end, 1e-9), n + 1)
+
+
+def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
+    plt = _pyplot()
+    out = Path(out_dir)
+    tl, recs = result.timeline, result.records
+    lay = result.layout
+    t = np.asarray(tl.time_s)
+    used = np.asarray(tl.used_pages, dtype=np.float64)
+    cached = np.asarray(tl.cache_only_pages, dtype=np.float64)
+    t_end = float(t[-1]) if t.size else 0.0
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    main, idx = used * result.page_main_bytes / GIB, used * result.page_indexer_bytes / GIB
+    ax.stackplot(t, main, idx, labels=["main KV", "indexer K"], step="post", alpha=0.8)
+    ax.plot(
+        t,
+        cached * (result.page_main_bytes + result.page_indexer_bytes) / GIB,
+        "k--",
+        lw=1,
+        label="held only by the prefix cache (both)",
+    )
+    ax.axhline(
+        result.capacity_pages * (result.page_main_bytes + result.page_indexer_bytes) / GIB,
+        color="r",
+        lw=1,
+        label="pool capacity",
+    )
+    ax.set(xlabel="simulated time (s)", ylabel="GiB per rank", title="Pool use: main KV vs indexer K")
+    ax.legend(loc="upper left", fontsize=8)
+    paths.append(_save(fig, out / "pool_use.png", plt))
+
+    admitted = [r for r in recs if r.admit_s is not None]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if admitted:
+        arr = np.array([r.arrival_s for r in admitted])
+        hit = np.array([r.hit_tokens for r in admitted], dtype=np.float64)
+        inp = np.array([r.input_tokens for r in admitted], dtype=np.float64)
+        edges = _bins(max(float(arr.max()), t_end))
+        h, _ = np.histogram(arr, edges, weights=hit)
+        n, _ = np.histogram(arr, edges, weights=inp)
+        mid = (edges[:-1] + edges[1:]) / 2
+        ax.plot(mid[n > 0], h[n > 0] / n[n > 0], "o-", ms=3, label="per window")
+        order = np.argsort(arr, kind="stable")
+        ax.plot(arr[order], np.cumsum(hit[order]) / np.cumsum(inp[order]), lw=1.5, label="cumulative")
+    ax.set(xlabel="arrival time (s)", ylabel="hit tokens / input tokens", ylim=(0, 1), title="Prefix-cache hit rate")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "hit_rate.png", plt))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if admitted:
+        p = np.sort(np.array([r.hit_tokens for r in admitted]))
+        ax.step(p, np.arange(1, p.size + 1) / p.size, where="post")
+        if p.max() > 0:
+            ax.set_xscale("symlog", linthresh=max(lay.page_size, 1))
+    ax.set(
+        xlabel="cached prefix P (tokens)", ylabel="fraction of admitted requests", title="CDF of cached-prefix length"
+    )
+    paths.append(_save(fig, out / "prefix_cdf.png", plt))
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    edges = _bins(t_end)
+    width = edges[1] - edges[0]
+    series = {
+        "admitted": [r.admit_s for r in recs if r.admit_s is not None],
+        "finished": [r.finish_s for r in recs if r.finish_s is not None],
+        "preempted": list(tl.preempt_time_s),
+        "rejected": [r.arrival_s for r in recs if r.outcome == "rejected"],
+    }
+    bottom = np.zeros(edges.size - 1)
+    for name, times in series.items():
+        counts, _ = np.histogram(np.asarray(times, dtype=np.float64), edges)
+        ax.bar(
+            edges[:-1],
+            counts,
+            width=width,
+            align="edge",
+            bottom=bottom if name != "finished" else None,
+            alpha=0.5 if name == "finished" else 0.9,
+            label=name,
+        )
+        if name != "finished":
+            bottom += counts
+    ax.set(xlabel="simulated time (s)", ylabel="requests per window", title="Admission / preemption timeline")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "timeline.png", plt))
+    return paths
+
+
+def _save(fig, path: Path, plt) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,250 @@
+"""What one simulation produced: per-request records, the pool-use timeline, and the summary figures.
+
+Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per rank of the TP group
+(``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are pool pages of
+``page_size`` tokens; pairs and FLOPs are of the lightning indexer over all indexer layers
+(``dsakv.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
+never change afterwards.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dsakv.budget import PoolCapacity, RankCell
+from dsakv.layout import CacheLayout
+from dsakv.request import Request
+from dsakv.savings import prefix_savings
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Accounting of one request (``docs/metrics.md``, "Per request")."""
+
+    id: int
+    line: int
+    arrival_s: float
+    input_tokens: int  # L
+    output_tokens: int  # tokens generated (the trace's output_length when finished)
+    hit_tokens: int  # P, cached prefix at first admission (whole pages)
+    suffix_tokens: int  # S = L - P
+    computed_tokens: int  # tokens whose KV the request wrote (recomputes and drafts included)
+    pages_written: int
+    pages_saved: int
+    main_bytes_written: int
+    indexer_bytes_written: int
+    main_bytes_saved: int
+    indexer_bytes_saved: int
+    indexer_pairs_saved: int
+    indexer_pairs_paid: int
+    indexer_cross_pairs_paid: int
+    indexer_flops_saved: int
+    indexer_flops_paid: int
+    outcome: str  # finished / rejected / unfinished
+    reason: str
+    preemptions: int
+    tail_waste_tokens: int
+    tail_waste_bytes: float
+    admit_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.finish_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ttft_s"], d["tpot_s"] = self.ttft_s, self.tpot_s
+        return d
+
+
+def make_record(
+    req: Request, layout: CacheLayout, cell: RankCell, line: int, arrival_s: float, times: tuple, outcome: str
+) -> RequestRecord:
+    """Build the record of a request that left the scheduler (or never entered: ``outcome`` rejected)."""
+    st = req.stats
+    L, P = req.prompt_len, st.hit_tokens
+    sav = prefix_savings(layout, L, P)
+    total = L + len(req.outputs)
+    tail = (-total) % layout.page_size if outcome == "finished" else 0
+    return RequestRecord(
+        id=req.id,
+        line=line,
+        arrival_s=arrival_s,
+        input_tokens=L,
+        output_tokens=len(req.outputs),
+        hit_tokens=sav.cached_tokens,
+        suffix_tokens=sav.computed_tokens,
+        computed_tokens=st.computed_tokens,
+        pages_written=st.pages_written,
+        pages_saved=sav.cached_pages,
+        main_bytes_written=cell.main_bytes(st.computed_tokens) if st.computed_tokens else 0,
+        indexer_bytes_written=cell.indexer_bytes(st.computed_tokens) if st.computed_tokens else 0,
+        main_bytes_saved=cell.main_bytes(sav.cached_tokens) if P else 0,
+        indexer_bytes_saved=cell.indexer_bytes(sav.cached_tokens) if P else 0,
+        indexer_pairs_saved=sav.pairs_saved if st.admit_step is not None else 0,
+        indexer_pairs_paid=sav.pairs_paid if st.admit_step is not None else 0,
+        indexer_cross_pairs_paid=sav.cross_pairs_paid if st.admit_step is not None else 0,
+        indexer_flops_saved=sav.flops_saved if st.admit_step is not None else 0,
+        indexer_flops_paid=sav.flops_paid if st.admit_step is not None else 0,
+        outcome=outcome,
+        reason=st.reason,
+        preemptions=st.preemptions,
+        tail_waste_tokens=tail,
+        tail_waste_bytes=tail * cell.cell_bytes,
+        admit_s=times[0],
+        first_token_s=times[1],
+        finish_s=times[2],
+    )
+
+
+@dataclass
+class Timeline:
+    """One sample per scheduler step (at the step's end): pool pages in use, pages held only by the cache."""
+
+    time_s: array = field(default_factory=lambda: array("d"))
+    used_pages: array = field(default_factory=lambda: array("q"))
+    cache_only_pages: array = field(default_factory=lambda: array("q"))
+    running: array = field(default_factory=lambda: array("q"))
+    preempt_time_s: array = field(default_factory=lambda: array("d"))
+
+
+@dataclass
+class SimResult:
+    """Everything one run produced; ``summary`` is filled by ``summarize``."""
+
+    config: dict
+    layout: CacheLayout
+    cell: RankCell
+    capacity: PoolCapacity
+    capacity_pages: int
+    records: list[RequestRecord]
+    timeline: Timeline
+    counters: dict
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def page_main_bytes(self) -> float:
+        """Main-KV bytes one pool page (``page_size`` tokens of the group) costs one rank."""
+        return _exact(self.cell.main_page_bytes, self.cell.dcp)
+
+    @property
+    def page_indexer_bytes(self) -> float:
+        """Indexer-K bytes one pool page costs one rank (replicated under DCP)."""
+        return _exact(self.cell.indexer_page_bytes, self.cell.dcp)
+
+
+def _exact(num: int, den: int) -> int | float:
+    return num // den if num % den == 0 else num / den
+
+
+def _pct(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    arr = np.asarray(values, dtype=np.float64)
+    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def _time_weighted(t: np.ndarray, v: np.ndarray) -> float:
+    """Mean of a step function sampled at step ends: value v[i] holds over (t[i-1], t[i]]."""
+    if t.size == 0 or t[-1] <= 0:
+        return float(v.mean()) if v.size else 0.0
+    dt = np.diff(np.concatenate(([0.0], t)))
+    return float((v * dt).sum() / t[-1])
+
+
+def summarize(result: SimResult) -> dict:
+    """Summary figures (``docs/metrics.md``) from the records, the timeline and the loop's counters."""
+    recs, tl, c = result.records, result.timeline, result.counters
+    admitted = [r for r in recs if r.admit_s is not None]
+    finished = [r for r in recs if r.outcome == "finished"]
+    rejected = [r for r in recs if r.outcome == "rejected"]
+    input_adm = sum(r.input_tokens for r in admitted)
+    hit = sum(r.hit_tokens for r in admitted)
+    t, used = np.asarray(tl.time_s), np.asarray(tl.used_pages, dtype=np.float64)
+    makespan = float(t[-1]) if t.size else 0.0
+    page_main, page_idx = result.page_main_bytes, result.page_indexer_bytes
+    out_tokens = sum(r.output_tokens for r in recs)
+    s = {
+        "requests": len(recs),
+        "admitted": len(admitted),
+        "finished": len(finished),
+        "rejected": len(rejected),
+        "rejected_reasons": dict(Counter(_reason_kind(r.reason) for r in rejected)),
+        "unfinished": len(recs) - len(finished) - len(rejected),
+        "skipped_lines": c.get("skipped_lines", 0),
+        "reordered_lines": c.get("reordered_lines", 0),
+        "input_tokens": sum(r.input_tokens for r in recs),
+        "admitted_input_tokens": input_adm,
+        "output_tokens": out_tokens,
+        "hit_tokens": hit,
+        "hit_rate_tokens": hit / input_adm if input_adm else 0.0,
+        "hit_rate_requests": sum(1 for r in admitted if r.hit_tokens) / len(admitted) if admitted else 0.0,
+        "computed_tokens": sum(r.computed_tokens for r in recs),
+        "pages_written": sum(r.pages_written for r in recs),
+        "pages_saved": sum(r.pages_saved for r in recs),
+        "main_bytes_written": sum(r.main_bytes_written for r in recs),
+        "indexer_bytes_written": sum(r.indexer_bytes_written for r in recs),
+        "main_bytes_saved": sum(r.main_bytes_saved for r in recs),
+        "indexer_bytes_saved": sum(r.indexer_bytes_saved for r in recs),
+        "indexer_pairs_saved": sum(r.indexer_pairs_saved for r in recs),
+        "indexer_pairs_paid": sum(r.indexer_pairs_paid for r in recs),
+        "indexer_cross_pairs_paid": sum(r.indexer_cross_pairs_paid for r in recs),
+        "indexer_flops_saved": sum(r.indexer_flops_saved for r in recs),
+        "indexer_flops_paid": sum(r.indexer_flops_paid for r in recs),
+        "evicted_tokens": c.get("evicted_tokens", 0),
+        "evictions": c.get("eviction_steps", 0),
+        "preemptions": c.get("preemptions", 0),
+        "offloaded_pages": c.get("offloaded_pages", 0),
+        "tail_waste_tokens_mean": float(np.mean([r.tail_waste_tokens for r in finished])) if finished else 0.0,
+        "tail_waste_bytes_mean": float(np.mean([r.tail_waste_bytes for r in finished])) if finished else 0.0,
+        "pool_pages": result.capacity_pages,
+        "pool_tokens": result.capacity_pages * result.layout.page_size,
+        "pool_main_bytes": result.capacity_pages * page_main,
+        "pool_indexer_bytes": result.capacity_pages * page_idx,
+        "peak_used_pages": int(used.max()) if used.size else 0,
+        "peak_main_bytes": int(used.max()) * page_main if used.size else 0,
+        "peak_indexer_bytes": int(used.max()) * page_idx if used.size else 0,
+        "mean_used_pages": _time_weighted(t, used),
+        "mean_main_bytes": _time_weighted(t, used) * page_main,
+        "mean_indexer_bytes": _time_weighted(t, used) * page_idx,
+        "peak_pool_use": float(used.max()) / result.capacity_pages if used.size and result.capacity_pages else 0.0,
+        "mean_pool_use": _time_weighted(t, used) / result.capacity_pages if result.capacity_pages else 0.0,
+        "steps": c.get("steps", 0),
+        "makespan_s": makespan,
+        "ttft_s": _pct([r.ttft_s for r in finished if r.ttft_s is not None]),
+        "tpot_s": _pct([r.tpot_s for r in finished if r.tpot_s is not None]),
+        "e2e_s": _pct([r.finish_s - r.arrival_s for r in finished]),
+        "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
+        "input_tokens_per_s": input_adm / makespan if makespan else 0.0,
+        "computed_tokens_per_s": sum(r.computed_tokens for r in recs) / makespan if makespan else 0.0,
+    }
+    result.summary = s
+    return s
+
+
+def _reason_kind(reason: str) -> str:
+    """Group rejection reasons by cause (the full text stays in the per-request record)."""
+    if "context limit" in reason:
+        return "exceeds context limit"
+    if "whole pool" in reason:
+        return "larger than the pool"
+    if "empty" in reason:
+        return "empty prompt"
+    return reason or "unknown"
