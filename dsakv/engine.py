@@ -88,28 +88,6 @@ class EngineTotals:
     restored_bytes: int = 0
 
 
-class _ScratchAwarePool:
-    """The pool as the model sees it: scratch pages (below ``first_page``) count as writable, as in the pool."""
-
-    def __init__(self, pool: TwinPool) -> None:
-        self._pool = pool
-        self.allocator = _ScratchAwareAllocator(pool.allocator)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-
-class _ScratchAwareAllocator:
-    def __init__(self, allocator: PageAllocator) -> None:
-        self._allocator = allocator
-
-    def is_allocated(self, page: int) -> bool:
-        return 0 <= page < self._allocator.first_page or self._allocator.is_allocated(page)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._allocator, name)
-
-
 class Engine:
     """Tiny DSA model + ``TwinPool`` + ``Scheduler`` (+ ``RadixCache`` when the prefix cache is on)."""
 
@@ -151,7 +129,6 @@ class Engine:
         self.drafter = drafter
         self.totals = EngineTotals()
         self.caches: dict[Any, CacheReadback] = {}
-        self._model_pool = _ScratchAwarePool(self.pool)
         self._host: dict[Any, Any] = {}
 
     # ----- requests -----------------------------------------------------------------------------
@@ -270,7 +247,7 @@ class Engine:
     def _forward(self, group: list[tuple[BatchItem, list[int], SeqInput]]) -> list[list[int]]:
         seqs = [seq for _, _, seq in group]
         logits = self.model.forward_paged(
-            self._model_pool, seqs, all_logits=True, budget_bytes=self.config.logits_budget_bytes
+            self.pool, seqs, all_logits=True, budget_bytes=self.config.logits_budget_bytes
         ).logits
         self.totals.forward_calls += 1
         out, row = [], 0

@@ -113,7 +113,7 @@ def validate_batch(spec: ModelSpec, pool, seqs: Sequence[SeqInput]) -> Batch:
         if int(s.context_slots.min()) < 0:
             raise DsakvError(f"seqs[{i}].context_slots: negative slot {int(s.context_slots.min())}: slots are >= 0")
         for page in torch.unique(torch.div(s.context_slots, page_size, rounding_mode="floor")).tolist():
-            if not pool.allocator.is_allocated(page):
+            if not pool.page_is_writable(page):
                 raise DsakvError(
                     f"seqs[{i}]: slot in page {page}, which is not allocated: write only to allocated pages"
                 )

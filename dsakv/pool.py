@@ -105,6 +105,10 @@ class TwinPool:
             )
         return pages
 
+    def page_is_writable(self, page: int) -> bool:
+        """True for allocated pages and scratch pages; the one rule every slot check of the pool uses."""
+        return self._checker.page_is_writable(page)
+
     @property
     def nbytes(self) -> int:
         """Device bytes of both caches (== num_physical_pages * layout.page_bytes)."""

@@ -42,6 +42,10 @@ class SlotChecker:
             raise DsakvError(f"{name}: dtype {t.dtype} shape {tuple(t.shape)}; must be a 1-D integer tensor or list")
         return t.to(torch.long)
 
+    def page_is_writable(self, page: int) -> bool:
+        """A page takes token writes when it is allocated or is a scratch page (below ``first_page``)."""
+        return 0 <= page < self.allocator.first_page or self.allocator.is_allocated(page)
+
     def slots(self, values, name: str, distinct: bool = False) -> torch.Tensor:
         s = self._ids(values, name)
         if s.numel() == 0:
@@ -52,7 +56,7 @@ class SlotChecker:
             bad = lo if lo < 0 else hi
             raise DsakvError(f"{name}: slot {bad} out of range; valid slots 0..{end * ps - 1}")
         for page in torch.unique(torch.div(s, ps, rounding_mode="floor")).tolist():
-            if page >= self.allocator.first_page and not self.allocator.is_allocated(page):
+            if not self.page_is_writable(page):
                 raise DsakvError(f"{name}: slot in page {page}, which is not allocated")
         if distinct and torch.unique(s).numel() != s.numel():
             raise DsakvError(f"{name}: a slot appears twice; each slot may be written once per call")

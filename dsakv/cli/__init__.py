@@ -19,12 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsakv", description="KV cache manager for DeepSeek-Sparse-Attention models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"dsakv.cli.{name}")
-        except ModuleNotFoundError as exc:  # TODO(founder): remove once every command module exists
-            if exc.name != f"dsakv.cli.{name}":
-                raise
-            continue
+        module = importlib.import_module(f"dsakv.cli.{name}")
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run)
     return parser
