@@ -9,15 +9,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from dsakv.errors import DsakvError
 
 COMMANDS = ("plan", "demo", "simulate")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's bad-input contract: one line on stderr, exit status 1 (not argparse's 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsakv", description="KV cache manager for DeepSeek-Sparse-Attention models")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="dsakv", description="KV cache manager for DeepSeek-Sparse-Attention models")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"dsakv.cli.{name}")
         p = module.add_parser(sub)
