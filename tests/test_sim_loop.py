@@ -132,15 +132,27 @@ def test_allocate_mode_and_no_prefix_cache(chat):
     assert off["hit_tokens"] == 0 and alloc["hit_tokens"] > 0
 
 
+def _pool_tokens(cfg: SimConfig) -> int:
+    setup = build_setup(cfg)
+    return setup.pages * setup.page_tokens
+
+
 def test_what_if_layouts_change_pool_capacity():
-    base = build_setup(SimConfig()).pages
-    assert build_setup(SimConfig(indexer="78")).pages < base
-    assert build_setup(SimConfig(kv_dtype="bf16")).pages < base
-    assert build_setup(SimConfig(mtp=1)).pages < base
-    assert build_setup(SimConfig(dcp=2)).pages > base
+    base = _pool_tokens(SimConfig())
+    assert _pool_tokens(SimConfig(indexer="78")) < base
+    assert _pool_tokens(SimConfig(kv_dtype="bf16")) < base
+    assert _pool_tokens(SimConfig(mtp=1)) < base
+    assert _pool_tokens(SimConfig(dcp=2)) > base
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"Mooncake trace not present at {DATA} (shared data absent)")
 def test_mooncake_trace_head_runs_with_prefix_hits():
     res = simulate(SimConfig(), itertools.islice(MooncakeTrace(DATA), 200))
     assert res.summary["finished"] == 200 and res.summary["hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("mode", ["finish", "allocate"])
+def test_mtp_drafts_leak_no_page_at_finish(mode):
+    reqs = [_req(0, [1], 100, out=2), _req(10, [1, 2], 700, out=30), _req(20, [1, 2], 700, out=9)]
+    res = simulate(SimConfig(mtp=2, mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
+    assert res.summary["finished"] == 3

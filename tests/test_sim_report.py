@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,16 @@ def test_plots_are_written(result, tmp_path):
     assert sorted(p.name for p in paths) == ["hit_rate.png", "pool_use.png", "prefix_cdf.png", "timeline.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_summary_figure_is_defined_in_metrics_doc(result):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    missing = [key for key in result.summary if f"`{key}`" not in doc]
+    assert not missing, f"summary figures without a definition in docs/metrics.md: {missing}"
+
+
+def test_progress_reports_requests_that_left_up_to_all_of_them():
+    calls: list[int] = []
+    reqs = generate_scenario("chat", seed=0, scale=0.05)
+    simulate(SimConfig(step_model="constant"), reqs, progress=calls.append)
+    assert len(calls) >= 2 and calls == sorted(calls) and calls[-1] == len(reqs)

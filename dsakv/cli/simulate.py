@@ -15,11 +15,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dsakv.cli.plan import parse_bytes, parse_fraction, parse_int
+from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_fraction, parse_int
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.errors import DsakvError
 from dsakv.eviction import POLICIES
-from dsakv.gpus import GPU_KINDS
 from dsakv.layout import KV_DTYPES
 from dsakv.preemption import PREEMPTION_MODES
 from dsakv.radix import MODES
@@ -49,22 +48,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--kv-dtype", default="fp8_ds_mla", help=f"main KV format: {', '.join(KV_DTYPES)}")
     m.add_argument("--mtp", default="0", help="MTP draft tokens per decode (0 = off)")
     m.add_argument("--mtp-accept", default="0.8", help="acceptance probability of each draft token")
-    m.add_argument("--dcp", default="1", help="decode-context-parallel size")
-    g = p.add_argument_group("GPU setting (as in dsakv plan)")
-    g.add_argument("--gpu", default="H200", help=f"GPU kind: {', '.join(GPU_KINDS)} (default H200)")
-    g.add_argument("--gpu-memory", help="bytes per GPU (overrides the kind's); units GB/GiB accepted")
-    g.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
-    g.add_argument("--tp", help="tensor-parallel size (default: --gpus)")
-    g.add_argument("--mem-fraction-static", default="0.85", help="fraction in (0, 1]")
-    g.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
+    add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
     s = p.add_argument_group("cache and scheduler")
+    s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
     s.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
     s.add_argument(
         "--mode", default="finish", choices=MODES, help="insert into the prefix cache at finish or allocation"
     )
     s.add_argument("--no-prefix-cache", action="store_true", help="run without a prefix cache")
     s.add_argument("--preemption", default="recompute", help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
-    s.add_argument("--max-step-tokens", default="8192", help="tokens computed per step (chunked prefill budget)")
     s.add_argument("--chunk-tokens", default="8192", help="largest prefill chunk of one request per step")
     s.add_argument("--max-running", default="256", help="requests holding pages at once")
     s.add_argument("--step-model", default="roofline", choices=STEP_MODELS, help="step-time model (docs/steptime.md)")
@@ -90,15 +82,22 @@ def _float(flag: str, text: str) -> float:
 
 
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
+    st = gpu_setting(args)  # the same flags and checks as dsakv plan
     cfg = SimConfig(
         model=args.model,
         config=args.config,
-        gpu=args.gpu,
-        gpu_memory_bytes=parse_bytes("--gpu-memory", args.gpu_memory),
-        num_gpus=parse_int("--gpus", args.gpus),
-        tp=parse_int("--tp", args.tp),
-        dcp=parse_int("--dcp", args.dcp),
-        mem_fraction_static=parse_fraction("--mem-fraction-static", args.mem_fraction_static),
+        gpu=st.gpu,
+        gpu_memory_bytes=st.gpu_memory_bytes,
+        num_gpus=st.num_gpus,
+        tp=st.tp,
+        dp_attention=st.dp_attention,
+        dcp=st.dcp,
+        mem_fraction_static=st.mem_fraction_static,
+        weights_bytes=st.weights_bytes,
+        weight_dtype=st.weight_dtype,
+        activation_bytes=st.activation_bytes,
+        max_batched_tokens=st.max_batched_tokens,
+        available_bytes=available_bytes(args),
         kv_dtype=args.kv_dtype,
         mtp=parse_int("--mtp", args.mtp, 0),
         mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
@@ -108,7 +107,6 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         mode=args.mode,
         prefix_cache=not args.no_prefix_cache,
         preemption=args.preemption,
-        max_step_tokens=parse_int("--max-step-tokens", args.max_step_tokens),
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
         max_running=parse_int("--max-running", args.max_running),
         time_scale=_float("--time-scale", args.time_scale),
@@ -176,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     opened = open_source(source)
     for note in opened.warnings:
         print(f"dsakv: warning: {note}", file=sys.stderr)
-    bar, tick = _progress(show_bar and opened.num_requests >= 200, opened.num_requests, "requests")
+    total = -(-opened.num_requests // cfg.dp_attention)  # DP attention: group 0 gets every d-th request
+    bar, tick = _progress(show_bar and total >= 200, total, "requests")
     if bar:
         bar.start()
     try:

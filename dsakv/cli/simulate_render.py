@@ -37,7 +37,9 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
     st = setup.setting
     console.print(
         f"[bold]{setup.spec.name}[/] on {st.num_gpus} x {st.to_dict()['gpu'] or 'custom GPU'}, TP {st.tensor_parallel}, "
-        f"DCP {setup.cell.dcp}; {source.name}; pool {s['pool_tokens']:,} tokens ({setup.pool_source}); "
+        f"DCP {setup.cell.dcp}"
+        + (f", DP attention {s['dp_attention']} (group 0 of them, round-robin)" if s["dp_attention"] > 1 else "")
+        + f"; {source.name}; pool {s['pool_tokens']:,} tokens ({setup.pool_source}); "
         f"policy {result.config['policy']}, insert at {result.config['mode']}",
         highlight=False,
     )
@@ -50,13 +52,23 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
         t.add_row(f"  rejected: {reason}", f"{n:,}")
     if s["skipped_lines"] or s["reordered_lines"]:
         t.add_row("trace lines skipped / out of order", f"{s['skipped_lines']:,} / {s['reordered_lines']:,}")
+    if s["other_group_requests"]:
+        t.add_row("requests routed to the other DP-attention groups", f"{s['other_group_requests']:,}")
     t.add_row("input tokens / output tokens", f"{s['input_tokens']:,} / {s['output_tokens']:,}")
     t.add_row(
-        "hit tokens; hit rate by tokens / by requests",
+        "input tokens of admitted / rejected requests",
+        f"{s['admitted_input_tokens']:,} / {s['rejected_input_tokens']:,}",
+    )
+    t.add_row(
+        "hit tokens; hit rate by tokens / by requests (of admitted)",
         f"{s['hit_tokens']:,}; {_pct(s['hit_rate_tokens'])} / {_pct(s['hit_rate_requests'])}",
     )
     t.add_row("evicted tokens (steps that evicted)", f"{s['evicted_tokens']:,} ({s['evictions']:,})")
-    t.add_row("preemptions", f"{s['preemptions']:,}")
+    t.add_row("preemptions (pages offloaded)", f"{s['preemptions']:,} ({s['offloaded_pages']:,})")
+    t.add_row(
+        "tokens computed (pages written / saved)",
+        f"{s['computed_tokens']:,} ({s['pages_written']:,} / {s['pages_saved']:,})",
+    )
     t.add_row(
         "mean tail-page waste (tokens / B)", f"{s['tail_waste_tokens_mean']:.1f} / {s['tail_waste_bytes_mean']:,.0f}"
     )
@@ -88,11 +100,25 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
     )
 
 
+def _point(label: str) -> str:
+    """One override per line, byte sizes in GB, so the point column stays narrow."""
+    parts = []
+    for part in label.split(", "):
+        key, _, value = part.partition("=")
+        if key == "gpu_memory_bytes" and value.isdigit():
+            v = int(value)
+            part = f"gpu_memory={v // 2**30} GiB" if v % 2**30 == 0 else f"gpu_memory={v / 1e9:g} GB"
+        parts.append(part)
+    return "\n".join(parts)
+
+
 def render_sweep(rows: list[SweepRow], source, console: Console) -> None:
     t = _table(f"sweep over {source.name}", "point", *(label for _, label in TABLE_COLUMNS))
+    impossible = []
     for row in rows:
         if row.error:
-            t.add_row(row.label, f"[red]impossible: {row.error}[/]", *([""] * (len(TABLE_COLUMNS) - 1)))
+            impossible.append(row)
+            t.add_row(_point(row.label), "[red]impossible[/]", *(["-"] * (len(TABLE_COLUMNS) - 1)))
             continue
         f = row_figures(row)
         cells = []
@@ -105,5 +131,8 @@ def render_sweep(rows: list[SweepRow], source, console: Console) -> None:
                 if key == "indexer_flops_saved"
                 else _n(v)
             )
-        t.add_row(row.label, *cells)
+        t.add_row(_point(row.label), *cells)
+    t.columns[0].min_width = min(60, max((len(x) for r in rows for x in _point(r.label).split("\n")), default=5))
     console.print(t)
+    for row in impossible:
+        console.print(f"[red]impossible[/] {row.label}: {row.error}", highlight=False)

@@ -2,20 +2,31 @@
 resolves to (``Setup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
 configuration. Building a setup reads no trace and changes nothing.
 
-The pool comes from ``dsakv.budget.pool_capacity`` for the GPU setting (default GLM-5.3 on 8 x H200,
-TP8) unless ``pool_tokens`` overrides it. Layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
-base checkpoint's weights, exactly like the planner's what-if table (``dsakv.variants.variant_capacity``).
-The simulator's pages are ``page_size`` tokens of the TP group; under DCP one rank page holds
-``page_size x dcp`` tokens, so the pool has ``capacity.tokens // page_size`` simulator pages.
+The pool comes from the planner (``dsakv.variants.variant_capacity`` over ``dsakv.budget.pool_capacity``)
+for the GPU setting, every field of ``GpuSetting`` included (default GLM-5.3 on 8 x H200, TP8), or from
+``available_bytes``, unless ``pool_tokens`` overrides it. For the configured layout this is exactly the pool
+``dsakv plan`` prints for the same flags; layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
+base checkpoint's weights, like the planner's what-if table.
+
+Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention group each (under DCP the
+group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the
+replicated indexer K of all ``page_size x dcp`` tokens), so the allocator and the radix tree work at that
+granularity, as the engine's do. Under DP attention the setup is that of one attention-DP group (its own
+pool and prefix cache); ``dsakv.sim.loop`` routes requests to the groups round-robin.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from dsakv.admission import SchedulerConfig
-from dsakv.budget import PoolCapacity, RankCell, pool_capacity
-from dsakv.deployment import DEFAULT_MEM_FRACTION, GpuSetting
+from dsakv.budget import PoolCapacity, RankCell
+from dsakv.deployment import (
+    DEFAULT_ACTIVATION_BYTES,
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MEM_FRACTION,
+    GpuSetting,
+)
 from dsakv.errors import DsakvError
 from dsakv.eviction import get_policy
 from dsakv.layout import CacheLayout
@@ -31,8 +42,10 @@ STEP_MODELS = ("roofline", "constant")
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Knobs of one run. ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or
-    an IndexCache pattern name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer)."""
+    """Knobs of one run. The GPU-setting fields are those of ``GpuSetting`` (``gpu_setting()``);
+    ``max_batched_tokens`` is also the scheduler's token budget per step. ``indexer``: None (as configured),
+    ``all``, a full-layer count, an F/S string or an IndexCache pattern name. ``mtp``: draft tokens per
+    decode (0 = off; on, one MTP cache layer)."""
 
     model: str | None = None
     config: str | None = None
@@ -40,8 +53,13 @@ class SimConfig:
     gpu_memory_bytes: int | None = None
     num_gpus: int = 8
     tp: int | None = None
+    dp_attention: int = 1
     dcp: int = 1
     mem_fraction_static: float = DEFAULT_MEM_FRACTION
+    weights_bytes: int | None = None
+    weight_dtype: str | None = None
+    activation_bytes: int = DEFAULT_ACTIVATION_BYTES
+    available_bytes: int | None = None
     kv_dtype: str = "fp8_ds_mla"
     mtp: int = 0
     mtp_accept: float = 0.8
@@ -51,7 +69,7 @@ class SimConfig:
     mode: str = "finish"
     prefix_cache: bool = True
     preemption: str = "recompute"
-    max_step_tokens: int = 8192
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     chunk_tokens: int = 8192
     max_running: int = 256
     time_scale: float = 1.0
@@ -75,6 +93,22 @@ class SimConfig:
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
 
+    def gpu_setting(self) -> GpuSetting:
+        """The deployment (validated: ``DsakvError`` names the field)."""
+        return GpuSetting(
+            gpu=self.gpu,
+            gpu_memory_bytes=self.gpu_memory_bytes,
+            num_gpus=self.num_gpus,
+            tp=self.tp,
+            dp_attention=self.dp_attention,
+            dcp=self.dcp,
+            mem_fraction_static=self.mem_fraction_static,
+            weights_bytes=self.weights_bytes,
+            weight_dtype=self.weight_dtype,
+            activation_bytes=self.activation_bytes,
+            max_batched_tokens=self.max_batched_tokens,
+        )
+
     def label(self, base: SimConfig | None = None) -> str:
         """The fields that differ from ``base`` (all non-default fields without one), as k=v."""
         ref = asdict(base or SimConfig())
@@ -92,7 +126,8 @@ class Setup:
     setting: GpuSetting
     capacity: PoolCapacity
     cell: RankCell
-    pages: int  # simulator pages (page_size tokens each) in the pool
+    pages: int  # pool pages (rank pages: page_tokens tokens of the group each)
+    page_tokens: int  # page_size x dcp
     pool_source: str
     step_time: RooflineStepTime | ConstantStepTime
     scheduler: SchedulerConfig
@@ -103,6 +138,7 @@ class Setup:
             "layout": self.layout.to_dict(),
             "gpu_setting": self.setting.to_dict(),
             "pool": {**self.capacity.to_dict(), "simulator_pages": self.pages, "source": self.pool_source},
+            "page_tokens": self.page_tokens,
             "cell": self.cell.to_dict(),
             "step_time": self.step_time.to_dict(),
             "scheduler": asdict(self.scheduler),
@@ -126,34 +162,31 @@ def build_setup(cfg: SimConfig) -> Setup:
     spec = _apply_indexer(base_spec, cfg.indexer)
     mtp_layers = 1 if cfg.mtp else 0
     layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers)
-    setting = GpuSetting(
-        gpu=cfg.gpu,
-        gpu_memory_bytes=cfg.gpu_memory_bytes,
-        num_gpus=cfg.num_gpus,
-        tp=cfg.tp,
-        dcp=cfg.dcp,
-        mem_fraction_static=cfg.mem_fraction_static,
-        max_batched_tokens=cfg.max_step_tokens,
-    )
-    if layout == CacheLayout(base_spec) and cfg.dcp == 1:
-        capacity = pool_capacity(layout, setting)
+    setting = cfg.gpu_setting()
+    base = CacheLayout(base_spec)
+    variant = Variant("sim", layout, cfg.dcp)
+    if cfg.available_bytes is not None:
+        capacity = variant_capacity(base, variant, None, cfg.available_bytes)
     else:
-        variant = Variant("sim", layout, cfg.dcp)
-        capacity = variant_capacity(CacheLayout(base_spec), variant, replace(setting, dcp=1), None)
-        if capacity is None:
-            raise DsakvError(f"dcp = {cfg.dcp}: this TP layout cannot run it (tp = {setting.tensor_parallel})")
-    ps = layout.page_size
+        capacity = variant_capacity(base, variant, setting, None)
+    tpp = capacity.tokens_per_page
     if cfg.pool_tokens is not None:
-        pages, source = cfg.pool_tokens // ps, "--pool-tokens"
+        pages, source = cfg.pool_tokens // tpp, "--pool-tokens"
         if pages < 1:
-            raise DsakvError(f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {ps} tokens")
+            raise DsakvError(
+                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {tpp} tokens"
+                + (f" (page_size {layout.page_size} x dcp {cfg.dcp})" if cfg.dcp > 1 else "")
+            )
     else:
-        pages, source = capacity.tokens // ps, "planner (GPU setting)"
+        pages = capacity.pages
+        source = "--available-bytes" if cfg.available_bytes is not None else "planner (GPU setting)"
         if pages < 1:
             mem = capacity.memory
             raise DsakvError(
-                f"the GPU setting leaves {capacity.available_bytes} B for the pool, less than one page "
-                f"({capacity.page_bytes} B)" + (f": weights take {mem.weights_bytes} B per rank" if mem else "")
+                f"{'--available-bytes gives' if mem is None else 'the GPU setting leaves'} "
+                f"{capacity.available_bytes} B for the pool, less than one page "
+                f"({capacity.page_bytes} B) beyond the scratch page"
+                + (f": weights take {mem.weights_bytes} B per rank" if mem else "")
             )
     if cfg.step_model == "constant":
         step_time = ConstantStepTime()
@@ -162,17 +195,19 @@ def build_setup(cfg: SimConfig) -> Setup:
             layout,
             gpu_perf(cfg.gpu),
             tp=setting.tensor_parallel,
+            dp_attention=setting.dp_attention,
             dcp=cfg.dcp,
             mtp_draft=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
         )
-    chunk = max(ps, cfg.chunk_tokens // ps * ps)
+    chunk = max(tpp, cfg.chunk_tokens // tpp * tpp)
     sched = SchedulerConfig(
-        max_step_tokens=max(cfg.max_step_tokens, ps),
+        max_step_tokens=max(cfg.max_batched_tokens, tpp),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_draft_tokens=cfg.mtp,
     )
-    return Setup(spec, layout, setting, capacity, RankCell(layout, cfg.dcp), pages, source, step_time, sched)
+    cell = RankCell(layout, cfg.dcp)
+    return Setup(spec, layout, setting, capacity, cell, pages, tpp, source, step_time, sched)

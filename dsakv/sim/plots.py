@@ -41,14 +41,13 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     plt = _pyplot()
     out = Path(out_dir)
     tl, recs = result.timeline, result.records
-    lay = result.layout
     t = np.asarray(tl.time_s)
     used = np.asarray(tl.used_pages, dtype=np.float64)
     cached = np.asarray(tl.cache_only_pages, dtype=np.float64)
     t_end = float(t[-1]) if t.size else 0.0
     paths = []
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     main, idx = used * result.page_main_bytes / GIB, used * result.page_indexer_bytes / GIB
     ax.stackplot(t, main, idx, labels=["main KV", "indexer K"], step="post", alpha=0.8)
     ax.plot(
@@ -64,8 +63,8 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
         lw=1,
         label="pool capacity",
     )
-    ax.set(xlabel="simulated time (s)", ylabel="GiB per rank", title="Pool use: main KV vs indexer K")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set(xlabel="simulated time (s)", ylabel="GiB per rank (2^30 B)", title="Pool use: main KV vs indexer K")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=8, frameon=False)
     paths.append(_save(fig, out / "pool_use.png", plt))
 
     admitted = [r for r in recs if r.admit_s is not None]
@@ -78,10 +77,16 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
         h, _ = np.histogram(arr, edges, weights=hit)
         n, _ = np.histogram(arr, edges, weights=inp)
         mid = (edges[:-1] + edges[1:]) / 2
-        ax.plot(mid[n > 0], h[n > 0] / n[n > 0], "o-", ms=3, label="per window")
+        w = edges[1] - edges[0]
+        ax.plot(mid[n > 0], h[n > 0] / n[n > 0], "o-", ms=3, label=f"requests arriving in each {w:.3g} s window")
         order = np.argsort(arr, kind="stable")
         ax.plot(arr[order], np.cumsum(hit[order]) / np.cumsum(inp[order]), lw=1.5, label="cumulative")
-    ax.set(xlabel="arrival time (s)", ylabel="hit tokens / input tokens", ylim=(0, 1), title="Prefix-cache hit rate")
+    ax.set(
+        xlabel="arrival time (s)",
+        ylabel="hit tokens / input tokens",
+        ylim=(0, 1.02),
+        title="Prefix-cache hit rate by tokens (admitted requests)",
+    )
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "hit_rate.png", plt))
 
@@ -90,7 +95,7 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
         p = np.sort(np.array([r.hit_tokens for r in admitted]))
         ax.step(p, np.arange(1, p.size + 1) / p.size, where="post")
         if p.max() > 0:
-            ax.set_xscale("symlog", linthresh=max(lay.page_size, 1))
+            ax.set_xscale("symlog", linthresh=result.cell.tokens_per_page)
     ax.set(
         xlabel="cached prefix P (tokens)", ylabel="fraction of admitted requests", title="CDF of cached-prefix length"
     )
@@ -108,18 +113,16 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     bottom = np.zeros(edges.size - 1)
     for name, times in series.items():
         counts, _ = np.histogram(np.asarray(times, dtype=np.float64), edges)
-        ax.bar(
-            edges[:-1],
-            counts,
-            width=width,
-            align="edge",
-            bottom=bottom if name != "finished" else None,
-            alpha=0.5 if name == "finished" else 0.9,
-            label=name,
-        )
-        if name != "finished":
-            bottom += counts
-    ax.set(xlabel="simulated time (s)", ylabel="requests per window", title="Admission / preemption timeline")
+        if name == "finished":  # a line over the stacked bars, so the colours never mix
+            ax.step(edges, np.append(counts, counts[-1:]), where="post", color="k", lw=1.2, label=name)
+            continue
+        ax.bar(edges[:-1], counts, width=width, align="edge", bottom=bottom, label=name)
+        bottom += counts
+    ax.set(
+        xlabel="simulated time (s)",
+        ylabel=f"requests per {width:.3g} s window",
+        title="Admissions, preemptions and rejections (stacked); finishes",
+    )
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "timeline.png", plt))
     return paths

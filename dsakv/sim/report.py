@@ -1,8 +1,8 @@
 """What one simulation produced: per-request records, the pool-use timeline, and the summary figures.
 
 Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per rank of the TP group
-(``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are pool pages of
-``page_size`` tokens; pairs and FLOPs are of the lightning indexer over all indexer layers
+(``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are the planner's rank
+pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FLOPs are of the lightning indexer over all indexer layers
 (``dsakv.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
 never change afterwards.
 """
@@ -80,7 +80,7 @@ def make_record(
     L, P = req.prompt_len, st.hit_tokens
     sav = prefix_savings(layout, L, P)
     total = L + len(req.outputs)
-    tail = (-total) % layout.page_size if outcome == "finished" else 0
+    tail = (-total) % cell.tokens_per_page if outcome == "finished" else 0
     return RequestRecord(
         id=req.id,
         line=line,
@@ -91,7 +91,7 @@ def make_record(
         suffix_tokens=sav.computed_tokens,
         computed_tokens=st.computed_tokens,
         pages_written=st.pages_written,
-        pages_saved=sav.cached_pages,
+        pages_saved=sav.cached_tokens // cell.tokens_per_page,
         main_bytes_written=cell.main_bytes(st.computed_tokens) if st.computed_tokens else 0,
         indexer_bytes_written=cell.indexer_bytes(st.computed_tokens) if st.computed_tokens else 0,
         main_bytes_saved=cell.main_bytes(sav.cached_tokens) if P else 0,
@@ -138,18 +138,14 @@ class SimResult:
     summary: dict = field(default_factory=dict)
 
     @property
-    def page_main_bytes(self) -> float:
-        """Main-KV bytes one pool page (``page_size`` tokens of the group) costs one rank."""
-        return _exact(self.cell.main_page_bytes, self.cell.dcp)
+    def page_main_bytes(self) -> int:
+        """Main-KV bytes of one pool page on one rank (``page_size`` rows; DCP spreads the group's tokens)."""
+        return self.cell.main_page_bytes
 
     @property
-    def page_indexer_bytes(self) -> float:
-        """Indexer-K bytes one pool page costs one rank (replicated under DCP)."""
-        return _exact(self.cell.indexer_page_bytes, self.cell.dcp)
-
-
-def _exact(num: int, den: int) -> int | float:
-    return num // den if num % den == 0 else num / den
+    def page_indexer_bytes(self) -> int:
+        """Indexer-K bytes of one pool page on one rank (all ``page_size x dcp`` tokens: replicated)."""
+        return self.cell.indexer_page_bytes
 
 
 def _pct(values: list[float]) -> dict[str, float | None]:
@@ -190,8 +186,11 @@ def summarize(result: SimResult) -> dict:
         "unfinished": len(recs) - len(finished) - len(rejected),
         "skipped_lines": c.get("skipped_lines", 0),
         "reordered_lines": c.get("reordered_lines", 0),
+        "dp_attention": c.get("dp_attention", 1),
+        "other_group_requests": c.get("other_group_requests", 0),
         "input_tokens": sum(r.input_tokens for r in recs),
         "admitted_input_tokens": input_adm,
+        "rejected_input_tokens": sum(r.input_tokens for r in rejected),
         "output_tokens": out_tokens,
         "hit_tokens": hit,
         "hit_rate_tokens": hit / input_adm if input_adm else 0.0,
@@ -215,7 +214,7 @@ def summarize(result: SimResult) -> dict:
         "tail_waste_tokens_mean": float(np.mean([r.tail_waste_tokens for r in finished])) if finished else 0.0,
         "tail_waste_bytes_mean": float(np.mean([r.tail_waste_bytes for r in finished])) if finished else 0.0,
         "pool_pages": result.capacity_pages,
-        "pool_tokens": result.capacity_pages * result.layout.page_size,
+        "pool_tokens": result.capacity_pages * result.cell.tokens_per_page,
         "pool_main_bytes": result.capacity_pages * page_main,
         "pool_indexer_bytes": result.capacity_pages * page_idx,
         "peak_used_pages": int(used.max()) if used.size else 0,

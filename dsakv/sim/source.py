@@ -67,5 +67,7 @@ def open_source(source: Source) -> Opened:
     notes = tuple(str(w.message) for w in caught if issubclass(w.category, TraceOrderWarning))
     if trace.skipped:
         notes += (f"skipped {trace.skipped} bad lines (first: {trace.first_error})",)
+    if len(trace) == 0:
+        notes += (f"trace {source.trace!r} holds no request: nothing to simulate",)
     counters = {"skipped_lines": trace.skipped, "reordered_lines": trace.out_of_order}
     return Opened(trace, len(trace), counters, notes)

@@ -106,13 +106,15 @@ class RooflineStepTime:
     """Analytic roofline of one TP group (``tp`` GPUs) serving the batch; see ``docs/steptime.md``.
 
     ``dcp`` splits the main-KV reads of sparse MLA across the DCP group (the indexer K is replicated,
-    so indexer work is not split). ``mtp_draft`` draft tokens per decode are verified each step (``1 +
+    so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: one group's
+    batch runs its attention with heads over ``tp / dp_attention`` ranks. ``mtp_draft`` draft tokens per decode are verified each step (``1 +
     mtp_draft`` query rows); ``tokens_per_decode`` is the expected yield, for reports.
     """
 
     layout: CacheLayout
     gpu: GpuPerf = field(default_factory=lambda: GPU_PERF["H200"])
     tp: int = 8
+    dp_attention: int = 1
     dcp: int = 1
     mtp_draft: int = 0
     mtp_accept: float = 0.8
@@ -122,7 +124,7 @@ class RooflineStepTime:
     overhead_s: float = 0.002
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dcp"):
+        for name in ("tp", "dp_attention", "dcp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be a positive integer")
@@ -142,7 +144,8 @@ class RooflineStepTime:
         spec, lay = self.layout.spec, self.layout
         a = spec.arch_value
         parts = weight_parts(spec, lay.mtp_layers)
-        div = {"tp": self.tp, "attn_tp": self.tp, "ep": self.tp, "replicated": 1}
+        attn_tp = max(self.tp // self.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
+        div = {"tp": self.tp, "attn_tp": attn_tp, "ep": self.tp, "replicated": 1}
         c = {"dense_bytes": 0.0, "dense_flops_per_token": 0.0, "expert_bytes": 0.0, "lm_head_bytes": 0.0}
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
@@ -159,7 +162,7 @@ class RooflineStepTime:
             else:
                 c["dense_bytes"] += per_rank_bytes
                 c["dense_flops_per_token"] += 2 * per_rank_params
-        heads = a("num_attention_heads") / self.tp
+        heads = a("num_attention_heads") / attn_tp
         # Absorbed MLA per (query, key) pair and layer: scores over latent+rope, values over the latent.
         c["mla_flops_per_pair"] = heads * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
         c["weight_bytes_per_param"] = 1.0 if spec.weight_dtype == "fp8" else 2.0
@@ -222,6 +225,7 @@ class RooflineStepTime:
             "model": "roofline",
             "gpu": self.gpu.name,
             "tp": self.tp,
+            "dp_attention": self.dp_attention,
             "dcp": self.dcp,
             "mtp_draft": self.mtp_draft,
             "mtp_accept": self.mtp_accept,

@@ -23,8 +23,9 @@ from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 
 _KEY_ALIASES = {"pool": "pool_tokens", "gpu_memory": "gpu_memory_bytes", "dtype": "kv_dtype", "insert": "mode"}
+_KEY_ALIASES |= {"max_step_tokens": "max_batched_tokens", "dp": "dp_attention"}
 SWEEP_KEYS = ("policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "mode")
-SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_step_tokens")
+SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
 TABLE_COLUMNS = (
     ("pool_tokens", "pool tokens"),
     ("hit_rate_tokens", "hit rate (tokens)"),
@@ -53,9 +54,9 @@ class SweepRow:
 
 
 def _convert(key: str, text: str):
-    from dsakv.cli.plan import parse_bytes, parse_int  # one parser for sizes across commands
+    from dsakv.cli.gpu_args import parse_bytes, parse_int  # one parser for sizes across commands
 
-    if key in ("pool_tokens", "mtp", "dcp", "max_step_tokens"):
+    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention"):
         return parse_int(f"--sweep {key}", text, 0 if key == "mtp" else 1)
     if key == "gpu_memory_bytes":
         return parse_bytes(f"--sweep {key}", text)
@@ -104,7 +105,7 @@ def what_if_points(base: SimConfig) -> list[dict]:
         {"kv_dtype": "bf16"},
         {"mode": "allocate" if base.mode == "finish" else "finish"},
     ]
-    pool = setup.pages * setup.layout.page_size
+    pool = setup.pages * setup.page_tokens
     points += [{"pool_tokens": pool // 2}, {"pool_tokens": pool * 2}]
     return points
 

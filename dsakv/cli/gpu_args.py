@@ -1,0 +1,111 @@
+"""The GPU-setting arguments shared by ``dsakv plan`` and ``dsakv simulate``, and their parsing.
+
+One definition so both commands accept the same deployment and compute the same pool: ``add_gpu_arguments``
+puts the flags in a parser group, ``gpu_setting(args)`` turns them into a validated ``GpuSetting`` and
+``available_bytes(args)`` reads ``--available-bytes`` (a pool budget that skips the memory split).
+
+Numbers are taken as strings and parsed here so that bad input is one ``DsakvError`` line (exit 1)
+rather than an argparse usage dump. Byte sizes accept plain integers (``1,048,576`` or ``1_048_576``)
+or a unit: ``GB``/``MB`` (10^9, 10^6) and ``GiB``/``MiB`` (2^30, 2^20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from dsakv.deployment import DEFAULT_ACTIVATION_BYTES, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MEM_FRACTION, GpuSetting
+from dsakv.errors import DsakvError
+from dsakv.gpus import GPU_KINDS
+
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+UNITS["tib"] = 2**40
+
+
+def parse_int(flag: str, text: str | None, minimum: int = 1) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(str(text).replace(",", "").replace("_", ""))
+    except ValueError:
+        raise DsakvError(f"{flag} = {text!r}: must be an integer >= {minimum}") from None
+    if value < minimum:
+        raise DsakvError(f"{flag} = {value}: must be an integer >= {minimum}")
+    return value
+
+
+def parse_bytes(flag: str, text: str | None, minimum: int = 1) -> int | None:
+    """An integer byte count, optionally with a unit (GB = 10^9, GiB = 2^30)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9][0-9_,]*(?:\.[0-9]+)?|-[0-9][0-9_,]*(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise DsakvError(
+            f"{flag} = {text!r}: must be a byte count (an integer, or with a unit: {', '.join(UNITS)[4:]})"
+        )
+    number = (
+        float(m.group(1).replace(",", "").replace("_", ""))
+        if "." in m.group(1)
+        else int(m.group(1).replace(",", "").replace("_", ""))
+    )
+    value = int(number * UNITS[m.group(2).lower()])
+    if value < minimum:
+        raise DsakvError(f"{flag} = {text!r}: must be at least {minimum} bytes")
+    return value
+
+
+def parse_fraction(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DsakvError(f"{flag} = {text!r}: must be a number in (0, 1]") from None
+    if not 0 < value <= 1:
+        raise DsakvError(f"{flag} = {value}: must be in (0, 1]")
+    return value
+
+
+def add_gpu_arguments(parser: argparse.ArgumentParser, *, batched_help: str = "sizes the top-k buffer") -> None:
+    """Add the "GPU setting (per rank)" group: device, parallelism, memory knobs, ``--available-bytes``."""
+    g = parser.add_argument_group("GPU setting (per rank)")
+    g.add_argument("--gpu", default="H200", help=f"GPU kind: {', '.join(GPU_KINDS)} (default H200)")
+    g.add_argument("--gpu-memory", help="bytes per GPU (overrides --gpu); units GB/GiB accepted")
+    g.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
+    g.add_argument("--tp", help="tensor-parallel size (default: --gpus)")
+    g.add_argument("--dp-attention", default="1", help="attention data-parallel groups (divides --tp)")
+    g.add_argument("--dcp", default="1", help="decode-context-parallel size (indexer K replicated)")
+    g.add_argument("--mem-fraction-static", default=str(DEFAULT_MEM_FRACTION), help="fraction in (0, 1]")
+    g.add_argument("--weights-bytes", help="weights per rank (default: computed from the config)")
+    g.add_argument("--weight-dtype", help="weight dtype for the computed weights (default: the config's)")
+    g.add_argument(
+        "--activation-bytes", default=str(DEFAULT_ACTIVATION_BYTES), help="reserve inside the static fraction"
+    )
+    g.add_argument(
+        "--max-batched-tokens",
+        default=str(DEFAULT_MAX_BATCHED_TOKENS),
+        help=f"tokens per step (default {DEFAULT_MAX_BATCHED_TOKENS}): {batched_help}",
+    )
+    g.add_argument("--available-bytes", help="bytes for the pool on one rank (skips the memory split)")
+
+
+def gpu_setting(args: argparse.Namespace) -> GpuSetting:
+    """The validated ``GpuSetting`` of the parsed flags (``DsakvError`` naming the flag on bad input)."""
+    return GpuSetting(
+        gpu=args.gpu,
+        gpu_memory_bytes=parse_bytes("--gpu-memory", args.gpu_memory),
+        num_gpus=parse_int("--gpus", args.gpus),
+        tp=parse_int("--tp", args.tp),
+        dp_attention=parse_int("--dp-attention", args.dp_attention),
+        dcp=parse_int("--dcp", args.dcp),
+        mem_fraction_static=parse_fraction("--mem-fraction-static", args.mem_fraction_static),
+        weights_bytes=parse_bytes("--weights-bytes", args.weights_bytes, 0),
+        weight_dtype=args.weight_dtype,
+        activation_bytes=parse_bytes("--activation-bytes", args.activation_bytes, 0),
+        max_batched_tokens=parse_int("--max-batched-tokens", args.max_batched_tokens),
+    )
+
+
+def available_bytes(args: argparse.Namespace) -> int | None:
+    return parse_bytes("--available-bytes", args.available_bytes)
+
+
+__all__ = ["UNITS", "add_gpu_arguments", "available_bytes", "gpu_setting", "parse_bytes", "parse_fraction", "parse_int"]
