@@ -13,6 +13,8 @@ freed by one ``free(pages)`` call come back in that call's order, so ``free(p); 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from numbers import Integral
+from operator import length_hint
 
 from dsakv.errors import DsakvError, OutOfPagesError
 
@@ -76,16 +78,34 @@ class PageAllocator:
     def free(self, pages: Iterable[int]) -> None:
         """Free pages by id. Every id must be allocated and appear once; otherwise nothing is freed."""
         pages = list(pages)
-        allocated = self._allocated
+        allocated, first = self._allocated, self.first_page
+        # Hot path (the prefix cache frees millions of pages): check and clear each flag in one pass; a second
+        # copy of an id finds its flag already cleared. On any failure, restore the flags cleared so far and
+        # let the slow path name the culprit.
+        it = iter(pages)
+        try:
+            for p in it:
+                if p < first or allocated[p] != 1:
+                    break
+                allocated[p] = 0
+            else:
+                self._free.extend(reversed(pages))
+                return
+        except (TypeError, IndexError):
+            pass
+        for p in pages[: len(pages) - length_hint(it) - 1]:  # the ids before the one that failed
+            allocated[p] = 1
+        self._raise_bad_free(pages)
+
+    def _raise_bad_free(self, pages: list) -> None:
+        """Raise the error for the first bad id (checked in order), else for a repeated id."""
         for p in pages:
-            if not (self.first_page <= p < self.end_page) or allocated[p] != 1:
+            if not isinstance(p, (int, Integral)):
+                raise DsakvError(f"free of page {p!r}: not an integer page id")
+            if not (self.first_page <= p < self.end_page) or self._allocated[p] != 1:
                 state = "out of range" if not (self.first_page <= p < self.end_page) else "not allocated (double free?)"
                 raise DsakvError(f"free of page {p}: {state}; valid ids {self.first_page}..{self.end_page - 1}")
-        if len(set(pages)) != len(pages):
-            raise DsakvError("free: the same page id appears twice in one call (double free)")
-        for p in pages:
-            allocated[p] = 0
-        self._free.extend(reversed(pages))
+        raise DsakvError("free: the same page id appears twice in one call (double free)")
 
     def free_token_segments(self, segments: Iterable[tuple[int, int]]) -> list[int]:
         """Free the pages touched by token-slot segments ``[start, end)``, each page once.

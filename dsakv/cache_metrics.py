@@ -20,6 +20,13 @@ class CacheMetrics:
     evicted_tokens: int = 0
     hit_pages_log2: list[int] = field(default_factory=lambda: [0] * 64)
 
+    def record_lookup(self, tokens: int, hit_pages: int, page_size: int) -> None:
+        """Count one ``match`` of ``tokens`` tokens that hit ``hit_pages`` pages."""
+        self.lookups += 1
+        self.lookup_tokens += tokens
+        self.hit_tokens += hit_pages * page_size
+        self.hit_pages_log2[hit_pages.bit_length()] += 1
+
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0

@@ -56,7 +56,7 @@ def _knob_options(layout: CacheLayout, dcp: int, patterns: Mapping[str, str]) ->
     spec, n = layout.spec, layout.spec.num_hidden_layers
     schedule = [
         (f"{c} full indexer layers", {"spec": spec.with_full_indexer_count(c)})
-        for c in range(1, n + 1)
+        for c in range(1, n)  # n full layers is the all-layer option below
         if c != spec.num_full_indexer_layers
     ]
     if spec.num_shared_indexer_layers:

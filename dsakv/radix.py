@@ -5,45 +5,26 @@ token bytes (see ``radix_key``), ``pages`` their page ids. A tail shorter than a
 tree. Both caches (main KV and indexer K) of a page id live and die together, so freeing a page through
 the ``PageAllocator`` frees both at once.
 
-API (the scheduler codes against it)::
+The contract (``match`` / ``lock`` / ``unlock`` / ``insert`` / ``evict`` / ``reset``, sizes, result
+types) is in the method docstrings and ``docs/prefix_cache.md``. Tokens may be a list of ints, a 1-D
+integer numpy array or a prebuilt ``RadixKey``.
 
-    cache = RadixCache(allocator, policy="lru", mode="finish", speculative=False,
-                       hash_name="xxh3_64", event_sink=None)
-    key = RadixKey(tokens, extra_key=None, cache_salt=None)        # optional: build the key once
-    m = cache.match(tokens_or_key, *, extra_key=None, cache_salt=None, leave_one=True)
-        # MatchResult(pages, matched_tokens, node); splits a node if the match ends inside it;
-        # changes no lock and no size; page ids are valid only once m.node is locked (lock at once).
-    cache.lock(m.node); cache.unlock(m.node)                       # pin node + ancestors while in use
-    r = cache.insert(tokens_or_key, pages, *, extra_key=None, cache_salt=None, priority=0)
-        # InsertResult(cached_tokens, duplicate_pages, node, pages): pages[i] holds tokens[i*ps:(i+1)*ps];
-        # the first full_pages(n) enter the tree; the caller frees duplicate_pages and its own tail.
-    e = cache.evict(num_tokens)                                    # EvictResult(evicted_tokens, freed_pages)
-    cache.evictable_tokens + cache.protected_tokens == cache.total_tokens
-    cache.check_integrity(request_held_pages=0); cache.reset()
+Rules (details and rationale in the docs):
 
-Rules:
-
-* ``match`` leaves at least one token to compute: with ``leave_one=True`` (default) it matches at most
-  ``(n - 1) // page_size`` pages, which cuts a full hit of a page-aligned prompt back by one page (the
-  rule SGLang applies by matching ``tokens[:-1]``). ``leave_one=False`` matches up to ``n // page_size``.
-* Speculative mode (EAGLE/MTP drafting) keys page ``i`` on the bigrams of tokens ``i*ps .. (i+1)*ps``
-  (that is ``ps + 1`` tokens), so a key has ``(n - 1) // ps`` full pages, and ``match`` drops the last
-  matched page so the draft head recomputes the hidden state of the token before the break.
-* Namespaces: ``(extra_key, cache_salt)`` selects a separate root; two namespaces never share a node,
-  so requests with different salts never share a page whatever their tokens.
-* Eviction is page-granular: ``evict(n)`` removes whole unlocked leaf pages (the tail pages of leaf
-  nodes) in policy order until ``ceil(n / ps)`` pages are freed or nothing is evictable, cascading to
-  parents that become leaves. It raises if ``n > 0`` and every cached page is locked.
-* Modes: ``"finish"`` (SGLang: insert when the request finishes) and ``"allocate"`` (vLLM: insert full
-  pages as soon as they are allocated, lock ``r.node`` and unlock the old node, so identical prompts in
-  one batch share pages). The cache behaves the same in both; ``mode`` tells the driver what to do.
+* ``match`` leaves at least one token to compute (``leave_one=True``: at most ``(n - 1) // page_size``
+  pages, SGLang's ``tokens[:-1]`` rule); speculative mode keys pages on bigrams and drops the last
+  matched page so the draft head recomputes the hidden state before the break.
+* ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page.
+* ``evict(n)`` frees at least ``ceil(n / ps)`` unlocked leaf pages in policy order (or all that is
+  evictable), cascading to parents that become leaves; it raises if ``n > 0`` and everything is locked.
+* ``mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
 
 Bad input raises ``DsakvError`` and changes neither the tree nor the allocator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -52,16 +33,27 @@ from dsakv.cache_metrics import CacheMetrics
 from dsakv.errors import DsakvError
 from dsakv.events import AllCleared, CacheEvent, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash
 from dsakv.eviction import POLICIES, LeafHeap, get_policy
-from dsakv.radix_check import check_insert_pages, check_radix
+from dsakv.radix_check import check_radix, claim_pages
 from dsakv.radix_key import TOKEN_BYTES, RadixKey, Tokens, as_key
-from dsakv.radix_node import EvictResult, InsertResult, MatchResult, Node, split, walk
+from dsakv.radix_node import (
+    EvictResult,
+    InsertResult,
+    MatchResult,
+    Node,
+    add_child,
+    drop_last_page,
+    evictable_leaf,
+    iter_nodes,
+    lock_path,
+    reconcile_pages,
+    split,
+    trim_leaves,
+    unlock_path,
+    walk,
+)
 
 MODES = ("finish", "allocate")
 _HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
-
-
-def _evictable_leaf(node: Node) -> bool:
-    return node.alive and not node.children and not node.lock_ref
 
 
 class RadixCache:
@@ -167,14 +159,7 @@ class RadixCache:
         path, part, m, matched = walk(root, key.data, limit, self._pb, self._x)
         if self.speculative and matched:
             matched -= 1
-            if part is not None:
-                m -= 1
-                if not m:
-                    part = None
-            else:
-                last = path.pop()
-                if len(last.pages) > 1:
-                    part, m = last, len(last.pages) - 1
+            part, m = drop_last_page(path, part, m)
         if part is not None:
             path.append(self._split(part, m))
         self._tick += 1
@@ -188,44 +173,28 @@ class RadixCache:
         if path and not node.children and not node.lock_ref:
             self._heap.push(node)
             self._maybe_compact()
-        mt = self.metrics
-        mt.lookups += 1
-        mt.lookup_tokens += n
-        mt.hit_tokens += matched * ps
-        mt.hit_pages_log2[matched.bit_length()] += 1
+        self.metrics.record_lookup(n, matched, ps)
         return MatchResult(pages, matched * ps, node)
 
     def lock(self, node: Node) -> None:
         """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock``."""
         if not isinstance(node, Node) or not node.alive:
             raise DsakvError(f"lock: node {node!r} is not in the cache (evicted or reset); lock right after match")
-        ps = self.page_size
-        moved = 0
-        while node is not None:
-            if not node.lock_ref:
-                moved += len(node.pages)
-            node.lock_ref += 1
-            node = node.parent
-        self._evictable -= moved * ps
-        self._protected += moved * ps
+        moved = lock_path(node) * self.page_size
+        self._evictable -= moved
+        self._protected += moved
         self._locks += 1
 
     def unlock(self, node: Node) -> None:
         """Release one ``lock(node)``; a leaf whose count drops to zero becomes evictable."""
         if not isinstance(node, Node) or not node.alive or node.lock_ref <= 0:
             raise DsakvError(f"unlock: node {node!r} is not locked")
-        start = node
-        moved = 0
-        while node is not None:
-            node.lock_ref -= 1
-            if not node.lock_ref:
-                moved += len(node.pages)
-            node = node.parent
-        self._evictable += moved * self.page_size
-        self._protected -= moved * self.page_size
+        moved = unlock_path(node) * self.page_size
+        self._evictable += moved
+        self._protected -= moved
         self._locks -= 1
-        if not start.lock_ref and not start.children and start.parent is not None:
-            self._heap.push(start)
+        if not node.lock_ref and not node.children and node.parent is not None:
+            self._heap.push(node)
             self._maybe_compact()
 
     def insert(
@@ -248,25 +217,12 @@ class RadixCache:
             raise DsakvError(f"pages: {len(pages)} page ids for {npages} full pages of {key.num_tokens} tokens")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise DsakvError(f"priority = {priority!r}: must be an integer")
-        root = self._root(key)
-        path, part, m, matched = walk(root, key.data, npages, self._pb, self._x)
+        root = self._roots.get(key.namespace)  # a new namespace's root is made only once the pages pass
+        path, part, m, matched = walk(root, key.data, npages, self._pb, self._x) if root else ([], None, 0, 0)
         new = pages[matched:npages]
-        pos = 0
-        for nd in path:  # usually the caller's prefix pages are the tree's: compare node by node
-            k = len(nd.pages)
-            if pages[pos : pos + k] != nd.pages:
-                break
-            pos += k
-        else:
-            if part is None or pages[pos : pos + m] == part.pages[:m]:
-                pos = matched
-        if pos == matched:
-            dup, tree_pages = [], pages[:npages]
-        else:
-            cached = [p for nd in path for p in nd.pages] + (part.pages[:m] if part is not None else [])
-            dup = [p for p, q in zip(pages, cached) if p != q]
-            tree_pages = cached + new
-        check_insert_pages(self.allocator, self._in_tree, dup + new)
+        dup, tree_pages = reconcile_pages(path, part, m, matched, pages, npages)
+        claim_pages(self.allocator, self._in_tree, dup, new)  # flags new pages as in the tree
+        root = root or self._root(key)
         if part is not None:
             path.append(self._split(part, m))
         self._tick += 1
@@ -278,16 +234,9 @@ class RadixCache:
         node = path[-1] if path else root
         ps, pb, x = self.page_size, self._pb, self._x
         if new:
-            start = matched * pb
             self._seq += 1
-            child = Node(
-                key.data[start : npages * pb + x], key.data[start : start + pb + x], new, node, tick, self._seq
-            )
+            child = add_child(node, key.data, matched, npages, pb, x, new, tick, self._seq)
             child.priority = priority
-            node.children[child.ckey] = child
-            in_tree = self._in_tree
-            for p in new:
-                in_tree[p] = 1
             self._nodes += 1
             self._evictable += len(new) * ps
             self.metrics.inserted_tokens += len(new) * ps
@@ -311,33 +260,9 @@ class RadixCache:
                 f"evict({num_tokens}): nothing is evictable: all {self._protected} cached tokens are locked"
             )
         need = -(-num_tokens // self.page_size)
-        pb, x, heap, in_tree = self._pb, self._x, self._heap, self._in_tree
-        freed: list[int] = []
-        hashes: list[bytes] = []
-        while len(freed) < need:
-            node = heap.pop(_evictable_leaf)
-            if node is None:
-                break
-            k, take = len(node.pages), need - len(freed)
-            if take < k:
-                cut = k - take
-                freed += node.pages[cut:]
-                del node.pages[cut:]
-                node.key = node.key[: cut * pb + x]
-                if node.hashes is not None:
-                    hashes += node.hashes[cut:]
-                    del node.hashes[cut:]
-                heap.push(node)
-                continue
-            freed += node.pages
-            if node.hashes is not None:
-                hashes += node.hashes
-            node.alive = False
-            parent = node.parent
-            del parent.children[node.ckey]
-            self._nodes -= 1
-            if parent.parent is not None and not parent.children and not parent.lock_ref:
-                heap.push(parent)
+        freed, hashes, removed = trim_leaves(self._heap, need, self._pb, self._x)
+        self._nodes -= removed
+        in_tree = self._in_tree
         for p in freed:
             in_tree[p] = 0
         tokens = len(freed) * self.page_size
@@ -363,17 +288,13 @@ class RadixCache:
         if self.event_sink is not None:
             self.event_sink(AllCleared())
 
-    def _iter_nodes(self):
+    def _iter_nodes(self) -> Iterator[Node]:
         """Every non-root node, parents before children."""
-        stack = [c for r in self._roots.values() for c in r.children.values()]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        return iter_nodes(self._roots.values())
 
     def _maybe_compact(self) -> None:
         if len(self._heap.entries) > _HEAP_SLACK * self._nodes + 1024:
-            self._heap.rebuild(n for n in self._iter_nodes() if _evictable_leaf(n))
+            self._heap.rebuild(n for n in self._iter_nodes() if evictable_leaf(n))
 
     def check_integrity(self, request_held_pages: int = 0) -> None:
         """Raise ``AssertionError`` unless every invariant holds (see ``dsakv.radix_check``)."""

@@ -12,7 +12,7 @@ continue from the parent's last hash.
 
 from __future__ import annotations
 
-from operator import itemgetter
+from operator import itemgetter, length_hint
 from typing import TYPE_CHECKING
 
 from dsakv.allocator import PageAllocator
@@ -127,3 +127,35 @@ def check_insert_pages(alloc: PageAllocator, in_tree: bytearray, pages: list[int
             raise DsakvError(f"pages: page {p} is already mapped in the tree at another position")
     if len(set(pages)) != len(pages):
         raise DsakvError("pages: the same page id appears twice")
+
+
+def claim_pages(alloc: PageAllocator, in_tree: bytearray, dup: list[int], new: list[int]) -> None:
+    """Validate the pages an insert hands over and flag ``new`` as in the tree, in one pass over ``new``.
+
+    Raises ``DsakvError`` (via ``check_insert_pages``, which names the culprit) with no flag changed unless
+    every page of ``dup + new`` is allocated, outside the tree and listed once. A second copy of an id in
+    ``new`` finds its flag already set.
+    """
+    first, flags = alloc.first_page, alloc._allocated
+    it = iter(new)
+    flagged_all = False
+    try:
+        for p in it:
+            if p < first or not flags[p] or in_tree[p]:
+                break
+            in_tree[p] = 1
+        else:
+            flagged_all = True
+            if not dup:
+                return
+            got = itemgetter(*dup) if len(dup) > 1 else (lambda a: (a[dup[0]],))
+            if first <= min(dup) and 0 not in got(flags) and 1 not in got(in_tree) and len(set(dup)) == len(dup):
+                return
+    except (TypeError, IndexError):
+        pass
+    # The loop stopped at new[k] (k + 1 ids consumed) having flagged new[:k]; undo them.
+    flagged = len(new) if flagged_all else len(new) - length_hint(it) - 1
+    for p in new[:flagged]:
+        in_tree[p] = 0
+    check_insert_pages(alloc, in_tree, dup + new)
+    raise AssertionError("claim_pages: validation failed but no bad page was found")  # unreachable

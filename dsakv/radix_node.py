@@ -1,4 +1,7 @@
-"""The page trie under ``RadixCache``: nodes holding runs of whole pages, the walk, the split, result types.
+"""The page trie under ``RadixCache``: nodes holding runs of whole pages, result types, and the tree
+surgery (walk, split, add a child, lock counts along a path, speculative page drop, insert reconciliation,
+leaf trimming for eviction). These functions change nodes only; ``RadixCache`` keeps the size counters,
+the in-tree flags and the allocator in step with them.
 
 A node's ``key`` is the token bytes of its pages (``pb = 4 * page_size`` bytes each; in speculative mode
 one more token, so page ``i``'s bigram key is ``key[i*pb : (i+1)*pb + 4]``). ``parent.children`` maps
@@ -15,7 +18,10 @@ insert that ends inside a node splits it first), so policies can key on the node
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+from dsakv.eviction import LeafHeap
 
 
 class Node:
@@ -114,3 +120,118 @@ def split(node: Node, m: int, pb: int, x: int, seq: int) -> Node:
     node.parent = upper
     upper.children[node.ckey] = node
     return upper
+
+
+def drop_last_page(path: list[Node], part: Node | None, m: int) -> tuple[Node | None, int]:
+    """Speculative rule: give back the last matched page of a match (``path``, ``part``, ``m`` as from
+    ``walk``; at least one page matched). Pops ``path`` when its last node is given up; returns the new
+    (part, m). The caller counts the page off its match."""
+    if part is not None:
+        m -= 1
+        return (part, m) if m else (None, 0)
+    last = path.pop()
+    if len(last.pages) > 1:
+        return last, len(last.pages) - 1
+    return None, 0
+
+
+def reconcile_pages(
+    path: list[Node], part: Node | None, m: int, matched: int, pages: list[int], npages: int
+) -> tuple[list[int], list[int]]:
+    """For an insert whose walk matched ``matched`` pages: (the caller's duplicate pages, the tree's page
+    ids of the key's first ``npages`` pages). Duplicates are the caller's pages that differ from the cached
+    page at the same position; new pages (past the match) are the caller's own."""
+    pos = 0
+    for nd in path:  # usually the caller's prefix pages are the tree's: compare node by node
+        k = len(nd.pages)
+        if pages[pos : pos + k] != nd.pages:
+            break
+        pos += k
+    else:
+        if part is None or pages[pos : pos + m] == part.pages[:m]:
+            return [], pages[:npages]
+    cached = [p for nd in path for p in nd.pages] + (part.pages[:m] if part is not None else [])
+    dup = [p for p, q in zip(pages, cached) if p != q]
+    return dup, cached + pages[matched:npages]
+
+
+def evictable_leaf(node: Node) -> bool:
+    return node.alive and not node.children and not node.lock_ref
+
+
+def trim_leaves(heap: LeafHeap, need: int, pb: int, x: int) -> tuple[list[int], list[bytes], int]:
+    """Cut up to ``need`` pages off unlocked leaves in heap (policy) order: whole leaves, then the tail
+    pages of the last one if fewer are needed; a parent that becomes an unlocked leaf joins the heap.
+
+    Returns (freed page ids, their hashes when kept, nodes removed). Updates no size counter, flag or
+    allocator: the caller does.
+    """
+    freed: list[int] = []
+    hashes: list[bytes] = []
+    removed = 0
+    while len(freed) < need:
+        node = heap.pop(evictable_leaf)
+        if node is None:
+            break
+        k, take = len(node.pages), need - len(freed)
+        if take < k:
+            cut = k - take
+            freed += node.pages[cut:]
+            del node.pages[cut:]
+            node.key = node.key[: cut * pb + x]
+            if node.hashes is not None:
+                hashes += node.hashes[cut:]
+                del node.hashes[cut:]
+            heap.push(node)
+            continue
+        freed += node.pages
+        if node.hashes is not None:
+            hashes += node.hashes
+        node.alive = False
+        parent = node.parent
+        del parent.children[node.ckey]
+        removed += 1
+        if parent.parent is not None and not parent.children and not parent.lock_ref:
+            heap.push(parent)
+    return freed, hashes, removed
+
+
+def iter_nodes(roots: Iterable[Node]) -> Iterator[Node]:
+    """Every non-root node under ``roots``, parents before children."""
+    stack = [c for r in roots for c in r.children.values()]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())
+
+
+def lock_path(node: Node) -> int:
+    """Add one lock to ``node`` and each ancestor; returns the pages that became locked (count was 0)."""
+    moved = 0
+    while node is not None:
+        if not node.lock_ref:
+            moved += len(node.pages)
+        node.lock_ref += 1
+        node = node.parent
+    return moved
+
+
+def unlock_path(node: Node) -> int:
+    """Remove one lock from ``node`` and each ancestor; returns the pages that became unlocked."""
+    moved = 0
+    while node is not None:
+        node.lock_ref -= 1
+        if not node.lock_ref:
+            moved += len(node.pages)
+        node = node.parent
+    return moved
+
+
+def add_child(
+    parent: Node, data: bytes, first: int, end: int, pb: int, x: int, pages: list[int], tick: int, seq: int
+) -> Node:
+    """Hang a new node holding pages ``first .. end - 1`` of key ``data`` (their ids ``pages``) under ``parent``."""
+    start = first * pb
+    child = Node(data[start : end * pb + x], data[start : start + pb + x], pages, parent, tick, seq)
+    parent.children[child.ckey] = child
+    return child

@@ -1,16 +1,8 @@
 """Model cache spec: what a Hugging Face ``config.json`` says about the two caches of a DSA model.
 
 The spec is derived from config fields only, never from a model name. The indexer schedule (which
-layers run their own lightning indexer, "full", and which reuse the previous full layer's top-k,
-"shared") is resolved from the first form the config carries:
-
-1. ``indexer_types``: an explicit list of "full"/"shared", one per decoder layer;
-2. ``index_topk_pattern``: a string of "F"/"S", one per decoder layer;
-3. ``index_topk_freq`` + ``index_skip_topk_offset``: layer ``l`` is full iff
-   ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3: offset 3, freq 4 -> 21 full layers);
-4. none of these: every layer is full (GLM-5, GLM-5.1, DeepSeek-V3.2).
-
-When a config carries several forms they must agree, or the config is rejected as inconsistent.
+layers are "full" and which "shared") is resolved by ``dsakv.indexer_schedule``, whose names are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -23,10 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from dsakv.errors import DsakvError
-
-FULL = "full"
-SHARED = "shared"
-INDEXER_TYPES = (FULL, SHARED)
+from dsakv.indexer_schedule import (
+    FULL,
+    INDEXER_TYPES,
+    SHARED,
+    config_int,
+    indexer_types_from_freq,
+    indexer_types_from_pattern,
+    load_indexcache_patterns,
+    resolve_indexer_types,
+)
 
 PRESETS = ("glm-5.3", "glm-5.2", "glm-5.1", "glm-5", "deepseek-v3.2", "tiny")
 
@@ -55,71 +53,6 @@ ARCH_FIELDS = (
     "num_experts_per_tok",
     "first_k_dense_replace",
 )
-
-
-def _positive_int(cfg: Mapping[str, Any], key: str, *, allow_zero: bool = False) -> int:
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        allowed = "an integer >= 0" if allow_zero else "a positive integer"
-        raise DsakvError(f"config field {key!r} = {value!r}: must be {allowed}")
-    return value
-
-
-def indexer_types_from_freq(num_layers: int, freq: int, offset: int) -> tuple[str, ...]:
-    """Layer l is full iff ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3 rule)."""
-    return tuple(FULL if max(layer - offset + 1, 0) % freq == 0 else SHARED for layer in range(num_layers))
-
-
-def indexer_types_from_pattern(pattern: str, field_name: str = "index_topk_pattern") -> tuple[str, ...]:
-    """Parse an "F"/"S" string (one character per decoder layer) into indexer types."""
-    if not isinstance(pattern, str) or not pattern:
-        raise DsakvError(f"{field_name} = {pattern!r}: must be a non-empty string of 'F' and 'S'")
-    bad = sorted(set(pattern) - {"F", "S"})
-    if bad:
-        raise DsakvError(f"{field_name} contains {bad!r}: only 'F' (full) and 'S' (shared) are allowed")
-    return tuple(FULL if ch == "F" else SHARED for ch in pattern)
-
-
-def _resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[str, ...], str]:
-    """Return (types, source) where source names the config form that decided the schedule."""
-    forms: list[tuple[str, tuple[str, ...]]] = []
-    explicit = cfg.get("indexer_types")
-    if explicit is not None:
-        if not isinstance(explicit, (list, tuple)):
-            raise DsakvError(
-                f"config field 'indexer_types' must be a list of {INDEXER_TYPES}, got {type(explicit).__name__}"
-            )
-        for i, t in enumerate(explicit):
-            if t not in INDEXER_TYPES:
-                raise DsakvError(f"config field 'indexer_types'[{i}] = {t!r}: allowed values are {INDEXER_TYPES}")
-        forms.append(("indexer_types", tuple(explicit)))
-    pattern = cfg.get("index_topk_pattern")
-    if pattern is not None:
-        forms.append(("index_topk_pattern", indexer_types_from_pattern(pattern)))
-    freq = cfg.get("index_topk_freq")
-    offset = cfg.get("index_skip_topk_offset")
-    if freq is not None or offset is not None:
-        if freq is None or offset is None:
-            raise DsakvError("config fields 'index_topk_freq' and 'index_skip_topk_offset' must be given together")
-        freq = _positive_int(cfg, "index_topk_freq")
-        offset = _positive_int(cfg, "index_skip_topk_offset", allow_zero=True)
-        forms.append(("index_topk_freq", indexer_types_from_freq(num_layers, freq, offset)))
-    if not forms:
-        return (FULL,) * num_layers, "default (every layer full)"
-    for name, types in forms:
-        if len(types) != num_layers:
-            raise DsakvError(
-                f"config field {name!r} has {len(types)} entries: must have num_hidden_layers = {num_layers}"
-            )
-    first_name, first = forms[0]
-    for name, types in forms[1:]:
-        if types != first:
-            raise DsakvError(f"config fields {first_name!r} and {name!r} give different indexer schedules")
-    if first[0] != FULL:
-        raise DsakvError(
-            f"config field {first_name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)"
-        )
-    return first, first_name
 
 
 @dataclass(frozen=True)
@@ -269,11 +202,11 @@ class ModelSpec:
             raise DsakvError(
                 f"config is missing required field {missing[0]!r} (required: {', '.join(REQUIRED_FIELDS)})"
             )
-        values = {k: _positive_int(config, k) for k in REQUIRED_FIELDS}
+        values = {k: config_int(config, k) for k in REQUIRED_FIELDS}
         num_layers = values["num_hidden_layers"]
-        types, source = _resolve_indexer_types(config, num_layers)
+        types, source = resolve_indexer_types(config, num_layers)
         max_pos = config.get("max_position_embeddings")
-        max_pos = _positive_int(config, "max_position_embeddings") if max_pos is not None else 163840
+        max_pos = config_int(config, "max_position_embeddings") if max_pos is not None else 163840
         mtp = config.get("num_nextn_predict_layers") or 0
         if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
             raise DsakvError(f"config field 'num_nextn_predict_layers' = {mtp!r}: must be an integer >= 0")
@@ -286,6 +219,8 @@ class ModelSpec:
                 raise DsakvError(f"config field {key!r} = {v!r}: must be an integer >= 0")
             arch[key] = v
         quant = config.get("quantization_config") or {}
+        if not isinstance(quant, Mapping):
+            raise DsakvError(f"config field 'quantization_config' = {quant!r}: must be a JSON object")
         weight_dtype = "fp8" if quant.get("quant_method") == "fp8" else str(config.get("dtype") or "bfloat16")
         return cls(
             name=name or str(config.get("model_type") or "custom"),
@@ -317,10 +252,16 @@ def load_spec(model: str | None = None, config: str | Path | None = None) -> Mod
     return ModelSpec.preset(model or "glm-5.3")
 
 
-def load_indexcache_patterns(path: str | Path) -> dict[str, str]:
-    """Read an IndexCache pattern file (``{name: {"pattern": "FFS..."}}``) into ``{name: pattern}``."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DsakvError(f"indexer pattern file {str(path)!r}: cannot read ({exc})") from None
-    return {k: v["pattern"] for k, v in data.items() if isinstance(v, dict) and "pattern" in v}
+__all__ = [
+    "ARCH_FIELDS",
+    "FULL",
+    "INDEXER_TYPES",
+    "PRESETS",
+    "REQUIRED_FIELDS",
+    "SHARED",
+    "ModelSpec",
+    "indexer_types_from_freq",
+    "indexer_types_from_pattern",
+    "load_indexcache_patterns",
+    "load_spec",
+]

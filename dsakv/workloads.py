@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
-from dsakv.traces import MOONCAKE_BLOCK, mooncake_tokens, read_mooncake
+from dsakv.errors import DsakvError
+from dsakv.traces import MOONCAKE_BLOCK, mooncake_tokens, parse_mooncake_line
 
 SYSTEM_PROMPTS = 8
 SYSTEM_LENGTHS = (512, 2048, 4096)
@@ -50,6 +50,20 @@ def synthetic(n: int = 2000, seed: int = 0) -> list[list[int]]:
 
 
 def mooncake(path: str | Path, limit: int | None = None, block: int = MOONCAKE_BLOCK) -> Iterator[np.ndarray]:
-    """Token ids of each request of a Mooncake trace, one int64 array at a time."""
-    for req in islice(read_mooncake(path), limit):
-        yield mooncake_tokens(req.hash_ids, req.input_length, block)
+    """Token ids of each request of a Mooncake trace, one int64 array at a time, in file order (as the
+    shared reference replays it). One pass: each line is validated as it is read (``DsakvError`` naming the
+    line); ``limit`` counts requests."""
+    try:
+        f = Path(path).open(encoding="utf-8")
+    except OSError as exc:
+        raise DsakvError(f"trace {str(path)!r}: cannot read ({exc.strerror or exc})") from None
+    with f:
+        served = 0
+        for lineno, text in enumerate(f, start=1):
+            if limit is not None and served >= limit:
+                return
+            if not text.strip():
+                continue
+            req = parse_mooncake_line(text, lineno, block)
+            served += 1
+            yield mooncake_tokens(req.hash_ids, req.input_length, block)

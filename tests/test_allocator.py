@@ -170,3 +170,26 @@ def test_negative_alloc_and_bad_segments_are_rejected_without_change():
     with pytest.raises(DsakvError):
         a.free_token_segments([(0, 2), (5, 3)])
     assert _state(a) == before
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        (["x"], "not an integer"),
+        ([1.5], "not an integer"),
+        ([None], "not an integer"),
+        ([2, 2], "twice"),
+        ([2, 99], "out of range"),
+        ([0], "out of range"),  # the scratch page below first_page is never freed
+        ([3], "not allocated"),
+    ],
+)
+def test_bad_free_names_the_page_and_frees_nothing(bad, needle):
+    a = PageAllocator(4, page_size=PAGE, first_page=1)
+    held = a.alloc(2)  # pages 1, 2
+    before = _state(a)
+    with pytest.raises(DsakvError, match=needle):
+        a.free(held[:1] + bad)
+    assert _state(a) == before
+    a.free(held)
+    a.check_integrity()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from dsakv.budget import GpuSetting, pool_capacity
+from dsakv.cli import main
 from dsakv.diagnose import explain_tokens
 from dsakv.errors import DsakvError
 from dsakv.layout import CacheLayout
 from dsakv.savings import prefix_savings
-from dsakv.spec import ModelSpec
+from dsakv.spec import ModelSpec, load_indexcache_patterns
 from dsakv.variants import what_if_rows
 from dsakv.weights import matrix_bytes, weight_parts, weights_per_rank
 from dsakv.workspaces import chunk_rows, logits_budget_bytes, logits_plan, logits_row_bytes, topk_buffer_bytes
@@ -162,3 +166,64 @@ def test_explain_tokens_reports_a_match_with_the_plan(glm53):
 def test_explain_tokens_without_exact_match_lists_the_nearest(glm53):
     e = explain_tokens(123_457, CacheLayout(glm53), available_bytes=40 * 10**9)
     assert not e.explained and "nearest" in e.verdict and len(e.candidates) == 5
+
+
+@pytest.mark.parametrize(
+    ("label", "variant"),
+    [
+        ("39 full indexer layers", lambda s: (CacheLayout(s.with_full_indexer_count(39)), 1)),
+        ("indexer on all 78 layers", lambda s: (CacheLayout(s.with_all_indexers_full()), 1)),
+        ("MTP layers = 1", lambda s: (CacheLayout(s, mtp_layers=1), 1)),
+        ("DCP = 4", lambda s: (CacheLayout(s), 4)),
+        ("kv_dtype = bf16", lambda s: (CacheLayout(s, kv_dtype="bf16"), 1)),
+        ("kv_dtype = fp8", lambda s: (CacheLayout(s, kv_dtype="fp8"), 1)),
+    ],
+)
+def test_explain_tokens_names_each_knob_that_explains_a_logged_pool(glm53, label, variant):
+    # Weights given, so every variant is priced on the same memory (MTP weights are the only weight change).
+    setting = GpuSetting(weights_bytes=90 * 10**9)
+    layout, dcp = variant(glm53)
+    logged = pool_capacity(layout, GpuSetting(weights_bytes=90 * 10**9, dcp=dcp)).tokens
+    e = explain_tokens(logged, CacheLayout(glm53), setting=setting)
+    assert e.planned_tokens != logged and e.gap_tokens == logged - e.planned_tokens
+    assert e.explained and e.candidates[0].label == label and e.candidates[0].pool_tokens == logged
+    assert label in e.verdict and "explained" in e.verdict
+
+
+# ----- IndexCache patterns: the shared data file and a generated one --------------------------------
+PATTERNS_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "indexcache" / "indexer_patterns.json"
+
+
+def test_indexcache_patterns_from_the_shared_file_price_their_full_layers(glm53):
+    if not PATTERNS_FILE.is_file():
+        pytest.skip(f"shared data absent: {PATTERNS_FILE}")
+    raw = json.loads(PATTERNS_FILE.read_text())
+    patterns = load_indexcache_patterns(PATTERNS_FILE)
+    assert patterns and set(patterns) == {k for k, v in raw.items() if isinstance(v, dict) and "pattern" in v}
+    # The file's official GLM-5.2/5.3 schedule is the preset's (freq 4, offset 3).
+    assert patterns["glm-5.2_and_glm-5.3_official_indexer_types"] == glm53.indexer_pattern
+    rows = {r.label: r for r in what_if_rows(CacheLayout(glm53), patterns=patterns) if r.knob == "IndexCache pattern"}
+    seventy_eight = {k: v for k, v in raw.items() if isinstance(v, dict) and len(v.get("pattern", "")) == 78}
+    assert len(rows) == len(seventy_eight) > 0  # patterns for other layer counts are not applied
+    for name, entry in seventy_eight.items():
+        full = entry["pattern"].count("F")
+        assert entry.get("full_count", full) == full
+        row = rows[f"IndexCache {name} ({full} full)"]
+        assert row.cell_bytes == 656 * 78 + 132 * full
+        assert row.capacity_change == pytest.approx(53_940 / row.cell_bytes - 1)
+
+
+def test_indexcache_pattern_file_generated_here_applies_by_name(glm53, tmp_path, capsys):
+    pattern = "FFSS" * 19 + "FS"  # 78 layers, 39 full
+    path = tmp_path / "patterns.json"
+    path.write_text(json.dumps({"_note": "x", "half": {"pattern": pattern}, "short": {"pattern": "FS"}}))
+    assert load_indexcache_patterns(path) == {"half": pattern, "short": "FS"}
+    rows = [r for r in what_if_rows(CacheLayout(glm53), patterns=load_indexcache_patterns(path))]
+    assert [r.cell_bytes for r in rows if r.knob == "IndexCache pattern"] == [656 * 78 + 132 * 39]
+    assert main(["plan", "--json", "--indexer-patterns-file", str(path), "--indexer-pattern", "half"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["cell_bytes"] == 656 * 78 + 132 * 39
+    for bad in ("[1, 2]", "{not json"):
+        path.write_text(bad)
+        with pytest.raises(DsakvError, match="indexer pattern file"):
+            load_indexcache_patterns(path)

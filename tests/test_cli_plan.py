@@ -110,3 +110,28 @@ def test_console_script_exits_1_without_traceback():
     )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+BASE = {"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_head_dim": 128,
+        "index_n_heads": 4, "index_topk": 64}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({**BASE, "indexer_types": ["full", "shared"]}), "'indexer_types' has 2 entries"),
+        (json.dumps({**BASE, "indexer_types": ["full", "half", "full", "full"]}), "'indexer_types'[1] = 'half'"),
+        (json.dumps({**BASE, "index_topk_pattern": "FSF"}), "'index_topk_pattern' has 3 entries"),
+        (json.dumps({k: v for k, v in BASE.items() if k != "index_head_dim"}), "'index_head_dim'"),
+        (json.dumps({**BASE, "kv_lora_rank": "512"}), "'kv_lora_rank'"),
+        (json.dumps({**BASE, "quantization_config": "fp8"}), "'quantization_config'"),
+    ],
+)
+def test_bad_config_file_is_one_line_naming_the_field(capsys, tmp_path, text, needle):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert main(["plan", "--config", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("dsakv: error:")

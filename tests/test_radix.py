@@ -34,7 +34,8 @@ def serve(cache: RadixCache, tokens, **kw):
 def snapshot(cache: RadixCache) -> tuple:
     alloc = cache.allocator
     nodes = sorted((n.key, tuple(n.pages), n.lock_ref) for n in cache._iter_nodes())
-    return nodes, list(alloc._free), cache.evictable_tokens, cache.protected_tokens, cache._locks
+    sizes = (cache.evictable_tokens, cache.protected_tokens, cache._locks, len(cache._roots))
+    return nodes, list(alloc._free), bytes(alloc._allocated), bytes(cache._in_tree), sizes
 
 
 def test_match_returns_longest_page_aligned_prefix_and_splits_the_node() -> None:
@@ -203,6 +204,7 @@ def test_evicting_while_everything_is_locked_raises() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(DsakvError, match="num_tokens"):
             cache.evict(bad)
+        assert snapshot(cache) == before
 
 
 def test_inserting_pages_not_allocated_raises_and_changes_nothing() -> None:
@@ -218,14 +220,18 @@ def test_inserting_pages_not_allocated_raises_and_changes_nothing() -> None:
         (["x", 0], "must be an integer in"),
         ([tree_page], "pages"),
     ):
-        with pytest.raises(DsakvError, match=msg):
-            cache.insert(list(range(50, 58)), pages)
-        assert snapshot(cache) == before
+        for salt in (None, "new-tenant"):
+            with pytest.raises(DsakvError, match=msg):
+                cache.insert(list(range(50, 58)), pages, cache_salt=salt)
+            assert snapshot(cache) == before
     own = alloc.alloc(1)
+    held = snapshot(cache)
     with pytest.raises(DsakvError, match="twice"):
         cache.insert(list(range(50, 58)), own + own)
+    assert snapshot(cache) == held
     with pytest.raises(DsakvError, match="already mapped"):
         cache.insert(list(range(50, 58)), own + [tree_page])
+    assert snapshot(cache) == held
     alloc.free(own)
     assert snapshot(cache) == before
 
@@ -241,9 +247,13 @@ def test_inserting_pages_not_allocated_raises_and_changes_nothing() -> None:
     ],
 )
 def test_bad_constructor_arguments_name_the_valid_choices(kw: dict, field: str) -> None:
+    alloc, cache = make()
+    serve(cache, list(range(1, 10)))
+    before = snapshot(cache)
     with pytest.raises(DsakvError) as exc:
-        make(**kw)
+        RadixCache(alloc, **kw)
     assert field in str(exc.value)
+    assert snapshot(cache) == before  # the allocator (and a cache already on it) is untouched
 
 
 def test_bad_namespace_values_raise() -> None:

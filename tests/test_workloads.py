@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dsakv import workloads
+from dsakv.errors import DsakvError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REFERENCE = SHARED / "bench" / "workloads.py"
@@ -72,9 +74,42 @@ def test_mooncake_streams_one_request_at_a_time(tmp_path) -> None:
     assert isinstance(first, np.ndarray) and first.size == 700  # a generator: later rows not built yet
 
 
+def test_mooncake_never_holds_every_requests_token_ids_at_once(tmp_path) -> None:
+    blocks = 16  # 8,192 tokens a request; 150 requests = 1.2 M token ids (~10 MB as int64) in all
+    rows = [{"timestamp": i, "input_length": blocks * 512, "output_length": 1,
+             "hash_ids": list(range(i * blocks, (i + 1) * blocks))} for i in range(150)]  # fmt: skip
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tracemalloc.start()
+    try:
+        total = 0
+        for toks in workloads.mooncake(tmp_path / "big.jsonl"):
+            total += toks.size
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert total == 150 * blocks * 512
+    assert peak < total * 8 / 10  # one request's ids (64 KiB) plus parsing, far below all of them
+
+
 def test_mooncake_equals_the_shared_reference_on_the_real_trace() -> None:
     ref = _reference()
     if not TRACE.exists():
         pytest.skip(f"Mooncake trace absent: {TRACE}")
     ours = [t.tolist() for t in workloads.mooncake(TRACE, limit=40)]
     assert ours == list(ref.mooncake(str(TRACE), limit=40))
+
+
+def test_mooncake_replays_in_file_order_and_names_a_bad_line(tmp_path) -> None:
+    rows = [
+        {"timestamp": 9, "input_length": 5, "output_length": 1, "hash_ids": [3]},
+        {"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": [4]},  # earlier timestamp: kept second
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n" + '{"timestamp": 2}\n')
+    it = workloads.mooncake(path)
+    assert [next(it).tolist(), next(it).tolist()] == [list(range(1536, 1541)), list(range(2048, 2053))]
+    with pytest.raises(DsakvError, match="trace line 4"):
+        next(it)
+    assert len(list(workloads.mooncake(path, limit=2))) == 2
+    with pytest.raises(DsakvError, match="cannot read"):
+        next(workloads.mooncake(tmp_path / "missing.jsonl"))

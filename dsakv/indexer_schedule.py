@@ -1,0 +1,115 @@
+"""Indexer schedule: which decoder layers run their own lightning indexer ("full") and which reuse the
+previous full layer's top-k ("shared"), resolved from the first form a ``config.json`` carries:
+
+1. ``indexer_types``: an explicit list of "full"/"shared", one per decoder layer;
+2. ``index_topk_pattern``: a string of "F"/"S", one per decoder layer;
+3. ``index_topk_freq`` + ``index_skip_topk_offset``: layer ``l`` is full iff
+   ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3: offset 3, freq 4 -> 21 full layers);
+4. none of these: every layer is full (GLM-5, GLM-5.1, DeepSeek-V3.2).
+
+When a config carries several forms they must agree, or the config is rejected as inconsistent. Layer 0
+must be full (a shared layer reuses a previous full layer). Also reads IndexCache pattern files
+(``{name: {"pattern": "FFS..."}}``) for what-ifs. Pure functions; bad input raises ``DsakvError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dsakv.errors import DsakvError
+
+FULL = "full"
+SHARED = "shared"
+INDEXER_TYPES = (FULL, SHARED)
+
+
+def config_int(cfg: Mapping[str, Any], key: str, *, allow_zero: bool = False) -> int:
+    """``cfg[key]`` as a positive (or, with ``allow_zero``, non-negative) integer, else ``DsakvError``."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        allowed = "an integer >= 0" if allow_zero else "a positive integer"
+        raise DsakvError(f"config field {key!r} = {value!r}: must be {allowed}")
+    return value
+
+
+def indexer_types_from_freq(num_layers: int, freq: int, offset: int) -> tuple[str, ...]:
+    """Layer l is full iff ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3 rule)."""
+    return tuple(FULL if max(layer - offset + 1, 0) % freq == 0 else SHARED for layer in range(num_layers))
+
+
+def indexer_types_from_pattern(pattern: str, field_name: str = "index_topk_pattern") -> tuple[str, ...]:
+    """Parse an "F"/"S" string (one character per decoder layer) into indexer types."""
+    if not isinstance(pattern, str) or not pattern:
+        raise DsakvError(f"{field_name} = {pattern!r}: must be a non-empty string of 'F' and 'S'")
+    bad = sorted(set(pattern) - {"F", "S"})
+    if bad:
+        raise DsakvError(f"{field_name} contains {bad!r}: only 'F' (full) and 'S' (shared) are allowed")
+    return tuple(FULL if ch == "F" else SHARED for ch in pattern)
+
+
+def resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[str, ...], str]:
+    """Return (types, source) where source names the config form that decided the schedule."""
+    forms: list[tuple[str, tuple[str, ...]]] = []
+    explicit = cfg.get("indexer_types")
+    if explicit is not None:
+        if not isinstance(explicit, (list, tuple)):
+            raise DsakvError(
+                f"config field 'indexer_types' must be a list of {INDEXER_TYPES}, got {type(explicit).__name__}"
+            )
+        for i, t in enumerate(explicit):
+            if t not in INDEXER_TYPES:
+                raise DsakvError(f"config field 'indexer_types'[{i}] = {t!r}: allowed values are {INDEXER_TYPES}")
+        forms.append(("indexer_types", tuple(explicit)))
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        forms.append(("index_topk_pattern", indexer_types_from_pattern(pattern)))
+    freq = cfg.get("index_topk_freq")
+    offset = cfg.get("index_skip_topk_offset")
+    if freq is not None or offset is not None:
+        if freq is None or offset is None:
+            raise DsakvError("config fields 'index_topk_freq' and 'index_skip_topk_offset' must be given together")
+        freq = config_int(cfg, "index_topk_freq")
+        offset = config_int(cfg, "index_skip_topk_offset", allow_zero=True)
+        forms.append(("index_topk_freq", indexer_types_from_freq(num_layers, freq, offset)))
+    if not forms:
+        return (FULL,) * num_layers, "default (every layer full)"
+    for name, types in forms:
+        if len(types) != num_layers:
+            raise DsakvError(
+                f"config field {name!r} has {len(types)} entries: must have num_hidden_layers = {num_layers}"
+            )
+    first_name, first = forms[0]
+    for name, types in forms[1:]:
+        if types != first:
+            raise DsakvError(f"config fields {first_name!r} and {name!r} give different indexer schedules")
+    if first[0] != FULL:
+        raise DsakvError(
+            f"config field {first_name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)"
+        )
+    return first, first_name
+
+
+def load_indexcache_patterns(path: str | Path) -> dict[str, str]:
+    """Read an IndexCache pattern file (``{name: {"pattern": "FFS..."}}``) into ``{name: pattern}``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DsakvError(f"indexer pattern file {str(path)!r}: cannot read ({exc})") from None
+    if not isinstance(data, dict):
+        raise DsakvError(f"indexer pattern file {str(path)!r}: must be a JSON object of {{name: {{'pattern': ...}}}}")
+    return {k: v["pattern"] for k, v in data.items() if isinstance(v, dict) and "pattern" in v}
+
+
+__all__ = [
+    "FULL",
+    "INDEXER_TYPES",
+    "SHARED",
+    "config_int",
+    "indexer_types_from_freq",
+    "indexer_types_from_pattern",
+    "load_indexcache_patterns",
+    "resolve_indexer_types",
+]
