@@ -115,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(table)
     summary = ", ".join(f"{r['kind']} store {r['store_gbps']:.2f} / gather {r['gather_gbps']:.2f} GB/s" for r in rows)
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
-    print(f"pool bench ({args.model}, {args.kv_dtype}, {args.tokens} tokens, {device}{threads}, {backend}): {summary}")
+    moved = rows[0]["bytes"]
+    print(
+        f"pool bench ({args.model}, {args.kv_dtype}, {args.tokens} tokens x {moved // args.tokens:,} B/token = "
+        f"{moved:,} B per pass, {device}{threads}, {backend}): {summary}"
+    )
     return 0
 
 

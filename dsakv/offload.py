@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsakv.errors import DsakvError
 from dsakv.layout import CacheLayout
 
 
@@ -19,13 +20,32 @@ from dsakv.layout import CacheLayout
 class HostPages:
     """Bytes of both caches of ``len(source_pages)`` pages, on host (pinned when the pool is on CUDA).
 
-    ``blocks`` is uint8 ``[num_pages, layout.page_bytes]``; ``layout`` is the layout they were taken
-    with (a restore checks it matches). Immutable by convention: ``restore_pages`` only reads it.
+    ``blocks`` is uint8 ``[num_pages, layout.page_bytes]``; ``layout`` and ``fp8_scales`` (the per-layer
+    scales of a ``kv_dtype="fp8"`` pool) are what the bytes mean: a restore checks both match, since the
+    same bytes read through another scale are other values. Immutable by convention: ``restore_pages``
+    only reads it.
     """
 
     layout: CacheLayout
     source_pages: tuple[int, ...]
     blocks: torch.Tensor
+    fp8_scales: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """``blocks`` must be host uint8 ``[num_pages, layout.page_bytes]`` (both caches of every page)."""
+        want = (len(self.source_pages), self.layout.page_bytes)
+        b = self.blocks
+        if (
+            not isinstance(b, torch.Tensor)
+            or b.dtype != torch.uint8
+            or tuple(b.shape) != want
+            or b.device.type != "cpu"
+        ):
+            got = f"{b.dtype} {tuple(b.shape)} on {b.device}" if isinstance(b, torch.Tensor) else type(b).__name__
+            raise DsakvError(f"HostPages.blocks: {got}; must be host uint8 {want} (both caches of every page)")
 
     @property
     def num_pages(self) -> int:

@@ -11,7 +11,8 @@ Two layouts, same per-layer views (kernels see strides, never the layout)::
 
 P = ``allocator.end_page`` physical pages, S = ``layout.indexer_states_per_page``. Page ids below
 ``allocator.first_page`` (page 0 with ``first_page=1``) exist physically but are never handed out: they are
-scratch pages that accept padded writes, and a budget sized with ``TwinPool.pages_for_budget`` counts them.
+scratch pages that accept padded writes. ``TwinPool.from_budget`` sizes pool and allocator with the planner's
+``dsakv.budget.pool_capacity`` (one source of truth for pages per byte budget, scratch page included).
 
 Mutation contract: ``store_*``, ``move_slots`` and ``restore_pages`` write only the addressed token rows /
 pages of the listed layers; ``read_*`` and ``offload_pages`` do not modify the pool. Every method checks all
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from dsakv.allocator import PageAllocator
+from dsakv.budget import SCRATCH_PAGES, pool_capacity
 from dsakv.errors import DsakvError
 from dsakv.kernels import cache_ops
 from dsakv.layout import CacheLayout
@@ -94,14 +96,37 @@ class TwinPool:
                 for lay in range(layout.num_attention_layers)
             ]
 
+    @classmethod
+    def from_budget(
+        cls,
+        layout: CacheLayout,
+        budget_bytes: int,
+        kind: str = "slot",
+        device: str | torch.device = "cpu",
+        fp8_scale: float | Sequence[float] = 1.0,
+    ) -> TwinPool:
+        """A pool and its allocator filling ``budget_bytes``: the planner's page count plus the scratch page(s).
+
+        The allocator hands out ``pages_for_budget(layout, budget_bytes)`` pages from id ``SCRATCH_PAGES`` on,
+        so ``nbytes == pool_capacity(layout, available_bytes=budget_bytes).pool_bytes``.
+        """
+        pages = cls.pages_for_budget(layout, budget_bytes)
+        return cls(layout, PageAllocator(pages, layout.page_size, first_page=SCRATCH_PAGES), kind, device, fp8_scale)
+
     @staticmethod
-    def pages_for_budget(layout: CacheLayout, budget_bytes: int, scratch_pages: int = 1) -> int:
-        """Pages the allocator may hand out when ``budget_bytes`` must also hold the scratch pages."""
-        pages = budget_bytes // layout.page_bytes - scratch_pages
+    def pages_for_budget(layout: CacheLayout, budget_bytes: int) -> int:
+        """Pages the allocator may hand out when ``budget_bytes`` must also hold the scratch page(s).
+
+        The planner's arithmetic (``dsakv.budget.pool_capacity``), the one source of truth; raises when the
+        budget holds no page besides the scratch page(s).
+        """
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+            raise DsakvError(f"budget_bytes = {budget_bytes!r}: must be a positive integer")
+        pages = pool_capacity(layout, available_bytes=budget_bytes).pages
         if pages < 1:
             raise DsakvError(
                 f"budget_bytes = {budget_bytes}: holds {budget_bytes // layout.page_bytes} pages of "
-                f"{layout.page_bytes} B; need at least {scratch_pages + 1} ({scratch_pages} scratch)"
+                f"{layout.page_bytes} B; need at least {SCRATCH_PAGES + 1} ({SCRATCH_PAGES} scratch)"
             )
         return pages
 
@@ -116,7 +141,11 @@ class TwinPool:
 
     # ----- views ---------------------------------------------------------------------------------
     def main_view(self, layer: int) -> torch.Tensor:
-        """uint8 ``[num_physical_pages, page_size, main_row_bytes]`` view of one layer (writes go to the pool)."""
+        """uint8 ``[num_physical_pages, page_size, main_row_bytes]`` view of one layer (writes go to the pool).
+
+        For kernels and inspection: copying tokens or pages through the views would move one cache without
+        the other; ``move_slots`` / ``offload_pages`` / ``restore_pages`` are the lockstep operations.
+        """
         return self._main[self._checker.layer(layer)]
 
     def indexer_view(self, layer: int) -> torch.Tensor:
@@ -211,12 +240,17 @@ class TwinPool:
                 host[:, off : off + length].copy_(view[idx].reshape(len(idx), length), non_blocking=True)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        return HostPages(self.layout, tuple(int(p) for p in idx.tolist()), host)
+        return HostPages(self.layout, tuple(int(p) for p in idx.tolist()), host, self.fp8_scales)
 
     def restore_pages(self, host: HostPages, pages: Sequence[int]) -> None:
         """Write both caches of ``host`` into ``pages`` (allocated, distinct), bit-exact."""
         if host.layout != self.layout:
             raise DsakvError("host: HostPages were taken with a different layout; restore needs the same layout")
+        if host.fp8_scales is not None and host.fp8_scales != self.fp8_scales:
+            raise DsakvError(
+                f"host: HostPages were taken with fp8_scale {host.fp8_scales}; this pool reads {self.fp8_scales}"
+            )
+        host.check()
         idx = self._checker.pages(pages, "pages")
         if len(idx) != host.num_pages:
             raise DsakvError(f"pages: {len(idx)} page ids; host holds {host.num_pages} pages")

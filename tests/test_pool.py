@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dsakv.allocator import PageAllocator
+from dsakv.budget import SCRATCH_PAGES, pool_capacity
 from dsakv.errors import DsakvError
 from dsakv.kernels.cache_ops import FP8, quantize_tiles
 from dsakv.layout import FP8_E4M3_MAX, QUANT_TILE, CacheLayout
@@ -62,8 +63,16 @@ def test_views_have_layout_shapes_and_shared_layers_a_zero_row_placeholder(kind)
     pool.check_integrity()
 
 
-def test_tiny_preset_sizes_match_design():
+def test_row_components_follow_from_the_spec_and_match_design():
     lay = CacheLayout(TINY)
+    # fp8 latent (1 B/value), one fp32 scale per 128-value tile, bf16 RoPE; fp8 key + one fp32 scale
+    assert lay.main_latent_bytes == TINY.kv_lora_rank
+    assert lay.main_scale_bytes == 4 * TINY.kv_lora_rank // QUANT_TILE
+    assert lay.main_rope_bytes == 2 * TINY.qk_rope_head_dim
+    assert lay.main_row_bytes == lay.main_latent_bytes + lay.main_scale_bytes + lay.main_rope_bytes
+    assert lay.indexer_key_bytes == TINY.index_head_dim and lay.indexer_row_bytes == TINY.index_head_dim + 4
+    assert lay.indexer_scale_offset == lay.page_size * lay.indexer_key_bytes
+    # the values DESIGN.md section 4 states
     assert (lay.main_row_bytes, lay.indexer_row_bytes, lay.indexer_scale_offset) == (656, 132, 8192)
     assert lay.indexer_page_bytes_per_layer == 8448
 
@@ -211,60 +220,19 @@ def test_scratch_page_accepts_padded_writes_but_is_never_allocated():
         pool.offload_pages([0])
 
 
-def test_budget_counts_the_scratch_page():
-    lay = CacheLayout(TINY)
-    pages = TwinPool.pages_for_budget(lay, 10 * lay.page_bytes + 17)
-    assert pages == 9
-    pool = TwinPool(lay, PageAllocator(pages, lay.page_size, first_page=1))
-    assert pool.nbytes == 10 * lay.page_bytes
-    with pytest.raises(DsakvError, match="budget_bytes"):
-        TwinPool.pages_for_budget(lay, lay.page_bytes)
-
-
-# ----- bad input ---------------------------------------------------------------------------------
-BAD_CALLS = {
-    "slot out of range": lambda p, pg: p.store_main(0, [5 * 64], rand(1, 512, 0), rand(1, 64, 0)),
-    "negative slot": lambda p, pg: p.store_main(0, [-1], rand(1, 512, 0), rand(1, 64, 0)),
-    "unallocated page": lambda p, pg: p.store_main(0, [pg[0] * 64, 4 * 64 + 1], rand(2, 512, 0), rand(2, 64, 0)),
-    "duplicate slot": lambda p, pg: p.store_indexer(0, [pg[0] * 64] * 2, rand(2, 128, 0)),
-    "latent shape": lambda p, pg: p.store_main(0, [pg[0] * 64], rand(1, 256, 0), rand(1, 64, 0)),
-    "rope rows": lambda p, pg: p.store_main(0, [pg[0] * 64], rand(1, 512, 0), rand(2, 64, 0)),
-    "integer latent": lambda p, pg: p.store_main(0, [pg[0] * 64], torch.ones(1, 512, dtype=torch.long), rand(1, 64, 0)),
-    "fp8 key": lambda p, pg: p.store_indexer(0, [pg[0] * 64], rand(1, 128, 0).to(FP8)),
-    "shared layer": lambda p, pg: p.store_indexer(1, [pg[0] * 64], rand(1, 128, 0)),
-    "layer range": lambda p, pg: p.store_main(4, [pg[0] * 64], rand(1, 512, 0), rand(1, 64, 0)),
-    "float slots": lambda p, pg: p.store_main(0, torch.tensor([64.0]), rand(1, 512, 0), rand(1, 64, 0)),
-    "2-D slots": lambda p, pg: p.store_indexer(0, torch.tensor([[64]]), rand(1, 128, 0)),
-    "move length": lambda p, pg: p.move_slots([pg[0] * 64, pg[0] * 64 + 1], [pg[1] * 64]),
-    "move to free page": lambda p, pg: p.move_slots([pg[0] * 64], [4 * 64]),
-    "move duplicate dst": lambda p, pg: p.move_slots([pg[0] * 64, pg[0] * 64 + 1], [pg[1] * 64] * 2),
-    "restore count": lambda p, pg: p.restore_pages(p.offload_pages(pg[:2]), [pg[2]]),
-    "restore duplicate": lambda p, pg: p.restore_pages(p.offload_pages(pg[:2]), [pg[2], pg[2]]),
-    "restore into scratch": lambda p, pg: p.restore_pages(p.offload_pages(pg[:1]), [0]),
-    "offload free page": lambda p, pg: p.offload_pages([4]),
-}
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", sorted(BAD_CALLS))
-def test_bad_input_raises_and_leaves_the_pool_unchanged(kind, case):
-    pool, pages = make_pool(kind)
-    fill(pool, torch.tensor([p * 64 + o for p in pages for o in (0, 1, 2, 40)]))
-    before = snapshot(pool)
-    with pytest.raises(DsakvError):
-        BAD_CALLS[case](pool, pages)
-    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool)))
+@pytest.mark.parametrize(
+    "layout_kw",
+    [{}, dict(kv_dtype="bf16"), dict(index_kpool=4, page_size=16, allow_any_page_size=True)],
+    ids=["fp8_ds_mla", "bf16", "kpool4"],
+)
+@pytest.mark.parametrize("extra_bytes", [0, 17, -1])
+def test_pool_from_a_budget_holds_exactly_the_planners_pages_plus_scratch(layout_kw, extra_bytes):
+    lay = CacheLayout(TINY, **layout_kw)
+    budget = 10 * lay.page_bytes + extra_bytes
+    cap = pool_capacity(lay, available_bytes=budget)
+    pool = TwinPool.from_budget(lay, budget, kind="packed")
+    assert TwinPool.pages_for_budget(lay, budget) == cap.pages == pool.allocator.num_pages
+    assert pool.allocator.first_page == SCRATCH_PAGES and pool.num_physical_pages == cap.physical_pages
+    assert pool.nbytes == cap.pool_bytes <= budget
+    assert pool.allocator.alloc(cap.pages) and pool.allocator.num_free == 0
     pool.check_integrity()
-
-
-def test_pool_rejects_an_allocator_page_size_the_layout_cannot_serve():
-    with pytest.raises(DsakvError, match="page_size"):
-        TwinPool(CacheLayout(TINY), PageAllocator(4, page_size=32))
-
-
-def test_pool_rejects_unknown_kind_and_bad_fp8_scale():
-    lay = CacheLayout(TINY, kv_dtype="fp8")
-    with pytest.raises(DsakvError, match="slot, packed"):
-        TwinPool(lay, PageAllocator(2), kind="paged")
-    with pytest.raises(DsakvError, match="fp8_scale"):
-        TwinPool(lay, PageAllocator(2), fp8_scale=[1.0, 2.0])

@@ -91,7 +91,9 @@ def test_move_with_kpool_copies_whole_states_and_last_source_wins():
     assert_same(snapshot(pool), expected_after_move(pool, before, src, dst))
 
 
-@pytest.mark.parametrize("src_kind,dst_kind", [("slot", "slot"), ("packed", "packed"), ("slot", "packed")])
+@pytest.mark.parametrize(
+    "src_kind,dst_kind", [("slot", "slot"), ("packed", "packed"), ("slot", "packed"), ("packed", "slot")]
+)
 def test_offload_restore_into_other_pages_is_bit_exact_for_both_caches(src_kind, dst_kind):
     pool, held = full_pool(src_kind)
     target, _ = full_pool(dst_kind) if dst_kind != src_kind else (pool, None)
@@ -102,9 +104,8 @@ def test_offload_restore_into_other_pages_is_bit_exact_for_both_caches(src_kind,
     assert host.source_pages == tuple(old) and host.nbytes == 2 * pool.layout.page_bytes
     assert host.blocks.device.type == "cpu"
     assert_same(before_src, snapshot(pool))  # offload does not modify the pool
-    if target is pool:
-        pool.allocator.free(old)
-    new = target.allocator.alloc(2)
+    new = target.allocator.alloc(2)  # the old pages stay held: the restore lands in other, never-written pages
+    assert not set(new) & set(old)
     before = snapshot(target)
     target.restore_pages(host, new)
     after = snapshot(target)
@@ -124,6 +125,14 @@ def test_restore_rejects_pages_from_another_layout():
         other.restore_pages(pool.offload_pages(held[:1]), other.allocator.alloc(1))
 
 
+def test_restore_rejects_pages_stored_under_another_fp8_scale():
+    lay = CacheLayout(TINY, kv_dtype="fp8")
+    pool = TwinPool(lay, PageAllocator(3, first_page=1), fp8_scale=2.0)
+    other = TwinPool(lay, PageAllocator(3, first_page=1), fp8_scale=1.0)
+    with pytest.raises(DsakvError, match="fp8_scale"):
+        other.restore_pages(pool.offload_pages(pool.allocator.alloc(1)), other.allocator.alloc(1))
+
+
 def test_no_public_method_moves_or_copies_one_cache_alone():
     public = {name for name, _ in inspect.getmembers(TwinPool, callable) if not name.startswith("_")}
     assert {name for name in public if any(w in name for w in ("move", "offload", "restore", "copy"))} == {
@@ -139,7 +148,7 @@ def test_no_public_method_moves_or_copies_one_cache_alone():
 def test_tiny_preset_end_to_end_prefill_decode_preempt_resume():
     """Prefill 150 tokens, decode 20, offload (preempt), free, restore into fresh pages, read back equal."""
     lay = CacheLayout(TINY)
-    pool = TwinPool(lay, PageAllocator(TwinPool.pages_for_budget(lay, 8 * lay.page_bytes), first_page=1), "packed")
+    pool = TwinPool.from_budget(lay, 8 * lay.page_bytes, "packed")
     g = torch.Generator().manual_seed(21)
     pages = pool.allocator.alloc(lay.pages_for_tokens(150))
 

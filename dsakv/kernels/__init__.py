@@ -3,13 +3,16 @@ dispatcher picks Triton on CUDA (or when ``DSAKV_KERNELS=triton``, e.g. under ``
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 import torch
 
 
+@functools.cache
 def triton_available() -> bool:
+    """Whether triton is installed (looked up once: a filesystem search on every kernel call showed in profiles)."""
     return importlib.util.find_spec("triton") is not None
 
 

@@ -27,7 +27,7 @@ def indexer_logits_kernel(
     DIM: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * cols passes 2**31 for ~2K rows of a 1M context
     cb = tl.program_id(1)
     offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, DIM)

@@ -29,7 +29,7 @@ def sparse_mla_decode_kernel(
     ROPE: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)  # (t * HEADS + h) * RANK can pass 2**31 for a long prefill chunk
     h = tl.program_id(1)
     offs_r = tl.arange(0, RANK)
     offs_p = tl.arange(0, ROPE)
