@@ -25,10 +25,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dsakv.batch import BatchPlan, HostCopy
+from dsakv.batch import BatchPlan, HostCopy, next_item
 from dsakv.errors import DsakvError
-from dsakv.preemption import check_mode, check_victim_order
+from dsakv.preemption import check_mode, check_victim_order, take_pages
 from dsakv.request import Request, Status
+from dsakv.request_pages import pages_for
 
 if TYPE_CHECKING:
     from dsakv.scheduler import Scheduler
@@ -76,10 +77,6 @@ class SchedulerConfig:
             raise DsakvError(f"max_step_tokens = {self.max_step_tokens}: must be >= the page size {page_size}")
 
 
-def pages_for(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)
-
-
 def never_fit_reason(
     prompt_len: int, max_new_tokens: int, page_size: int, pool_pages: int, max_context: int | None
 ) -> str | None:
@@ -103,6 +100,24 @@ def reserve_pages(request: Request, ratio: float, num_draft: int, page_size: int
     return pages_for(min(expected + num_draft, limit), page_size)
 
 
+def admit_waiting(s: Scheduler, plan: BatchPlan, budget: int, scheduled: set[int]) -> None:
+    """Admit from the front of the waiting queue while the token budget, ``max_running`` and the page budget
+    allow (FCFS: stop at the first that does not fit), planning each admitted request's first chunk."""
+    outstanding = sum(max(0, r.reserve - len(r.pages)) for r in s.running)
+    cfg = s.config
+    while s.waiting and budget > 0 and len(s.running) < cfg.max_running:
+        req = s.waiting[0]
+        if not admit(s, req, plan, outstanding, scheduled):
+            break
+        s.waiting.popleft()
+        item = next_item(req, budget, cfg, s.page_size)
+        if item is not None and take_pages(s, req, item.end + item.num_draft, plan, scheduled, False):
+            plan.items.append(item)
+            budget -= item.num_tokens
+        scheduled.add(id(req))
+        outstanding += max(0, req.reserve - len(req.pages))
+
+
 def admit(s: Scheduler, req: Request, plan: BatchPlan, outstanding: int, scheduled: set[int]) -> bool:
     """Admit ``req`` (the head of ``s.waiting``) if the page budget allows; False changes nothing.
 
@@ -111,13 +126,13 @@ def admit(s: Scheduler, req: Request, plan: BatchPlan, outstanding: int, schedul
     new pages for its host copy, restored by the executor. The caller pops it from the waiting queue.
     """
     alloc, radix, ps = s.allocator, s.radix, s.page_size
-    reserve = s._reserve(req)
+    reserve = reserve_pages(req, s.config.new_token_ratio, s.config.num_draft_tokens, ps)
     if req.status is Status.OFFLOADED:
         n = pages_for(req.offloaded_tokens, ps)
         evictable = radix.evictable_tokens // ps if radix is not None else 0
         if max(reserve, n) + outstanding > alloc.num_free + evictable:
             return False
-        if not s._take_pages(req, req.offloaded_tokens, plan, scheduled, may_preempt=False):
+        if not take_pages(s, req, req.offloaded_tokens, plan, scheduled, may_preempt=False):
             return False
         req.stats.pages_written -= n  # restored, not written by compute
         req.stats.restored_pages += n

@@ -7,10 +7,11 @@ decision; the engine only moves bytes and computes.
 
 Batch invariance (``EngineConfig.batch_invariant``, on by default). CPU GEMM rounds a row differently
 depending on how many rows share the call (small calls take another kernel path), so a token's cache bytes
-would depend on its chunk size and batch mates. The engine therefore runs one forward per request and pads
-its rows to at least ``min_rows`` with throw-away tokens placed after the real ones (causal: no real token
-sees them) and written to scratch pages (ids below ``allocator.first_page``, never handed out; up to
-``SCRATCH_SEQS`` padded sequences share one forward). Then prefix hits, chunk sizes, preemption and
+could depend on its chunk size and batch mates (seldom with the float64 tiny model, whose last-bit
+differences rarely survive fp8 / bf16 storage; with a float32 model they do). The engine therefore runs one
+forward per request and pads its rows to at least ``min_rows`` with throw-away tokens placed after the real
+ones (causal: no real token sees them) and written to scratch pages (ids below ``allocator.first_page``,
+never handed out; up to ``SCRATCH_SEQS`` padded sequences share one forward). Then prefix hits, chunk sizes, preemption and
 speculative decoding leave every byte of both caches unchanged, which the equivalence tests prove (with
 one torch CPU thread; the demo and the tests set it).
 
@@ -32,10 +33,11 @@ from dsakv.admission import SchedulerConfig
 from dsakv.allocator import PageAllocator
 from dsakv.batch import BatchItem, BatchPlan, HostCopy
 from dsakv.errors import DsakvError
-from dsakv.layout import CacheLayout
+from dsakv.eviction import POLICIES
+from dsakv.layout import KV_DTYPES, CacheLayout
 from dsakv.model import SeqInput, TinyDsaModel
-from dsakv.pool import TwinPool
-from dsakv.radix import RadixCache
+from dsakv.pool import POOL_KINDS, TwinPool
+from dsakv.radix import MODES, RadixCache
 from dsakv.readback import CacheReadback, read_request_cache, request_slots
 from dsakv.request import Request, RequestStats
 from dsakv.scheduler import Scheduler
@@ -69,6 +71,10 @@ class EngineConfig:
                 raise DsakvError(f"{name} = {value!r}: must be a positive integer")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
+        names = {"pool_kind": POOL_KINDS, "kv_dtype": KV_DTYPES, "cache_mode": MODES, "eviction_policy": POLICIES}
+        for name, allowed in names.items():
+            if getattr(self, name) not in allowed:
+                raise DsakvError(f"{name} = {getattr(self, name)!r}: must be one of {', '.join(allowed)}")
 
 
 @dataclass

@@ -22,6 +22,29 @@ from typing import Any
 
 import numpy as np
 
+from dsakv.errors import DsakvError
+from dsakv.radix_key import TOKEN_BYTES
+
+MAX_TOKEN_ID = 2 ** (8 * TOKEN_BYTES) - 1  # the prefix cache keys token ids as unsigned TOKEN_BYTES-byte ints
+
+
+def check_prompt(prompt: Sequence[int]) -> None:
+    """Raise ``DsakvError`` unless ``prompt`` is a 1-D list or array of integer token ids in 0..MAX_TOKEN_ID.
+
+    Checked on arrival, so a bad prompt is refused before it is queued (it would otherwise fail inside a
+    later ``step``, at the head of the queue, blocking every request behind it). Empty is allowed here: it
+    is rejected with a reason like any request that can never run.
+    """
+    if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
+        raise DsakvError(f"prompt: got {type(prompt).__name__}: must be a list or 1-D array of integer token ids")
+    ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise DsakvError(
+            f"prompt: shape {list(ids.shape)} dtype {ids.dtype}: must be a 1-D sequence of integer token ids"
+        )
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
+        raise DsakvError(f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{MAX_TOKEN_ID}")
+
 
 class Status(enum.Enum):
     WAITING = "waiting"  # queued for admission (new, or preempted with recompute: holds nothing)

@@ -16,6 +16,11 @@ from dsakv.allocator import PageAllocator
 from dsakv.request import Request
 
 
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """Whole pages that hold ``num_tokens`` tokens."""
+    return -(-num_tokens // page_size)
+
+
 def tree_path_pages(node: Any) -> list[int]:
     """Page ids on the path from the root to ``node`` (valid while ``node`` is locked)."""
     parts = []
@@ -25,14 +30,18 @@ def tree_path_pages(node: Any) -> list[int]:
     return [p for part in reversed(parts) for p in part]
 
 
-def insert_computed(radix: Any, allocator: PageAllocator, req: Request, aligned: int, relock: bool) -> int:
-    """Insert ``tokens[:aligned]`` (whole pages) into ``radix``; free the request's duplicates.
+def insert_computed(radix: Any, allocator: PageAllocator, req: Request, num_tokens: int, relock: bool) -> int:
+    """Insert the pages of ``tokens[:num_tokens]`` that the tree keys into ``radix``; free the duplicates.
 
-    With ``relock`` the request keeps running on the tree's pages under a lock on the new node.
+    The tree keys ``radix.full_pages(num_tokens)`` pages: the whole pages, or one fewer in speculative
+    (bigram) mode, whose last key needs the first token of the next page. Pages past those stay the
+    request's. With ``relock`` the request keeps running on the tree's pages under a lock on the new node.
     Returns the number of pages freed.
     """
-    n = aligned // allocator.page_size
-    result = radix.insert(req.tokens(aligned), req.pages[:n])
+    n = radix.full_pages(num_tokens)
+    if n <= req.num_shared_pages:
+        return 0
+    result = radix.insert(req.tokens(num_tokens), req.pages[:n])
     dups = result.duplicate_pages
     if dups:
         allocator.free(dups)
@@ -51,11 +60,11 @@ def release(radix: Any, allocator: PageAllocator, req: Request, insert: bool) ->
 
     Returns the number of pages freed; the request holds no page and no lock afterwards.
     """
-    ps, shared, freed = allocator.page_size, req.num_shared_pages, 0
+    shared, freed = req.num_shared_pages, 0
     if insert and radix is not None:
-        full = req.num_computed // ps
+        full = radix.full_pages(req.num_computed)
         if full > shared:
-            freed += insert_computed(radix, allocator, req, full * ps, relock=False)
+            freed += insert_computed(radix, allocator, req, req.num_computed, relock=False)
             shared = full
     owned = req.pages[shared:]
     allocator.free(owned)

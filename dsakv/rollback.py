@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dsakv.admission import pages_for
 from dsakv.allocator import PageAllocator
 from dsakv.batch import BatchItem
 from dsakv.request import Request
+from dsakv.request_pages import pages_for
 
 
 def accept_tokens(req: Request, item: BatchItem, new: Sequence[int], step: int, allocator: PageAllocator) -> bool:

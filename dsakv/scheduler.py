@@ -3,10 +3,11 @@
 The same object drives the tiny-model engine and the simulator's cost model (metadata-only: no pool).
 A step, in order (the loop reads like nano-vllm's, with chunking and a prefix cache)::
 
-    running requests, oldest first:   plan a decode (1 token + drafts) or the next prefill chunk;
-                                      take its pages: free list -> evict the shortfall -> preempt victims
+    running requests, oldest first:   plan a decode (1 token + drafts) or the next prefill chunk
+                                      (dsakv.batch.next_item); take its pages: free list -> evict the
+                                      shortfall -> preempt victims (dsakv.preemption.take_pages)
     waiting requests, front first:    admit while the token budget, max_running and the page budget allow
-                                      (match prefix, lock, re-check, reserve; see dsakv.admission)
+                                      (match prefix, lock, re-check, reserve; dsakv.admission.admit_waiting)
 
 The executor carries the plan out and reports sampled tokens with ``update``; ``update`` appends them, rolls
 speculative drafts back to the accepted ones, inserts full pages into the prefix cache when its mode is
@@ -26,14 +27,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dsakv.admission import SchedulerConfig, admit, never_fit_reason, pages_for, reserve_pages
+from dsakv.admission import SchedulerConfig, admit_waiting, never_fit_reason
 from dsakv.allocator import PageAllocator
 from dsakv.batch import BatchItem, BatchPlan, HostCopy, check_sampled, next_item
 from dsakv.errors import DsakvError
-from dsakv.preemption import pick_victim
-from dsakv.request import Request, Status
+from dsakv.preemption import preempt, take_pages
+from dsakv.request import Request, Status, check_prompt
 from dsakv.request_pages import insert_computed, release
 from dsakv.rollback import accept_tokens
+from dsakv.scheduler_checks import check_scheduler
 
 
 @dataclass(slots=True)
@@ -99,9 +101,12 @@ class Scheduler:
     ) -> Request:
         """Queue a request, or return it REJECTED with ``stats.reason`` if it can never run.
 
-        Raises ``DsakvError`` (queueing nothing) for a negative ``max_new_tokens`` or a live duplicate id.
-        ``max_new_tokens == 0`` finishes at once with no output.
+        Raises ``DsakvError`` (queueing nothing) for a prompt that is not a 1-D sequence of token ids
+        (``dsakv.request.check_prompt``), a negative ``max_new_tokens`` or a live duplicate id.
+        ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by reference, not copied,
+        until the request is done: the caller must not modify it meanwhile.
         """
+        check_prompt(prompt)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
         if request_id is None:
@@ -151,7 +156,7 @@ class Scheduler:
         if req is None or req.status is not Status.RUNNING:
             state = "unknown" if req is None else req.status.value
             raise DsakvError(f"preempt: request_id = {request_id!r} is {state}; only running requests can be preempted")
-        self._preempt(req, self._pending)
+        preempt(self, req, self._pending)
         return req
 
     # ----- one step -----------------------------------------------------------------------------
@@ -171,36 +176,21 @@ class Scheduler:
                 if budget < 1:
                     break
                 item = BatchItem(req, start, total, 0, True)
-                if total > len(req.pages) * ps and not self._take_pages(req, total, plan, scheduled, True):
+                if total > len(req.pages) * ps and not take_pages(self, req, total, plan, scheduled, True):
                     continue
                 budget -= 1
             else:
                 item = next_item(req, budget, self.config, self.page_size)
-                if item is None or not self._take_pages(req, item.end + item.num_draft, plan, scheduled, True):
+                if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
                     continue
-                budget -= item.end - item.start + item.num_draft
+                budget -= item.num_tokens
             items.append(item)
             scheduled.add(id(req))
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            self._admit_waiting(plan, budget, scheduled)
+            admit_waiting(self, plan, budget, scheduled)
         self.stats.steps += 1
         self._in_flight = plan
         return plan
-
-    def _admit_waiting(self, plan: BatchPlan, budget: int, scheduled: set[int]) -> None:
-        """Admit from the front of the waiting queue (FCFS: stop at the first that does not fit)."""
-        outstanding = sum(max(0, r.reserve - len(r.pages)) for r in self.running)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            req = self.waiting[0]
-            if not admit(self, req, plan, outstanding, scheduled):
-                break
-            self.waiting.popleft()
-            item = next_item(req, budget, self.config, self.page_size)
-            if item is not None and self._take_pages(req, item.end + item.num_draft, plan, scheduled, False):
-                plan.items.append(item)
-                budget -= item.end - item.start + item.num_draft
-            scheduled.add(id(req))
-            outstanding += max(0, req.reserve - len(req.pages))
 
     def update(self, plan: BatchPlan, sampled: Sequence[Sequence[int]]) -> list[Request]:
         """Report the executor's tokens, one sequence per ``plan.items`` entry (empty where not sampled).
@@ -229,7 +219,7 @@ class Scheduler:
                 self._finish(req, plan.step)
                 finished.append(req)
             elif self.insert_as_written and req.num_computed // ps > req.num_shared_pages:
-                insert_computed(self.radix, self.allocator, req, req.num_computed // ps * ps, relock=True)
+                insert_computed(self.radix, self.allocator, req, req.num_computed, relock=True)
         return finished
 
     def _finish(self, req: Request, step: int) -> None:
@@ -257,72 +247,12 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """free + cached (evictable + protected) + request-held == total; queues and page tables consistent."""
-        from dsakv.scheduler_checks import check_scheduler
-
         check_scheduler(self)
 
     # ----- internals ----------------------------------------------------------------------------
     def _check_idle(self, what: str) -> None:
         if self._in_flight is not None:
             raise DsakvError(f"{what}: a plan is in flight; call update(plan, sampled) first")
-
-    def _reserve(self, req: Request) -> int:
-        cfg = self.config
-        return reserve_pages(req, cfg.new_token_ratio, cfg.num_draft_tokens, self.page_size)
-
-    def _take_pages(
-        self, req: Request, num_tokens: int, plan: BatchPlan, scheduled: set[int], may_preempt: bool
-    ) -> bool:
-        """Grow ``req.pages`` to cover ``num_tokens``: free list, then eviction, then (if allowed) preemption.
-
-        Returns False if ``req`` could not get them; with ``may_preempt`` it was then preempted itself.
-        """
-        need = pages_for(num_tokens, self.page_size) - len(req.pages)
-        if need <= 0:
-            return True
-        alloc = self.allocator
-        while alloc.num_free < need:
-            radix = self.radix
-            if radix is not None and radix.evictable_tokens > 0:
-                freed = radix.evict((need - alloc.num_free) * self.page_size).evicted_tokens
-                plan.evicted_tokens += freed
-                self.stats.evicted_tokens += freed
-                if freed:
-                    continue
-            if not may_preempt:
-                return False
-            victim = pick_victim(self.config.victim_order, self.running, scheduled | {id(req)})
-            if victim is None:
-                self._preempt(req, plan)
-                return False
-            self._preempt(victim, plan)
-        pages = alloc.alloc(need)
-        req.pages.extend(pages)
-        req.stats.pages_written += need
-        plan.allocated_pages += need
-        return True
-
-    def _preempt(self, req: Request, plan: BatchPlan) -> None:
-        self.running.remove(req)
-        req.stats.preemptions += 1
-        self.stats.preemptions += 1
-        if self.config.preemption == "offload" and req.num_computed > 0:
-            n = pages_for(req.num_computed, self.page_size)
-            copy = HostCopy(req.id, req.pages[:n], req.num_computed)
-            if self.on_offload is not None:
-                self.on_offload(copy)
-            plan.offloads.append(copy)
-            req.stats.offloaded_pages += n
-            self.stats.offloaded_pages += n
-            req.offloaded_tokens = req.num_computed
-            self._release(req, plan, insert=False)
-            req.status = Status.OFFLOADED
-        else:
-            self._release(req, plan, insert=True)
-            req.status = Status.WAITING
-        req.num_computed = 0
-        self.waiting.appendleft(req)
-        plan.preempted.append(req)
 
     def _release(self, req: Request, plan: BatchPlan | None, insert: bool) -> None:
         freed = release(self.radix, self.allocator, req, insert)

@@ -3,18 +3,20 @@
 * allocator: free list consistent; ``free + tree pages + request-held == total`` (no leak, no double hold);
 * radix: ``evictable + protected == tokens in the tree``, lock counts balance (its own check, told how many
   pages requests hold outside it); at idle nothing is locked;
-* running requests: status RUNNING, page table covers the computed tokens, shared pages are whole computed
-  pages under a lock, owned pages allocated and held by no one else, ``num_computed < num_tokens`` (the last
-  token is written by the next step);
-* waiting / offloaded requests hold no page and no lock.
+* running requests: status RUNNING; the page table covers the computed tokens (between steps, no page past
+  them); shared pages are whole computed pages, exactly the tree's pages on the path to the locked node;
+  owned pages allocated, listed once and held by no one else; ``num_computed < num_tokens`` (the last token
+  is written by the next step); one radix lock per running request and no other;
+* waiting / offloaded requests hold no page and no lock;
+* queues: every live request is in exactly one of ``running`` / ``waiting``; at most ``max_running`` run.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dsakv.admission import pages_for
 from dsakv.request import Status
+from dsakv.request_pages import pages_for, tree_path_pages
 
 if TYPE_CHECKING:
     from dsakv.scheduler import Scheduler
@@ -23,19 +25,32 @@ if TYPE_CHECKING:
 def check_scheduler(s: Scheduler) -> None:
     alloc, radix, ps = s.allocator, s.radix, s.page_size
     alloc.check_integrity()
+    live = [r.id for r in s.running] + [r.id for r in s.waiting]
+    if len(set(live)) != len(live) or set(live) != set(s._live):
+        raise AssertionError(f"queues {sorted(map(repr, live))} != live requests {sorted(map(repr, s._live))}")
+    if len(s.running) > s.config.max_running:
+        raise AssertionError(f"{len(s.running)} running requests > max_running {s.config.max_running}")
     owned_seen: set[int] = set()
-    held = 0
+    held = locks = 0
     for r in s.running:
         if r.status is not Status.RUNNING:
             raise AssertionError(f"{r}: in the running list with status {r.status.value}")
         if len(r.pages) < pages_for(r.num_computed, ps):
             raise AssertionError(f"{r}: {len(r.pages)} pages cannot hold {r.num_computed} computed tokens")
+        if s._in_flight is None and len(r.pages) > max(pages_for(r.num_computed, ps), r.num_shared_pages):
+            raise AssertionError(f"{r}: holds {len(r.pages)} pages past its computed tokens between steps")
         if r.num_computed >= r.num_tokens:
             raise AssertionError(f"{r}: running with every token computed")
         if r.num_shared_pages * ps > r.num_computed:
             raise AssertionError(f"{r}: {r.num_shared_pages} shared pages beyond its computed tokens")
         if r.num_shared_pages and (radix is None or r.node is None):
             raise AssertionError(f"{r}: shared pages without a locked radix node")
+        if r.node is not None:
+            locks += 1
+            if r.node.lock_ref < 1 or tree_path_pages(r.node) != r.pages[: r.num_shared_pages]:
+                raise AssertionError(f"{r}: shared pages are not the tree's pages on its locked path")
+        if len(set(r.pages)) != len(r.pages):
+            raise AssertionError(f"{r}: a page appears twice in its page table")
         for p in r.pages:
             if not alloc.is_allocated(p):
                 raise AssertionError(f"{r}: holds page {p}, which is free")
@@ -59,6 +74,8 @@ def check_scheduler(s: Scheduler) -> None:
         if radix.evictable_tokens + radix.protected_tokens != radix.total_tokens:
             raise AssertionError("radix: evictable + protected != total tokens")
         radix.check_integrity(request_held_pages=held)
+        if radix._locks != locks:  # outstanding lock() calls, counted by the radix itself
+            raise AssertionError(f"radix holds {radix._locks} locks; running requests hold {locks}")
         if not s.running and radix.protected_tokens:
             raise AssertionError(f"idle scheduler but radix protects {radix.protected_tokens} tokens (lock leak)")
         in_tree = radix._in_tree  # per-page flags the radix keeps for its own check

@@ -45,3 +45,11 @@ def test_demo_pool_too_small_is_one_line_error(capsys):
     assert main(["demo", "--pages", "2"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("dsakv: error: --pages = 2") and err.count("\n") == 1
+
+
+def test_demo_unknown_preemption_mode_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:  # argparse exits while parsing; the CLI makes it status 1
+        main(["demo", "--preemption", "swap"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "swap" in err and "offload" in err and "recompute" in err and err.count("\n") == 1

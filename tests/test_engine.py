@@ -10,6 +10,7 @@ import dsakv
 from dsakv.admission import SchedulerConfig
 from dsakv.engine import Engine, EngineConfig
 from dsakv.errors import DsakvError
+from dsakv.readback import read_request_cache, request_slots
 from dsakv.request import Status
 
 PAGE = 16
@@ -85,20 +86,24 @@ def test_abort_unknown_finished_and_running_requests():
     assert_no_leak(e)
 
 
-def test_no_leak_under_preemption_and_speculative_decoding():
+@pytest.mark.parametrize("mode", ["recompute", "offload"])
+def test_no_leak_under_preemption_and_speculative_decoding(mode):
+    # Three requests of 2-3 pages on a 4-page pool with mostly wrong drafts: memory pressure preempts one
+    # mid-speculation, rollbacks free draft pages; every step keeps the invariants and idle leaks nothing.
     def drafter(request, k):
         return [(len(request.outputs) * 7 + i) % 512 for i in range(k)]
 
-    for mode in ("recompute", "offload"):
-        sched = dict(chunk_tokens=32, max_step_tokens=64, new_token_ratio=0.0, preemption=mode, num_draft_tokens=2)
-        e = Engine(EngineConfig(num_pages=9, page_size=PAGE, scheduler=SchedulerConfig(**sched)), drafter=drafter)
-        for i in range(4):
-            e.add_request(prompt(60 + 10 * i, base=i), 40)
-        while not e.scheduler.is_idle:
-            e.step()
-            e.check_integrity()
-        assert e.scheduler.stats.preemptions > 0
-        assert_no_leak(e)
+    sched = dict(chunk_tokens=32, max_step_tokens=64, new_token_ratio=0.0, preemption=mode, num_draft_tokens=2)
+    e = Engine(EngineConfig(num_pages=4, page_size=PAGE, scheduler=SchedulerConfig(**sched)), drafter=drafter)
+    reqs = [e.add_request(prompt(24 + 4 * i, base=i), 10) for i in range(3)]
+    while not e.scheduler.is_idle:
+        e.step()
+        e.check_integrity()
+    st = e.scheduler.stats
+    assert st.preemptions > 0 and (st.offloaded_pages > 0) == (mode == "offload")
+    assert all(len(r.outputs) == 10 for r in reqs)
+    assert sum(r.stats.accepted_draft_tokens for r in reqs) < sum(r.stats.draft_tokens for r in reqs)
+    assert_no_leak(e)
 
 
 def test_offloaded_request_resumes_with_its_own_indexer_entries():
@@ -156,6 +161,42 @@ def test_aborting_an_offloaded_request_drops_its_host_copy():
     assert_no_leak(e)
 
 
+@pytest.mark.parametrize("field", ["pool_kind", "kv_dtype", "cache_mode", "eviction_policy"])
+def test_engine_config_rejects_unknown_names_listing_the_valid_ones(field):
+    with pytest.raises(DsakvError, match=rf"{field} = 'bogus': must be one of \w+, \w+"):
+        EngineConfig(**{field: "bogus"})
+
+
 def test_eos_token_outside_vocab_raises():
     with pytest.raises(DsakvError, match="eos_token_id"):
         engine().add_request(prompt(10), 3, eos_token_id=512)
+
+
+@pytest.mark.parametrize("region", ["main_latent", "main_rope", "indexer_key", "indexer_scale"])
+def test_cache_readback_sees_one_changed_byte_of_either_cache(region):
+    # The equivalence proofs rest on this: a read-back differs if a single byte of a request's main row,
+    # indexer key or indexer scale differs.
+    e = engine()
+    lay, pool = e.layout, e.pool
+    pages = e.allocator.alloc(2)
+    n = PAGE + 3
+    slots = request_slots(pages, n, PAGE)
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(lay.num_attention_layers):
+        latent = torch.randn(n, e.spec.kv_lora_rank, generator=gen)
+        pool.store_main(layer, slots, latent, torch.randn(n, e.spec.qk_rope_head_dim, generator=gen))
+    for layer in lay.indexer_layers:
+        pool.store_indexer(layer, slots, torch.randn(n, e.spec.index_head_dim, generator=gen))
+    before = read_request_cache(pool, pages, n)
+    assert before.equals(read_request_cache(pool, pages, n))
+    page, offset = pages[1], 2  # position PAGE + 2
+    layer = lay.indexer_layers[-1]
+    if region == "main_latent":
+        pool.main_view(layer)[page, offset, 0] ^= 1
+    elif region == "main_rope":
+        pool.main_view(layer)[page, offset, lay.main_row_bytes - 1] ^= 1
+    elif region == "indexer_key":
+        pool.indexer_view(layer)[page, offset * lay.indexer_key_bytes] ^= 1
+    else:
+        pool.indexer_view(layer)[page, lay.indexer_scale_offset_of(offset)] ^= 1
+    assert not before.equals(read_request_cache(pool, pages, n))

@@ -17,6 +17,8 @@ import dsakv.workspaces
 from dsakv.admission import SchedulerConfig, pages_for
 from dsakv.cli.demo import chat_workload, compare, run_workload
 from dsakv.engine import Engine, EngineConfig
+from dsakv.model import TinyDsaModel
+from dsakv.spec import ModelSpec
 
 PAGE = 16
 WORKLOAD = chat_workload(conversations=5, turns=2, system_prompts=2, system_tokens=72, max_new_tokens=8, seed=3)
@@ -51,13 +53,18 @@ def reference():
     return results
 
 
-def run_checked(engine: Engine) -> list:
-    """Run the workload, checking every invariant after every step."""
+def run_checked(engine: Engine, preempt_every: int = 0) -> list:
+    """Run the workload, checking every invariant after every step (and preempting the newest running
+    request every ``preempt_every`` steps, if set)."""
     original = engine.step
 
     def step():
         finished = original()
         engine.check_integrity()
+        sched = engine.scheduler
+        if preempt_every and sched.stats.steps % preempt_every == 0 and sched.running:
+            sched.preempt(sched.running[-1].id)
+            engine.check_integrity()
         return finished
 
     engine.step = step
@@ -109,8 +116,12 @@ def test_small_pool_evicts_and_preempts_without_changing_outputs(preemption, ref
         assert engine.totals.offloaded_bytes_indexer == stats.offloaded_pages * engine.layout.indexer_page_bytes
 
 
-def oracle_drafter(reference, accept_prob: float, seed: int):
-    """Drafts from the reference continuation, each replaced by a random token with ``1 - accept_prob``."""
+def oracle_drafter(reference, accept_prob: float, seed: int, rejected: list):
+    """Drafts from the reference continuation, each replaced by a random token with ``1 - accept_prob``.
+
+    Every proposal that greedy verification must reject is appended to ``rejected`` as the token sequence
+    up to and including its first wrong draft.
+    """
     truth = {}
     history = [list(WORKLOAD.system[s]) for s, _ in WORKLOAD.conversations]
     it = iter(reference)
@@ -123,24 +134,37 @@ def oracle_drafter(reference, accept_prob: float, seed: int):
     rng = random.Random(seed)
 
     def drafter(request, k):
-        cont = truth[tuple(request.prompt)][len(request.outputs) :] + [0] * k
-        return [t if rng.random() < accept_prob else rng.randrange(512) for t in cont[:k]]
+        prompt, done = tuple(request.prompt), len(request.outputs)
+        cont = truth[prompt][done:] + [0] * k
+        drafts = [t if rng.random() < accept_prob else rng.randrange(512) for t in cont[:k]]
+        wrong = next((i for i, (d, t) in enumerate(zip(drafts, cont)) if d != t), None)
+        if wrong is not None:
+            rejected.append(list(prompt) + truth[prompt][:done] + drafts[: wrong + 1])
+        return drafts
 
     return drafter
 
 
-@pytest.mark.parametrize("small_pool", [False, True])
-def test_speculative_decoding_with_random_accept_reject_matches(small_pool, reference):
+@pytest.mark.parametrize("pool", ["large", "small_recompute", "small_offload"])
+def test_speculative_decoding_with_random_accept_reject_matches(pool, reference):
     sched = dict(chunk_tokens=32, max_step_tokens=64, num_draft_tokens=3, new_token_ratio=0.0)
-    if small_pool:
-        sched["preemption"] = "offload"
-    cfg = engine_config(num_pages=SMALL if small_pool else 64, scheduler=sched)
-    engine = Engine(cfg, drafter=oracle_drafter(reference, 0.6, seed=1))
-    results = run_checked(engine)
+    if pool != "large":
+        sched["preemption"] = pool.removeprefix("small_")
+    cfg = engine_config(num_pages=64 if pool == "large" else SMALL, scheduler=sched)
+    rejected = []
+    engine = Engine(cfg, drafter=oracle_drafter(reference, 0.6, seed=1, rejected=rejected))
+    # Drafts add little memory pressure to this short workload: preempt by hand too (mid-speculation).
+    results = run_checked(engine, preempt_every=0 if pool == "large" else 4)
     assert_equivalent(results, reference)
     drafted = sum(r.stats.draft_tokens for r in results)
     accepted = sum(r.stats.accepted_draft_tokens for r in results)
     assert 0 < accepted < drafted  # both accepts and rollbacks happened
+    assert (engine.scheduler.stats.preemptions > 0) == (pool != "large")
+    # No rejected draft ever reached the prefix cache: the cached prefix of each rejected sequence stops
+    # before its wrong token (the tree holds whole pages of verified tokens only).
+    assert rejected
+    for seq in rejected:
+        assert engine.radix.match(seq + [0] * PAGE).matched_tokens < len(seq)
 
 
 def test_logits_budget_row_chunking_matches(reference, monkeypatch):
@@ -159,3 +183,16 @@ def test_logits_budget_row_chunking_matches(reference, monkeypatch):
     results = run_checked(Engine(engine_config(num_pages=64, logits_budget_bytes=budget)))
     assert_equivalent(results, reference)
     assert chunk_rows and min(chunk_rows) <= 2
+
+
+def test_padding_rows_keep_a_float32_model_bit_exact_across_chunk_sizes():
+    # In float32 the CPU GEMM's row-count-dependent rounding does reach the stored bytes; the engine's
+    # padding to min_rows (batch_invariant) is what keeps chunked + cached runs identical to one-shot ones.
+    model = TinyDsaModel(ModelSpec.preset("tiny"), dtype=torch.float32)
+    work = chat_workload(conversations=2, turns=2, system_prompts=1, system_tokens=40, max_new_tokens=4, seed=5)
+    whole = dict(max_step_tokens=4096, chunk_tokens=4096, new_token_ratio=1.0)
+    ref = run_workload(Engine(engine_config(num_pages=64, prefix_cache=False, scheduler=whole), model=model), work)
+    small = dict(chunk_tokens=16, max_step_tokens=48)
+    results = run_workload(Engine(engine_config(num_pages=64, scheduler=small), model=model), work)
+    assert compare(results, ref) == (True, True)
+    assert sum(r.stats.hit_tokens for r in results) > 0

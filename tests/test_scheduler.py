@@ -9,7 +9,6 @@ import pytest
 from dsakv.admission import SchedulerConfig, pages_for
 from dsakv.allocator import PageAllocator
 from dsakv.errors import DsakvError
-from dsakv.preemption import PREEMPTION_MODES, VICTIM_ORDERS
 from dsakv.radix import RadixCache
 from dsakv.request import Status
 from dsakv.scheduler import Scheduler
@@ -55,21 +54,23 @@ def test_idle_after_drain_has_no_leak_and_no_lock():
 
 
 def test_prefill_chunks_end_on_page_boundaries_within_step_budget():
-    s = make(chunk_tokens=128, max_step_tokens=192)
+    # A step budget that is not a page multiple: B's first chunk gets 200 - 128 = 72 tokens of budget and
+    # must stop at 64, so every chunk but the last writes whole pages of its own.
+    s = make(chunk_tokens=2 * PS, max_step_tokens=200)
     s.add_request(prompt(300), 4)
     s.add_request(prompt(200, base=3), 4)
     spans = []
     while not s.is_idle:
         plan = s.step()
-        assert plan.num_tokens <= 192
+        assert plan.num_tokens <= 200
         for it in plan.items:
-            if it.end - it.start > 1 and not it.sample:
-                assert it.end % PS == 0 and it.end - it.start <= 128
+            if not it.sample:
+                assert it.end % PS == 0 and it.end - it.start <= 2 * PS
             spans.append((it.request.id, it.start, it.end))
         s.update(plan, [[1] if it.sample else [] for it in plan.items])
         s.check_integrity()
-    first = [(a, b) for rid, a, b in spans if rid == 0]
-    assert first[:3] == [(0, 128), (128, 256), (256, 300)]
+    assert [(a, b) for rid, a, b in spans if rid == 0][:3] == [(0, 128), (128, 256), (256, 300)]
+    assert [(a, b) for rid, a, b in spans if rid == 1][:3] == [(0, 64), (64, 128), (128, 200)]
 
 
 def test_decode_takes_a_new_page_every_page_size_tokens():
@@ -107,6 +108,25 @@ def test_never_fit_requests_are_rejected_on_arrival_with_reason():
     assert drive(s) == [ok] and s.stats.rejected == 3
 
 
+def test_more_pages_than_the_pool_is_rejected_at_arrival_but_fitting_after_eviction_is_admitted():
+    # 8 pages: two finished requests leave 6 cached (evictable) pages and 2 free.
+    s = make(num_pages=8, new_token_ratio=1.0)
+    for base in (0, 100):
+        s.add_request(prompt(3 * PS + 1, base=base), 1)
+    drive(s)
+    assert s.radix.evictable_tokens == 6 * PS and s.allocator.num_free == 2
+    # Within the context limit, but 8 * PS + 1 tokens need 9 pages: rejected now, before any step.
+    never = s.add_request(prompt(8 * PS), 1)
+    assert never.status is Status.REJECTED and "need 9 pages" in never.stats.reason and s.is_idle
+    # 5 pages: more than the free list, fewer than free + evictable; admitted, evicting only the shortfall.
+    fits = s.add_request(prompt(4 * PS, base=300), 1)
+    plan = s.step()
+    assert plan.admitted == [fits] and plan.evicted_tokens == (4 - 2) * PS
+    assert s.radix.total_tokens == (6 - 2) * PS
+    s.update(plan, [[1]])
+    assert fits.status is Status.FINISHED and s.stats.preemptions == 0
+
+
 def test_bad_arguments_raise_and_change_nothing():
     s = make()
     with pytest.raises(DsakvError, match="max_new_tokens"):
@@ -120,6 +140,19 @@ def test_bad_arguments_raise_and_change_nothing():
     with pytest.raises(DsakvError, match="already finished"):
         s.abort("a")
     assert r.status is Status.FINISHED and s.stats.arrived == 1  # the rejected calls queued nothing
+
+
+@pytest.mark.parametrize(
+    "bad", [[-1, 5], [1.5, 2], [2**32, 1], [True, False], np.array([[1, 2]]), "abc", None], ids=repr
+)
+def test_bad_prompt_raises_on_arrival_and_blocks_no_one(bad):
+    # A bad prompt must not be queued: at the head of the FCFS queue it would fail every later step.
+    s = make()
+    with pytest.raises(DsakvError, match="prompt"):
+        s.add_request(bad, 3)
+    assert s.is_idle and s.stats.arrived == 0
+    good = s.add_request(prompt(70), 3)
+    assert drive(s) == [good]
 
 
 def test_zero_max_new_tokens_finishes_at_once():
@@ -187,14 +220,27 @@ def test_prefix_hit_is_locked_and_accounted():
     assert s.radix.protected_tokens >= 256
 
 
-def test_allocate_mode_lets_a_concurrent_request_hit_pages_as_written():
-    s = make(mode="allocate", chunk_tokens=128, max_step_tokens=128)
-    shared = prompt(256)
+@pytest.mark.parametrize("mode", ["allocate", "finish"])
+def test_allocate_mode_lets_a_request_hit_pages_of_one_still_prefilling(mode):
+    # A prefills 3 chunks of 128 + 1 token. B (same prefix) arrives after A's first chunk and is admitted
+    # beside A's second: in allocate mode it hits A's first chunk while A is still prefilling; in finish
+    # mode nothing is in the tree until A finishes.
+    s = make(mode=mode, chunk_tokens=2 * PS, max_step_tokens=4 * PS)
+    shared = prompt(6 * PS)
     a = s.add_request(shared + [1], 3)
-    s.update(s.step(), [[]])  # a writes its first 128 tokens, inserted at once
+    plan = s.step()
+    assert [(it.start, it.end) for it in plan.items] == [(0, 2 * PS)]
+    s.update(plan, [[]])
     b = s.add_request(shared + [2], 3)
+    plan = s.step()
+    assert b in plan.admitted and a.status is Status.RUNNING
+    assert [(it.request, it.start, it.end) for it in plan.items][0] == (a, 2 * PS, 4 * PS)
+    assert b.stats.hit_tokens == (2 * PS if mode == "allocate" else 0)
+    assert (b.pages[:2] == a.pages[:2]) == (mode == "allocate")
+    s.update(plan, [[] for _ in plan.items])
+    s.check_integrity()
     drive(s)
-    assert a.stats.hit_tokens == 0 and b.stats.hit_tokens >= 128
+    assert a.stats.hit_tokens == 0 and len(a.outputs) == len(b.outputs) == 3
 
 
 def test_locking_the_hit_shrinks_evictable_before_the_budget_check():
@@ -215,93 +261,6 @@ def test_locking_the_hit_shrinks_evictable_before_the_budget_check():
         s.update(plan, [[1] if it.sample else [] for it in plan.items])
     drive(s)
     assert r.status is Status.FINISHED and r.stats.hit_tokens == 4 * PS and s.stats.preemptions == 0
-
-
-def test_new_token_ratio_one_never_preempts():
-    s = make(num_pages=12, new_token_ratio=1.0)
-    for i in range(6):
-        s.add_request(prompt(150, base=i * 11), 100)
-    drive(s)
-    assert s.stats.preemptions == 0 and s.stats.finished == 6
-
-
-@pytest.mark.parametrize("mode", sorted(PREEMPTION_MODES))
-@pytest.mark.parametrize("order", sorted(VICTIM_ORDERS))
-def test_preemption_under_pressure_completes_every_request(mode, order):
-    s = make(num_pages=10, new_token_ratio=0.0, preemption=mode, victim_order=order)
-    for i in range(6):
-        s.add_request(prompt(120 + 20 * i, base=i * 13), 150)
-    done = drive(s)
-    assert len(done) == 6 and all(len(r.outputs) == 150 for r in done)
-    assert s.stats.preemptions > 0
-    if mode == "offload":
-        assert s.stats.offloaded_pages == s.stats.restored_pages > 0
-
-
-def test_newest_admitted_request_is_the_default_victim():
-    s = make(num_pages=8, cache=False, new_token_ratio=0.0)
-    old = s.add_request(prompt(100), 200)
-    new = s.add_request(prompt(100, base=1), 200)
-    preempted = []
-    for _ in range(400):
-        plan = s.step()
-        preempted += plan.preempted
-        s.update(plan, [[1] if it.sample else [] for it in plan.items])
-        if preempted:
-            break
-    assert preempted and preempted[0] is new and old.status is Status.RUNNING
-
-
-def test_recompute_resume_hits_its_own_cached_prefix():
-    s = make(num_pages=32)
-    r = s.add_request(prompt(300), 40)
-    for _ in range(10):
-        plan = s.step()
-        s.update(plan, [[1] if it.sample else [] for it in plan.items])
-    s.preempt(r.id)
-    s.check_integrity()
-    assert r.status is Status.WAITING and not r.pages
-    drive(s)
-    assert r.stats.resume_hit_tokens == (300 + 9) // PS * PS and r.stats.preemptions == 1
-
-
-def test_speculative_rollback_frees_whole_pages_past_the_accepted_end():
-    s = make(num_pages=16, cache=False, num_draft_tokens=4)
-    r = s.add_request(prompt(PS - 2), 20)
-    s.update(s.step(), [[5]])  # prefill: positions 0..61 computed, one token out
-    plan = s.step()  # decode: last token + 4 drafts -> positions 62..66 (two pages)
-    (item,) = plan.items
-    assert item.num_draft == 4 and len(r.pages) == 2
-    s.update(plan, [[6]])  # every draft rejected
-    assert r.num_computed == PS - 1 and len(r.pages) == 1 and r.outputs == [5, 6]
-    s.check_integrity()
-    plan = s.step()
-    s.update(plan, [[1, 2, 3, 4, 9]])  # all four accepted + the model's own token
-    assert r.num_computed == PS + 4 and r.outputs == [5, 6, 1, 2, 3, 4, 9]
-    s.check_integrity()
-
-
-def test_draft_tokens_never_enter_the_prefix_cache():
-    s = make(num_pages=16, num_draft_tokens=3)
-    r = s.add_request(prompt(PS), 2)
-    s.update(s.step(), [[5]])
-    plan = s.step()
-    assert plan.items[0].num_draft == 0 or plan.items[0].num_draft == 1
-    s.update(plan, [[6]])
-    assert r.status is Status.FINISHED
-    # the tree holds only verified tokens: prompt + the first output, cut to whole pages
-    assert s.radix.total_tokens == PS
-    hit = s.radix.match(prompt(PS) + [5, 6] + [0] * PS)
-    assert hit.matched_tokens == PS
-
-
-def test_speculative_leaks_nothing_under_random_acceptance():
-    rng = np.random.default_rng(0)
-    s = make(num_pages=10, new_token_ratio=0.0, num_draft_tokens=3, preemption="offload")
-    for i in range(6):
-        s.add_request(prompt(100 + 30 * i, base=i), 80)
-    drive(s, accept=lambda item: int(rng.integers(0, item.num_draft + 1)))
-    assert s.radix.protected_tokens == 0
 
 
 def test_finished_request_drops_its_prompt_and_keeps_accounting():

@@ -3,7 +3,7 @@ every integrity invariant holds after every operation, in every mode, and a drai
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -34,7 +34,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_step_tokens=max(chunk, 1 + drafts, PS) + 8,
             chunk_tokens=chunk,
             max_running=4,
-            max_context=150,
+            max_context=80,  # prompts reach 70 tokens + 40 new: some exceed it
             new_token_ratio=ratio,
             preemption=preemption,
             victim_order=victim_order,
@@ -42,6 +42,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         self.s = Scheduler(self.alloc, radix, cfg)
         self.requests = []
+        self.prompts = []
 
     @rule(
         prefix=st.integers(0, 2),
@@ -51,24 +52,50 @@ class SchedulerMachine(RuleBasedStateMachine):
         eos=st.sampled_from([None, 3]),
     )
     def arrive(self, prefix, cut, suffix, max_new, eos):
-        req = self.s.add_request(PREFIXES[prefix][:cut] + suffix, max_new, eos_token_id=eos)
+        self._arrive(PREFIXES[prefix][:cut] + suffix, max_new, eos)
+
+    @precondition(lambda self: self.prompts)
+    @rule(data=st.data(), max_new=st.integers(1, 40))
+    def arrive_same_prompt(self, data, max_new):
+        # Identical prompts prefilling side by side: their pages become duplicates in the tree.
+        self._arrive(data.draw(st.sampled_from(self.prompts)), max_new, None)
+
+    def _arrive(self, prompt, max_new, eos):
+        req = self.s.add_request(prompt, max_new, eos_token_id=eos)
         self.requests.append(req)
+        self.prompts.append(list(prompt))
         if req.status is Status.REJECTED:
             assert req.stats.reason and req.stats.admit_step is None
+            event("rejected: " + ("context" if "context" in req.stats.reason else "pool or empty"))
 
     @rule(data=st.data())
     def step(self, data):
         plan = self.s.step()
         assert plan.num_tokens <= self.s.config.max_step_tokens
+        for kind, happened in (
+            ("preempted for pages", plan.preempted),
+            ("restored after offload", plan.restores),
+            (
+                "resumed after recompute",
+                [r for r in plan.admitted if r.stats.preemptions and not r.stats.restored_pages],
+            ),
+            ("mixed prefill + decode", {it.is_prefill for it in plan.items} == {True, False}),
+            ("evicted", plan.evicted_tokens),
+        ):
+            if happened:
+                event(kind)
         out = []
         for item in plan.items:
             if not item.sample:
                 out.append([])
                 continue
             n = data.draw(st.integers(0, item.num_draft))
+            if n < item.num_draft:
+                event("drafts rolled back")
             out.append(data.draw(st.lists(st.integers(0, 96), min_size=1 + n, max_size=1 + n)))
         for req in self.s.update(plan, out):
             assert req.status is Status.FINISHED and not req.pages and req.prompt == ()
+            event("finished")
 
     @precondition(lambda self: self.s.running)
     @rule(data=st.data())
@@ -96,6 +123,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             if self.s.is_idle:
                 break
             plan = self.s.step()
+            if plan.evicted_tokens:
+                event("evicted (drain)")
             self.s.update(plan, [[1] if it.sample else [] for it in plan.items])
             self.s.check_integrity()
         assert self.s.is_idle

@@ -60,10 +60,9 @@ def simulate(
     alloc = PageAllocator(setup.pages, ps, first_page=1)
     radix = None
     if cfg.prefix_cache:
-        # Token-keyed even with MTP drafts, as the engine and the scheduler tests run it: the scheduler
-        # inserts num_computed // page_size pages, which the bigram (speculative) tree keys one page short
-        # of, so that page would leak on every finish (reported to the scheduler/radix owners).
-        radix = RadixCache(alloc, policy=cfg.policy, mode=cfg.mode)
+        # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
+        # hidden state of the token before a match break), so a hit drops its last matched page.
+        radix = RadixCache(alloc, policy=cfg.policy, mode=cfg.mode, speculative=cfg.mtp > 0)
     sched = Scheduler(alloc, radix, setup.scheduler)
     step_seconds = setup.step_time.step_seconds
     rng = random.Random(cfg.seed)
