@@ -114,6 +114,15 @@ class RadixCache:
         return self._protected
 
     @property
+    def outstanding_locks(self) -> int:
+        """``lock()`` calls not yet matched by ``unlock()`` (read-only; for integrity checks)."""
+        return self._locks
+
+    def holds_page(self, page: int) -> bool:
+        """True when ``page`` is mapped in the tree (read-only)."""
+        return bool(self._in_tree[page])
+
+    @property
     def total_tokens(self) -> int:
         return self._evictable + self._protected
 

@@ -74,13 +74,12 @@ def check_scheduler(s: Scheduler) -> None:
         if radix.evictable_tokens + radix.protected_tokens != radix.total_tokens:
             raise AssertionError("radix: evictable + protected != total tokens")
         radix.check_integrity(request_held_pages=held)
-        if radix._locks != locks:  # outstanding lock() calls, counted by the radix itself
-            raise AssertionError(f"radix holds {radix._locks} locks; running requests hold {locks}")
+        if radix.outstanding_locks != locks:
+            raise AssertionError(f"radix holds {radix.outstanding_locks} locks; running requests hold {locks}")
         if not s.running and radix.protected_tokens:
             raise AssertionError(f"idle scheduler but radix protects {radix.protected_tokens} tokens (lock leak)")
-        in_tree = radix._in_tree  # per-page flags the radix keeps for its own check
         for p in owned_seen:
-            if in_tree[p]:
+            if radix.holds_page(p):
                 raise AssertionError(f"page {p} is both owned by a request and mapped in the prefix cache")
     if alloc.num_free + tree_pages + held != alloc.num_pages:
         raise AssertionError(
