@@ -137,6 +137,12 @@ def weights_per_rank(
     """Weight bytes one rank holds: each part divided by its shard group size (rounded up)."""
     if tp < 1 or dp_attention < 1 or tp % dp_attention:
         raise DsakvError(f"dp_attention = {dp_attention}: must be a positive divisor of tp = {tp}")
+    heads = spec.arch_value("num_attention_heads")
+    if heads and heads % (tp // dp_attention):
+        raise DsakvError(
+            f"tp = {tp} (attention TP tp/dp_attention = {tp // dp_attention}): must divide "
+            f"num_attention_heads = {heads}, as engines shard whole heads"
+        )
     dtype = dtype or spec.weight_dtype
     parts = weight_parts(spec, mtp_layers, dtype)
     divisor = {"tp": tp, "attn_tp": tp // dp_attention, "ep": tp, "replicated": 1}

@@ -227,3 +227,12 @@ def test_indexcache_pattern_file_generated_here_applies_by_name(glm53, tmp_path,
         path.write_text(bad)
         with pytest.raises(DsakvError, match="indexer pattern file"):
             load_indexcache_patterns(path)
+
+
+def test_tensor_parallel_size_that_splits_a_head_is_refused():
+    # 64 heads cannot be split over 3 ranks; engines shard whole heads, so the planner refuses the setting.
+    glm = ModelSpec.preset("glm-5.3")
+    with pytest.raises(DsakvError, match="must divide num_attention_heads = 64"):
+        weights_per_rank(glm, tp=3)
+    assert weights_per_rank(glm, tp=8).attn_tp == 8
+    assert weights_per_rank(glm, tp=16, dp_attention=2).attn_tp == 8

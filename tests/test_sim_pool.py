@@ -75,7 +75,7 @@ def test_dp_attention_simulates_group_zero_with_every_dth_request():
 
 def test_rejected_input_tokens_are_reported_beside_the_hit_rate():
     too_long = 2 * 4096
-    cfg = SimConfig(model="tiny", step_model="constant", pool_tokens=64 * 400)
+    cfg = SimConfig(model="tiny", num_gpus=4, tp=4, step_model="constant", pool_tokens=64 * 400)  # 4 heads
     res = simulate(cfg, [_req(0, range(16), too_long), _req(1, [99], 100)])
     s = res.summary
     assert s["rejected"] == 1 and s["rejected_input_tokens"] == too_long
