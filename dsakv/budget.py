@@ -34,14 +34,10 @@ from dsakv.deployment import (
     rank_memory,
 )
 from dsakv.errors import DsakvError
-from dsakv.layout import CacheLayout, ceil_div
+from dsakv.layout import CacheLayout, ceil_div, exact_div
 
 SCRATCH_PAGES = 1  # page 0: scratch for padded writes, never handed out
 CONTEXT_LENGTHS = (8_192, 131_072, 524_288, 1_048_576)
-
-
-def _exact(num: int, den: int) -> float | int:
-    return num // den if num % den == 0 else num / den
 
 
 @dataclass(frozen=True)
@@ -73,15 +69,15 @@ class RankCell:
 
     @property
     def main_bytes_per_token(self) -> float | int:
-        return _exact(self.main_page_bytes, self.tokens_per_page)
+        return exact_div(self.main_page_bytes, self.tokens_per_page)
 
     @property
     def indexer_bytes_per_token(self) -> float | int:
-        return _exact(self.indexer_page_bytes, self.tokens_per_page)
+        return exact_div(self.indexer_page_bytes, self.tokens_per_page)
 
     @property
     def cell_bytes(self) -> float | int:
-        return _exact(self.page_bytes, self.tokens_per_page)
+        return exact_div(self.page_bytes, self.tokens_per_page)
 
     def main_bytes(self, tokens: int) -> int:
         """Main-KV bytes the busiest rank writes for ``tokens`` tokens."""
@@ -212,7 +208,7 @@ def request_fit(cell: RankCell, capacity: PoolCapacity, tokens: int) -> RequestF
 
 def mean_tail_waste_bytes(cell: RankCell) -> float | int:
     """The last page of a request is on average half empty: ``tokens_per_page / 2 x cell``."""
-    return _exact(cell.page_bytes, 2)
+    return exact_div(cell.page_bytes, 2)
 
 
 __all__ = [

@@ -214,15 +214,15 @@ class CacheLayout:
     @property
     def indexer_bytes_per_token(self) -> float | int:
         """132 x indexer layers / kpool (an int unless kpool leaves a fraction)."""
-        return _exact(self.indexer_page_bytes, self.page_size)
+        return exact_div(self.indexer_page_bytes, self.page_size)
 
     @property
     def cell_bytes(self) -> float | int:
         """Bytes one token costs in both caches (53,940 for GLM-5.3 fp8_ds_mla)."""
-        return _exact(self.page_bytes, self.page_size)
+        return exact_div(self.page_bytes, self.page_size)
 
     def pages_for_tokens(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
+        return ceil_div(tokens, self.page_size)
 
     def to_dict(self) -> dict:
         return {
@@ -243,7 +243,8 @@ class CacheLayout:
         }
 
 
-def _exact(num: int, den: int) -> float | int:
+def exact_div(num: int, den: int) -> float | int:
+    """``num / den`` as an int when it divides exactly (byte counts stay integers), else a float."""
     return num // den if num % den == 0 else num / den
 
 
@@ -260,4 +261,5 @@ __all__ = [
     "CacheLayout",
     "kv_format",
     "ceil_div",
+    "exact_div",
 ]

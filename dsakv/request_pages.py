@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from dsakv.allocator import PageAllocator
+from dsakv.layout import ceil_div
 from dsakv.request import Request
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     """Whole pages that hold ``num_tokens`` tokens."""
-    return -(-num_tokens // page_size)
+    return ceil_div(num_tokens, page_size)
 
 
 def tree_path_pages(node: Any) -> list[int]:
