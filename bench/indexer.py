@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from dsakv.indexer import indexer_topk
 from dsakv.kernels import cache_ops
 from dsakv.kernels.cache_ops import quantize_tiles
-from dsakv.layout import CacheLayout
-from dsakv.sparse_mla import compact_selection, sparse_mla
-from dsakv.spec import load_spec
+from dsakv.model.indexer import indexer_topk
+from dsakv.model.sparse_mla import compact_selection, sparse_mla
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import load_spec
 
 # Vendor datasheet HBM bandwidth (GB/s, decimal) for the fraction-of-peak column on CUDA.
 HBM_PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "B200": 8000.0}

@@ -19,11 +19,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from dsakv.allocator import PageAllocator
+from dsakv.cache.allocator import PageAllocator
+from dsakv.engine.pool import POOL_KINDS, TwinPool
 from dsakv.kernels import use_triton
-from dsakv.layout import KV_DTYPES, CacheLayout
-from dsakv.pool import POOL_KINDS, TwinPool
-from dsakv.spec import load_spec
+from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.model_spec import load_spec
 
 
 def _sync(device: torch.device) -> None:

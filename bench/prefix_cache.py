@@ -26,10 +26,10 @@ import sys
 import time
 from collections.abc import Iterable
 
-from dsakv.allocator import PageAllocator
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.eviction import POLICIES
+from dsakv.cache.radix import MODES, RadixCache, RadixKey
 from dsakv.errors import DsakvError, OutOfPagesError
-from dsakv.eviction import POLICIES
-from dsakv.radix import MODES, RadixCache, RadixKey
 
 
 def replay(requests: Iterable, cache: RadixCache, batch: int) -> dict:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from dsakv import workloads
+    from dsakv.workloads import bench_protocol as workloads
 
     if a.batch < 1:
         raise DsakvError(f"--batch = {a.batch}: must be >= 1")

@@ -4,10 +4,10 @@ Two caches per token (MLA latent KV and lightning-indexer K) under one 64-token 
 budget, one prefix cache, one eviction, one offload. See ``docs/structures.md`` for the map.
 """
 
-from dsakv.allocator import PageAllocator
+from dsakv.cache.allocator import PageAllocator
 from dsakv.errors import DsakvError, OutOfPagesError
-from dsakv.layout import KV_DTYPES, CacheLayout
-from dsakv.spec import PRESETS, ModelSpec, load_spec
+from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.model_spec import PRESETS, ModelSpec, load_spec
 
 __version__ = "0.1.0"
 
@@ -15,11 +15,11 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # The engine pulls in torch; import it (and the scheduler beside it) only when asked for.
     if name == "Engine":
-        from dsakv.engine import Engine
+        from dsakv.engine.engine import Engine
 
         return Engine
     if name == "Scheduler":
-        from dsakv.scheduler import Scheduler
+        from dsakv.scheduler.scheduler import Scheduler
 
         return Scheduler
     raise AttributeError(f"module 'dsakv' has no attribute {name!r}")

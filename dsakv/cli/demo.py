@@ -14,9 +14,9 @@ import json
 import random
 from dataclasses import dataclass
 
-from dsakv.admission import SchedulerConfig
 from dsakv.errors import DsakvError
-from dsakv.preemption import PREEMPTION_MODES
+from dsakv.scheduler.admission import SchedulerConfig
+from dsakv.scheduler.preemption import PREEMPTION_MODES
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ def _longest_request(workload: ChatWorkload) -> int:
 
 def demo_summary(args) -> dict:
     """Run the workload under pressure and as the reference; every figure the table and ``--json`` show."""
-    from dsakv.admission import pages_for
-    from dsakv.engine import Engine, EngineConfig
+    from dsakv.engine.engine import Engine, EngineConfig
+    from dsakv.scheduler.admission import pages_for
 
     ps = args.page_size
     workload = chat_workload(

@@ -14,9 +14,14 @@ from __future__ import annotations
 import argparse
 import re
 
-from dsakv.deployment import DEFAULT_ACTIVATION_BYTES, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MEM_FRACTION, GpuSetting
 from dsakv.errors import DsakvError
-from dsakv.gpus import GPU_KINDS
+from dsakv.planner.deployment import (
+    DEFAULT_ACTIVATION_BYTES,
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MEM_FRACTION,
+    GpuSetting,
+)
+from dsakv.planner.gpus import GPU_KINDS
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 UNITS["tib"] = 2**40

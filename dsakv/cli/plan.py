@@ -13,9 +13,10 @@ from rich.console import Console
 
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
 from dsakv.cli.plan_render import render
-from dsakv.layout import KV_DTYPES, CacheLayout
-from dsakv.planner import Plan, apply_indexer_pattern, indexer_patterns, plan
-from dsakv.spec import PRESETS, load_spec
+from dsakv.planner.plan import Plan, plan
+from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.model_spec import PRESETS, load_spec
+from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
 CAPTION = "B = exact bytes; GB = 10^9 B; GiB = 2^30 B; MiB = 2^20 B"
 

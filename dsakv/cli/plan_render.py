@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from dsakv.planner import Plan
+from dsakv.planner.plan import Plan
 
 
 def b(n: float | int) -> str:

@@ -15,19 +15,20 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dsakv.cache.eviction import POLICIES
+from dsakv.cache.radix import MODES
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_fraction, parse_int
 from dsakv.cli.simulate_render import render_summary, render_sweep
+from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError
-from dsakv.eviction import POLICIES
-from dsakv.layout import KV_DTYPES
-from dsakv.preemption import PREEMPTION_MODES
-from dsakv.radix import MODES
+from dsakv.scheduler.preemption import PREEMPTION_MODES
 from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
 from dsakv.sim.loop import simulate
-from dsakv.sim.scenarios import DEFAULT_SCENARIO, SCENARIOS
 from dsakv.sim.source import Source, open_source
-from dsakv.sim.sweep import SWEEP_KEYS, parse_sweep, run_sweep
-from dsakv.spec import PRESETS
+from dsakv.sim.sweep import run_sweep
+from dsakv.spec.layout import KV_DTYPES
+from dsakv.spec.model_spec import PRESETS
+from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

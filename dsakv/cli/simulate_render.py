@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from dsakv.cli.sweep_args import TABLE_COLUMNS, row_figures
 from dsakv.sim.report import SimResult
-from dsakv.sim.sweep import TABLE_COLUMNS, SweepRow, row_figures
+from dsakv.sim.sweep import SweepRow
 
 
 def _n(x) -> str:

@@ -4,7 +4,7 @@ Every function takes per-layer *views* of the pool (``TwinPool.main_view`` / ``i
 ``slot`` and ``packed`` layouts differ only in strides, never in kernel code:
 
 * ``main``  uint8 ``[pages, page_size, row_bytes]``;
-* ``index`` uint8 ``[pages, states_per_page * 132]`` (keys then scales, see ``dsakv.layout``).
+* ``index`` uint8 ``[pages, states_per_page * 132]`` (keys then scales, see ``dsakv.spec.layout``).
 
 A token slot is ``page * page_size + offset``. Inputs are assumed validated by the pool (slots in range,
 no duplicate main slots); these functions do not check.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from dsakv.kernels import use_triton
-from dsakv.layout import FP8_E4M3_MAX, QUANT_TILE
+from dsakv.spec.layout import FP8_E4M3_MAX, QUANT_TILE
 
 FP8 = torch.float8_e4m3fn
 INDEXER_SCALE_BYTES = 4

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from dsakv.kernels.cache_ops import FP8, last_per_key
-from dsakv.layout import QUANT_TILE
+from dsakv.spec.layout import QUANT_TILE
 
 _KV_CODE = {"fp8_ds_mla": 0, "bf16": 1, "fp8": 2}
 

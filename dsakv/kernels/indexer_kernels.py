@@ -14,7 +14,7 @@ positive (``relu(a * c) = c * relu(a)`` for ``c > 0``). Shapes::
     k       [cols, D]     float8_e4m3fn or float      k_scale [cols]    fp32
     visible [rows]        int64                        -> logits [rows, cols] fp32
 
-These functions do not validate; ``dsakv.indexer`` does. Context column ``s`` is context position ``s``
+These functions do not validate; ``dsakv.model.indexer`` does. Context column ``s`` is context position ``s``
 (the caller gathers keys in position order).
 """
 

@@ -14,7 +14,7 @@ Shapes::
     topk_idx [T, K] int64, rows of latent/rope to attend (-1 = padding)   -> out [T, H, R] fp32 (fp64 in,
     fp64 out for the reference; the Triton kernel computes in fp32)
 
-A row with no valid index gets zeros. No validation here; ``dsakv.sparse_mla`` validates.
+A row with no valid index gets zeros. No validation here; ``dsakv.model.sparse_mla`` validates.
 """
 
 from __future__ import annotations

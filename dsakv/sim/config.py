@@ -2,7 +2,7 @@
 resolves to (``Setup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
 configuration. Building a setup reads no trace and changes nothing.
 
-The pool comes from the planner (``dsakv.variants.variant_capacity`` over ``dsakv.budget.pool_capacity``)
+The pool comes from the planner (``dsakv.planner.variants.variant_capacity`` over ``dsakv.planner.budget.pool_capacity``)
 for the GPU setting, every field of ``GpuSetting`` included (default GLM-5.3 on 8 x H200, TP8), or from
 ``available_bytes``, unless ``pool_tokens`` overrides it. For the configured layout this is exactly the pool
 ``dsakv plan`` prints for the same flags; layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
@@ -19,23 +19,23 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dsakv.admission import SchedulerConfig
-from dsakv.budget import PoolCapacity, RankCell
-from dsakv.deployment import (
+from dsakv.cache.eviction import get_policy
+from dsakv.cache.radix import MODES
+from dsakv.errors import DsakvError
+from dsakv.planner.budget import PoolCapacity, RankCell
+from dsakv.planner.deployment import (
     DEFAULT_ACTIVATION_BYTES,
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MEM_FRACTION,
     GpuSetting,
 )
-from dsakv.errors import DsakvError
-from dsakv.eviction import get_policy
-from dsakv.layout import CacheLayout
-from dsakv.planner import apply_indexer_pattern, indexer_patterns
-from dsakv.preemption import check_mode
-from dsakv.radix import MODES
+from dsakv.planner.variants import Variant, variant_capacity
+from dsakv.scheduler.admission import SchedulerConfig
+from dsakv.scheduler.preemption import check_mode
 from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, gpu_perf
-from dsakv.spec import ModelSpec, load_spec
-from dsakv.variants import Variant, variant_capacity
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec, load_spec
+from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
 STEP_MODELS = ("roofline", "constant")
 

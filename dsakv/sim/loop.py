@@ -25,14 +25,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 
-from dsakv.allocator import PageAllocator
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
-from dsakv.radix import RadixCache
-from dsakv.request import Status
-from dsakv.scheduler import Scheduler
+from dsakv.scheduler.request import Status
+from dsakv.scheduler.scheduler import Scheduler
 from dsakv.sim.config import Setup, SimConfig, build_setup
 from dsakv.sim.report import RequestRecord, SimResult, Timeline, make_record, summarize
-from dsakv.traces import MOONCAKE_BLOCK, TraceRequest, mooncake_tokens
+from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, mooncake_tokens
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
 OUTPUT_TOKEN_TOP = 2**32 - 1  # radix keys are uint32 token ids

@@ -3,7 +3,7 @@
 Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per rank of the TP group
 (``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are the planner's rank
 pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FLOPs are of the lightning indexer over all indexer layers
-(``dsakv.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
+(``dsakv.planner.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
 never change afterwards.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from dsakv.budget import PoolCapacity, RankCell
-from dsakv.layout import CacheLayout
-from dsakv.request import Request
-from dsakv.savings import prefix_savings
+from dsakv.planner.budget import PoolCapacity, RankCell
+from dsakv.planner.savings import prefix_savings
+from dsakv.scheduler.request import Request
+from dsakv.spec.layout import CacheLayout
 
 PERCENTILES = (50, 90, 99)
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError
-from dsakv.sim.scenarios import DEFAULT_SCENARIO, SCENARIOS, generate_scenario
-from dsakv.traces import MooncakeTrace, TraceOrderWarning, TraceRequest
+from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS, generate_scenario
+from dsakv.workloads.traces import MooncakeTrace, TraceOrderWarning, TraceRequest
 
 
 @dataclass(frozen=True)

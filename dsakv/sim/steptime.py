@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dsakv.errors import DsakvError
-from dsakv.layout import CacheLayout
-from dsakv.weights import weight_parts
+from dsakv.planner.weights import weight_parts
+from dsakv.spec.layout import CacheLayout
 
 TERA = 1e12
 

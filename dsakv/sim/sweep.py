@@ -10,36 +10,16 @@ process boundary. A point whose setting is impossible becomes a row with the err
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 
 from dsakv.errors import DsakvError
-from dsakv.planner import indexer_patterns
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
-
-_KEY_ALIASES = {"pool": "pool_tokens", "gpu_memory": "gpu_memory_bytes", "dtype": "kv_dtype", "insert": "mode"}
-_KEY_ALIASES |= {"max_step_tokens": "max_batched_tokens", "dp": "dp_attention"}
-SWEEP_KEYS = ("policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "mode")
-SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
-TABLE_COLUMNS = (
-    ("pool_tokens", "pool tokens"),
-    ("hit_rate_tokens", "hit rate (tokens)"),
-    ("hit_rate_requests", "hit rate (requests)"),
-    ("evicted_tokens", "evicted tokens"),
-    ("preemptions", "preemptions"),
-    ("rejected", "rejected"),
-    ("indexer_flops_saved", "indexer FLOPs saved"),
-    ("peak_pool_use", "peak pool use"),
-    ("ttft_p50", "TTFT p50 (s)"),
-    ("ttft_p99", "TTFT p99 (s)"),
-    ("tpot_p50", "TPOT p50 (s)"),
-    ("output_tokens_per_s", "output tok/s"),
-)
+from dsakv.spec.patterns import indexer_patterns
 
 
 @dataclass(frozen=True)
@@ -51,41 +31,6 @@ class SweepRow:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "config": self.config.to_dict(), "summary": self.summary, "error": self.error}
-
-
-def _convert(key: str, text: str):
-    from dsakv.cli.gpu_args import parse_bytes, parse_int  # one parser for sizes across commands
-
-    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention"):
-        return parse_int(f"--sweep {key}", text, 0 if key == "mtp" else 1)
-    if key == "gpu_memory_bytes":
-        return parse_bytes(f"--sweep {key}", text)
-    if key in ("time_scale", "mem_fraction_static"):
-        try:
-            return float(text)
-        except ValueError:
-            raise DsakvError(f"--sweep {key} = {text!r}: must be a number") from None
-    if key == "prefix_cache":
-        if text not in ("on", "off"):
-            raise DsakvError(f"--sweep prefix_cache = {text!r}: must be on or off")
-        return text == "on"
-    return text
-
-
-def parse_sweep(specs: list[str], base: SimConfig) -> list[dict]:
-    """``["policy=lru,lfu", "mtp=0,1"]`` -> the Cartesian product as field overrides; ``what-if`` preset."""
-    if specs == ["what-if"]:
-        return what_if_points(base)
-    dims = []
-    for spec in specs:
-        if spec == "what-if":
-            raise DsakvError("--sweep what-if is a preset: give it alone")
-        key, sep, values = spec.partition("=")
-        key = _KEY_ALIASES.get(key.strip(), key.strip())
-        if not sep or key not in SWEEP_KEYS or not values:
-            raise DsakvError(f"--sweep {spec!r}: must be KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
-        dims.append([(key, _convert(key, v.strip())) for v in values.split(",") if v.strip()])
-    return [dict(combo) for combo in itertools.product(*dims)]
 
 
 def what_if_points(base: SimConfig) -> list[dict]:
@@ -134,7 +79,7 @@ def run_sweep(
     for over in points:
         bad = set(over) - names
         if bad:
-            raise DsakvError(f"sweep key {sorted(bad)[0]!r}: must be one of {', '.join(SWEEP_KEYS)}")
+            raise DsakvError(f"sweep key {sorted(bad)[0]!r}: must be a SimConfig field ({', '.join(sorted(names))})")
         cfg = replace(base, **over)
         jobs.append((", ".join(f"{k}={v}" for k, v in over.items()) or "base", cfg, source))
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
@@ -152,14 +97,3 @@ def run_sweep(
             if on_done:
                 on_done(row)
     return rows
-
-
-def row_figures(row: SweepRow) -> dict:
-    """The comparison-table figures of one row (None where the point failed)."""
-    s = row.summary
-    if s is None:
-        return {key: None for key, _ in TABLE_COLUMNS}
-    flat = dict(s)
-    flat["ttft_p50"], flat["ttft_p99"] = s["ttft_s"]["p50"], s["ttft_s"]["p99"]
-    flat["tpot_p50"] = s["tpot_s"]["p50"]
-    return {key: flat.get(key) for key, _ in TABLE_COLUMNS}

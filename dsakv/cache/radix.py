@@ -1,0 +1,313 @@
+"""Radix prefix cache over pages (RadixAttention semantics) with lockstep eviction through the allocator.
+
+The tree holds page ids and token ids only. Each node holds a run of whole pages: ``key`` is their
+token bytes (see ``radix_key``), ``pages`` their page ids. A tail shorter than a page never enters the
+tree. Both caches (main KV and indexer K) of a page id live and die together, so freeing a page through
+the ``PageAllocator`` frees both at once.
+
+The contract (``match`` / ``lock`` / ``unlock`` / ``insert`` / ``evict`` / ``reset``, sizes, result
+types) is in the method docstrings and ``docs/prefix_cache.md``. Tokens may be a list of ints, a 1-D
+integer numpy array or a prebuilt ``RadixKey``.
+
+Rules (details and rationale in the docs):
+
+* ``match`` leaves at least one token to compute (``leave_one=True``: at most ``(n - 1) // page_size``
+  pages, SGLang's ``tokens[:-1]`` rule); speculative mode keys pages on bigrams and drops the last
+  matched page so the draft head recomputes the hidden state before the break.
+* ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page.
+* ``evict(n)`` frees at least ``ceil(n / ps)`` unlocked leaf pages in policy order (or all that is
+  evictable), cascading to parents that become leaves; it raises if ``n > 0`` and everything is locked.
+* ``mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
+
+Bad input raises ``DsakvError`` and changes neither the tree nor the allocator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.check import check_radix, claim_pages
+from dsakv.cache.events import AllCleared, CacheEvent, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash
+from dsakv.cache.eviction import POLICIES, LeafHeap, get_policy
+from dsakv.cache.key import TOKEN_BYTES, RadixKey, Tokens, as_key
+from dsakv.cache.metrics import CacheMetrics
+from dsakv.cache.tree import (
+    EvictResult,
+    InsertResult,
+    MatchResult,
+    Node,
+    add_child,
+    drop_last_page,
+    evictable_leaf,
+    iter_nodes,
+    lock_path,
+    reconcile_pages,
+    split,
+    trim_leaves,
+    unlock_path,
+    walk,
+)
+from dsakv.errors import DsakvError
+
+MODES = ("finish", "allocate")
+_HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
+
+
+class RadixCache:
+    """Prefix cache over the pages of one ``PageAllocator``. Not thread-safe: one scheduler drives it."""
+
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        *,
+        policy: str = "lru",
+        mode: str = "finish",
+        speculative: bool = False,
+        hash_name: str = "xxh3_64",
+        event_sink: Callable[[CacheEvent], None] | None = None,
+    ) -> None:
+        if not isinstance(allocator, PageAllocator):
+            raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
+        self.policy = get_policy(policy)
+        if mode not in MODES:
+            raise DsakvError(f"mode = {mode!r}: must be one of {', '.join(MODES)}")
+        if not isinstance(speculative, bool):
+            raise DsakvError(f"speculative = {speculative!r}: must be True or False")
+        self._hash = get_hash(hash_name)
+        if event_sink is not None and not callable(event_sink):
+            raise DsakvError(f"event_sink = {event_sink!r}: must be a callable taking one event, or None")
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+        self.mode = mode
+        self.speculative = speculative
+        self.hash_name = hash_name
+        self.event_sink = event_sink
+        self._pb = self.page_size * TOKEN_BYTES  # key bytes per page
+        self._x = TOKEN_BYTES if speculative else 0  # bigram keys reach one token into the next page
+        self._heap = LeafHeap(self.policy.key)
+        self.metrics = CacheMetrics()
+        self._clear()
+
+    def _clear(self) -> None:
+        self._roots: dict[tuple, Node] = {}
+        self._in_tree = bytearray(self.allocator.end_page)
+        self._heap.entries = []
+        self._tick = 0
+        self._seq = 0
+        self._nodes = 0  # non-root nodes
+        self._locks = 0  # outstanding lock() calls
+        self._evictable = 0
+        self._protected = 0
+
+    # ----- sizes ---------------------------------------------------------------------------------
+    @property
+    def evictable_tokens(self) -> int:
+        """Tokens in unlocked nodes (those ``evict`` may free once their descendants are gone)."""
+        return self._evictable
+
+    @property
+    def protected_tokens(self) -> int:
+        """Tokens in locked nodes (in use by a request; never evicted)."""
+        return self._protected
+
+    @property
+    def outstanding_locks(self) -> int:
+        """``lock()`` calls not yet matched by ``unlock()`` (read-only; for integrity checks)."""
+        return self._locks
+
+    def holds_page(self, page: int) -> bool:
+        """True when ``page`` is mapped in the tree (read-only)."""
+        return bool(self._in_tree[page])
+
+    @property
+    def total_tokens(self) -> int:
+        return self._evictable + self._protected
+
+    @property
+    def num_nodes(self) -> int:
+        return self._nodes
+
+    def full_pages(self, num_tokens: int) -> int:
+        """Pages of a ``num_tokens``-token key that can enter the tree."""
+        return (num_tokens - 1) // self.page_size if self.speculative else num_tokens // self.page_size
+
+    # ----- tree helpers --------------------------------------------------------------------------
+    def _split(self, node: Node, m: int) -> Node:
+        self._seq += 1
+        self._nodes += 1
+        return split(node, m, self._pb, self._x, self._seq)
+
+    def _root(self, key: RadixKey) -> Node:
+        root = self._roots.get(key.namespace)
+        if root is None:
+            self._seq += 1
+            root = Node(b"", b"", [], None, 0, self._seq)
+            if self.event_sink is not None:
+                root.hashes = [chain_seed(self._hash, key.extra_key, key.cache_salt)]
+            self._roots[key.namespace] = root
+        return root
+
+    # ----- the contract --------------------------------------------------------------------------
+    def match(
+        self,
+        tokens: Tokens | RadixKey,
+        *,
+        extra_key=None,
+        cache_salt=None,
+        leave_one: bool = True,
+    ) -> MatchResult:
+        """Longest cached page-aligned prefix of ``tokens`` in its namespace. Changes no lock or size
+        (it may split a node and it refreshes access times); lock ``result.node`` before relying on the pages."""
+        key = as_key(tokens, extra_key, cache_salt)
+        n, ps = key.num_tokens, self.page_size
+        limit = (n - 1) // ps if (leave_one or self.speculative) else n // ps
+        root = self._root(key)
+        path, part, m, matched = walk(root, key.data, limit, self._pb, self._x)
+        if self.speculative and matched:
+            matched -= 1
+            part, m = drop_last_page(path, part, m)
+        if part is not None:
+            path.append(self._split(part, m))
+        self._tick += 1
+        tick = self._tick
+        pages: list[int] = []
+        for nd in path:
+            nd.tick = tick
+            nd.hits += 1
+            pages += nd.pages
+        node = path[-1] if path else root
+        if path and not node.children and not node.lock_ref:
+            self._heap.push(node)
+            self._maybe_compact()
+        self.metrics.record_lookup(n, matched, ps)
+        return MatchResult(pages, matched * ps, node)
+
+    def lock(self, node: Node) -> None:
+        """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock``."""
+        if not isinstance(node, Node) or not node.alive:
+            raise DsakvError(f"lock: node {node!r} is not in the cache (evicted or reset); lock right after match")
+        moved = lock_path(node) * self.page_size
+        self._evictable -= moved
+        self._protected += moved
+        self._locks += 1
+
+    def unlock(self, node: Node) -> None:
+        """Release one ``lock(node)``; a leaf whose count drops to zero becomes evictable."""
+        if not isinstance(node, Node) or not node.alive or node.lock_ref <= 0:
+            raise DsakvError(f"unlock: node {node!r} is not locked")
+        moved = unlock_path(node) * self.page_size
+        self._evictable += moved
+        self._protected -= moved
+        self._locks -= 1
+        if not node.lock_ref and not node.children and node.parent is not None:
+            self._heap.push(node)
+            self._maybe_compact()
+
+    def insert(
+        self,
+        tokens: Tokens | RadixKey,
+        pages: Sequence[int],
+        *,
+        extra_key=None,
+        cache_salt=None,
+        priority: int = 0,
+    ) -> InsertResult:
+        """Store the full pages of ``tokens`` (``pages[i]`` holds page i). Pages already cached are not
+        replaced: the caller's copies of them come back in ``duplicate_pages`` for the caller to free;
+        pages past ``full_pages(n)`` (the unaligned tail) stay the caller's. The new pages are unlocked."""
+        key = as_key(tokens, extra_key, cache_salt)
+        if type(pages) is not list:
+            pages = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
+        npages = self.full_pages(key.num_tokens)
+        if len(pages) < npages:
+            raise DsakvError(f"pages: {len(pages)} page ids for {npages} full pages of {key.num_tokens} tokens")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise DsakvError(f"priority = {priority!r}: must be an integer")
+        root = self._roots.get(key.namespace)  # a new namespace's root is made only once the pages pass
+        path, part, m, matched = walk(root, key.data, npages, self._pb, self._x) if root else ([], None, 0, 0)
+        new = pages[matched:npages]
+        dup, tree_pages = reconcile_pages(path, part, m, matched, pages, npages)
+        claim_pages(self.allocator, self._in_tree, dup, new)  # flags new pages as in the tree
+        root = root or self._root(key)
+        if part is not None:
+            path.append(self._split(part, m))
+        self._tick += 1
+        tick = self._tick
+        for nd in path:
+            nd.tick = tick
+            if priority > nd.priority:
+                nd.priority = priority
+        node = path[-1] if path else root
+        ps, pb, x = self.page_size, self._pb, self._x
+        if new:
+            self._seq += 1
+            child = add_child(node, key.data, matched, npages, pb, x, new, tick, self._seq)
+            child.priority = priority
+            self._nodes += 1
+            self._evictable += len(new) * ps
+            self.metrics.inserted_tokens += len(new) * ps
+            if self.event_sink is not None:
+                parent_hash = node.hashes[-1]
+                child.hashes = chain_hashes(self._hash, parent_hash, child.key, pb, pb, len(new))
+                self.event_sink(PagesStored(tuple(child.hashes), parent_hash, tuple(new), ps))
+            node = child
+        if node.parent is not None and not node.children and not node.lock_ref:
+            self._heap.push(node)
+            self._maybe_compact()
+        return InsertResult(matched * ps, dup, node, tree_pages)
+
+    def evict(self, num_tokens: int) -> EvictResult:
+        """Evict at least ``num_tokens`` tokens (rounded up to whole pages) or all that is evictable,
+        least valuable leaf pages first; frees them through the allocator (both caches)."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
+        if num_tokens and not self._evictable and self._protected:
+            raise DsakvError(
+                f"evict({num_tokens}): nothing is evictable: all {self._protected} cached tokens are locked"
+            )
+        need = -(-num_tokens // self.page_size)
+        freed, hashes, removed = trim_leaves(self._heap, need, self._pb, self._x)
+        self._nodes -= removed
+        in_tree = self._in_tree
+        for p in freed:
+            in_tree[p] = 0
+        tokens = len(freed) * self.page_size
+        self._evictable -= tokens
+        self.metrics.evicted_tokens += tokens
+        self.allocator.free(freed)
+        if freed and self.event_sink is not None:
+            self.event_sink(PagesRemoved(tuple(hashes), tuple(freed)))
+        return EvictResult(tokens, freed)
+
+    def reset(self) -> None:
+        """Drop every cached page (freed through the allocator). Raises if any node is locked."""
+        if self._locks:
+            raise DsakvError(f"reset: {self._locks} locks are held ({self._protected} tokens); unlock them first")
+        freed = []
+        for node in self._iter_nodes():
+            freed += node.pages
+            node.alive = False
+        for root in self._roots.values():
+            root.alive = False
+        self.allocator.free(freed)
+        self._clear()
+        if self.event_sink is not None:
+            self.event_sink(AllCleared())
+
+    def _iter_nodes(self) -> Iterator[Node]:
+        """Every non-root node, parents before children."""
+        return iter_nodes(self._roots.values())
+
+    def _maybe_compact(self) -> None:
+        if len(self._heap.entries) > _HEAP_SLACK * self._nodes + 1024:
+            self._heap.rebuild(n for n in self._iter_nodes() if evictable_leaf(n))
+
+    def check_integrity(self, request_held_pages: int = 0) -> None:
+        """Raise ``AssertionError`` unless every invariant holds (see ``dsakv.cache.check``)."""
+        check_radix(self, request_held_pages)
+
+
+__all__ = ["RadixCache", "RadixKey", "MatchResult", "InsertResult", "EvictResult", "Node", "MODES", "POLICIES"]

@@ -1,0 +1,297 @@
+"""``Engine``: the tiny DSA model on a twin pool, driven by the scheduler. Greedy decoding on CPU.
+
+One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch`` fixes
+(offloads to host, restores into new pages, one paged forward per item, greedy sampling with speculative
+verification) and reports the tokens back with ``Scheduler.update``. The scheduler owns every page
+decision; the engine only moves bytes and computes.
+
+Batch invariance (``EngineConfig.batch_invariant``, on by default). CPU GEMM rounds a row differently
+depending on how many rows share the call (small calls take another kernel path), so a token's cache bytes
+could depend on its chunk size and batch mates (seldom with the float64 tiny model, whose last-bit
+differences rarely survive fp8 / bf16 storage; with a float32 model they do). The engine therefore runs one
+forward per request and pads its rows to at least ``min_rows`` with throw-away tokens placed after the real
+ones (causal: no real token sees them) and written to scratch pages (ids below ``allocator.first_page``,
+never handed out; up to ``SCRATCH_SEQS`` padded sequences share one forward). Then prefix hits, chunk sizes, preemption and
+speculative decoding leave every byte of both caches unchanged, which the equivalence tests prove (with
+one torch CPU thread; the demo and the tests set it).
+
+Speculative decoding: with ``SchedulerConfig.num_draft_tokens = k`` a ``drafter(request, k)`` proposes the
+drafts; the engine writes them to both caches with the last token, accepts the longest prefix that matches
+greedy verification, adds the model's own next token, and the scheduler rolls the rest back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.eviction import POLICIES
+from dsakv.cache.radix import MODES, RadixCache
+from dsakv.engine.pool import POOL_KINDS, TwinPool
+from dsakv.engine.readback import CacheReadback, read_request_cache, request_slots
+from dsakv.errors import DsakvError
+from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
+from dsakv.scheduler.admission import SchedulerConfig
+from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
+from dsakv.scheduler.request import Request, RequestStats
+from dsakv.scheduler.scheduler import Scheduler
+from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+
+SCRATCH_SEQS = 8  # sequences whose padding rows fit the scratch pages at once (more: another forward)
+
+Drafter = Callable[[Request, int], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_pages: int = 256  # pages the allocator hands out (the pool adds scratch pages for padding rows)
+    page_size: int = 64
+    pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
+    kv_dtype: str = "fp8_ds_mla"
+    prefix_cache: bool = True
+    cache_mode: str = "finish"  # radix insertion: "finish" or "allocate"
+    eviction_policy: str = "lru"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    logits_budget_bytes: int | None = None  # indexer logits budget (row chunking); None: the default rule
+    batch_invariant: bool = True
+    min_rows: int = 16
+    capture_cache: bool = False  # keep each finished request's cache read-back
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_pages", "page_size", "min_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DsakvError(f"{name} = {value!r}: must be a positive integer")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
+        names = {"pool_kind": POOL_KINDS, "kv_dtype": KV_DTYPES, "cache_mode": MODES, "eviction_policy": POLICIES}
+        for name, allowed in names.items():
+            if getattr(self, name) not in allowed:
+                raise DsakvError(f"{name} = {getattr(self, name)!r}: must be one of {', '.join(allowed)}")
+
+
+@dataclass
+class GenerationResult:
+    request_id: Any
+    output_tokens: list[int]
+    stats: RequestStats
+    cache: CacheReadback | None = None
+
+
+@dataclass
+class EngineTotals:
+    steps: int = 0
+    forward_calls: int = 0
+    offloaded_bytes_main: int = 0
+    offloaded_bytes_indexer: int = 0
+    restored_bytes: int = 0
+
+
+class Engine:
+    """Tiny DSA model + ``TwinPool`` + ``Scheduler`` (+ ``RadixCache`` when the prefix cache is on)."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        spec: ModelSpec | None = None,
+        model: TinyDsaModel | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
+        config = config or EngineConfig()
+        spec = spec or (model.spec if model is not None else ModelSpec.preset("tiny"))
+        sched_cfg = config.scheduler
+        if sched_cfg.max_context is None:
+            sched_cfg = replace(sched_cfg, max_context=spec.max_position_embeddings)
+        if sched_cfg.num_draft_tokens and drafter is None:
+            raise DsakvError("drafter: None, but num_draft_tokens > 0 needs a drafter(request, k) -> k token ids")
+        self.config = config
+        self.spec = spec
+        self.vocab_size = spec.arch_value("vocab_size")
+        self.layout = CacheLayout(
+            spec, kv_dtype=config.kv_dtype, page_size=config.page_size, allow_any_page_size=config.page_size != 64
+        )
+        # Scratch pages 0 .. first_page - 1 take the padding rows; the allocator never hands them out.
+        scratch_pages = -(-SCRATCH_SEQS * config.min_rows // config.page_size)
+        self._scratch_slots = scratch_pages * config.page_size
+        self.allocator = PageAllocator(config.num_pages, config.page_size, first_page=scratch_pages)
+        self.pool = TwinPool(self.layout, self.allocator, kind=config.pool_kind)
+        self.radix = (
+            RadixCache(self.allocator, policy=config.eviction_policy, mode=config.cache_mode)
+            if config.prefix_cache
+            else None
+        )
+        self.scheduler = Scheduler(
+            self.allocator, self.radix, sched_cfg, on_finish=self._on_finish, on_offload=self._on_offload
+        )
+        self.model = model or TinyDsaModel(spec, seed=config.seed)
+        self.drafter = drafter
+        self.totals = EngineTotals()
+        self.caches: dict[Any, CacheReadback] = {}
+        self._host: dict[Any, Any] = {}
+
+    # ----- requests -----------------------------------------------------------------------------
+    def add_request(
+        self, prompt: Sequence[int], max_new_tokens: int, *, request_id: Any = None, eos_token_id: int | None = None
+    ) -> Request:
+        """Queue a prompt (token ids in ``0 .. vocab_size - 1``); raises ``DsakvError`` and queues nothing if not."""
+        self._check_prompt(prompt)
+        if eos_token_id is not None and not 0 <= eos_token_id < self.vocab_size:
+            raise DsakvError(f"eos_token_id = {eos_token_id!r}: must lie in 0..{self.vocab_size - 1}")
+        ids = np.asarray(prompt)
+        return self.scheduler.add_request(
+            [int(t) for t in ids], max_new_tokens, request_id=request_id, eos_token_id=eos_token_id
+        )
+
+    def abort(self, request_id: Any) -> Request:
+        req = self.scheduler.abort(request_id)
+        self._host.pop(request_id, None)
+        return req
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_token_id: int | None = None
+    ) -> list[GenerationResult]:
+        """Greedy generation for every prompt; results in prompt order (rejected ones with their reason).
+
+        Every prompt is validated before any is queued: a bad one raises ``DsakvError`` and changes nothing.
+        """
+        for i, prompt in enumerate(prompts):
+            try:
+                self._check_prompt(prompt)
+            except DsakvError as exc:
+                raise DsakvError(f"prompts[{i}]: {exc}") from None
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
+        reqs = [self.add_request(p, max_new_tokens, eos_token_id=eos_token_id) for p in prompts]
+        self.run_until_idle()
+        return [GenerationResult(r.id, list(r.outputs), r.stats, self.caches.get(r.id)) for r in reqs]
+
+    def run_until_idle(self, max_steps: int | None = None) -> None:
+        steps = 0
+        while not self.scheduler.is_idle:
+            self.step()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+
+    # ----- one step -----------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Plan, execute and report one step; returns the requests that finished in it."""
+        plan = self.scheduler.step()
+        self._move_host_copies(plan)
+        sampled = self._run_items(plan.items)
+        self.totals.steps += 1
+        return self.scheduler.update(plan, sampled)
+
+    def _on_offload(self, copy: HostCopy) -> None:
+        lay = self.layout
+        self._host[copy.request_id] = self.pool.offload_pages(copy.pages)
+        self.totals.offloaded_bytes_main += len(copy.pages) * lay.main_page_bytes
+        self.totals.offloaded_bytes_indexer += len(copy.pages) * lay.indexer_page_bytes
+
+    def _move_host_copies(self, plan: BatchPlan) -> None:
+        """Restores (offloads were copied by ``_on_offload`` while the pages were still allocated)."""
+        for copy in plan.restores:
+            host = self._host.pop(copy.request_id)
+            self.pool.restore_pages(host, copy.pages)
+            self.totals.restored_bytes += host.nbytes
+
+    def _run_items(self, items: list[BatchItem]) -> list[list[int]]:
+        """Forward every item (grouped so the padding fits the scratch pages) and sample greedily."""
+        sampled: list[list[int]] = []
+        group: list[tuple[BatchItem, list[int], SeqInput]] = []
+        scratch_used = 0
+        for item in items:
+            drafts = self._drafts(item)
+            tokens = list(item.request.tokens(item.end, item.start)) + drafts
+            pad = self._pad_rows(item, len(tokens))
+            if group and scratch_used + pad > self._scratch_slots:
+                sampled += self._forward(group)
+                group, scratch_used = [], 0
+            group.append((item, drafts, self._seq_input(item, tokens, pad, scratch_used)))
+            scratch_used += pad
+        if group:
+            sampled += self._forward(group)
+        return sampled
+
+    def _drafts(self, item: BatchItem) -> list[int]:
+        if not item.num_draft:
+            return []
+        drafts = [int(t) for t in self.drafter(item.request, item.num_draft)]
+        if len(drafts) != item.num_draft or any(not 0 <= t < self.vocab_size for t in drafts):
+            raise DsakvError(
+                f"drafter: returned {drafts!r}; expected {item.num_draft} token ids in 0..{self.vocab_size - 1}"
+            )
+        return drafts
+
+    def _pad_rows(self, item: BatchItem, n: int) -> int:
+        if not self.config.batch_invariant:
+            return 0
+        length = item.end + item.num_draft
+        return max(0, min(self.config.min_rows - n, self.spec.max_position_embeddings - length))
+
+    def _seq_input(self, item: BatchItem, tokens: list[int], pad: int, scratch_start: int) -> SeqInput:
+        """Positions ``[start, end + drafts)`` of the request, then ``pad`` throw-away rows in scratch slots."""
+        n, length = len(tokens), item.end + item.num_draft
+        context = request_slots(item.request.pages, length, self.config.page_size)
+        if pad:
+            context = torch.cat([context, torch.arange(scratch_start, scratch_start + pad)])
+        return SeqInput(
+            token_ids=tokens + [0] * pad,
+            positions=torch.arange(length - n, length + pad),
+            slots=context[length - n :],
+            context_slots=context,
+        )
+
+    def _forward(self, group: list[tuple[BatchItem, list[int], SeqInput]]) -> list[list[int]]:
+        seqs = [seq for _, _, seq in group]
+        logits = self.model.forward_paged(
+            self.pool, seqs, all_logits=True, budget_bytes=self.config.logits_budget_bytes
+        ).logits
+        self.totals.forward_calls += 1
+        out, row = [], 0
+        for item, drafts, seq in group:
+            n = item.end - item.start + item.num_draft
+            first = row
+            row += seq.token_ids.numel()
+            if not item.sample:
+                out.append([])
+                continue
+            greedy = logits[first + n - 1 - item.num_draft : first + n].argmax(dim=-1).tolist()
+            accepted = []
+            for draft, verified in zip(drafts, greedy):
+                if draft != verified:
+                    break
+                accepted.append(draft)
+            out.append(accepted + [greedy[len(accepted)]])
+        return out
+
+    def _on_finish(self, req: Request) -> None:
+        if self.config.capture_cache:
+            n = min(req.num_computed, req.num_tokens - 1)
+            self.caches[req.id] = read_request_cache(self.pool, req.pages, n)
+
+    def _check_prompt(self, prompt: Sequence[int]) -> None:
+        ids = np.asarray(prompt)
+        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+            raise DsakvError(f"prompt: shape {list(ids.shape)} dtype {ids.dtype}: must be a 1-D sequence of token ids")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise DsakvError(
+                f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{self.vocab_size - 1}"
+            )
+
+    # ----- checks -------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Scheduler, radix and allocator invariants, the pool's shapes, and no host copy left behind."""
+        self.scheduler.check_integrity()
+        self.pool.check_integrity()
+        offloaded = {r.id for r in self.scheduler.waiting if r.offloaded_tokens}
+        if set(self._host) != offloaded:
+            raise AssertionError(f"engine: host copies {sorted(self._host)} != offloaded requests {sorted(offloaded)}")

@@ -1,0 +1,282 @@
+"""TwinPool: the physical storage of both caches of a DSA model under one page id.
+
+Two layouts, same per-layer views (kernels see strides, never the layout)::
+
+    slot   (SGLang)  main[l]    uint8 [P * page_size, row]  viewed [P, page_size, row]   every attention layer
+                     indexer[l] uint8 [P, S * 132]          keys then scales             full layers only;
+                                uint8 [0, S * 132]          placeholder                  shared layers
+    packed (vLLM)    blocks     uint8 [P, page_bytes]       one block per page id:
+                     | main l=0 | main l=1 | ... | main l=L-1 | indexer f0 | ... | indexer fF-1 |
+                     0          ^ packed_main_offset(l)        ^ main_page_bytes = packed_indexer_offset(f0)
+
+P = ``allocator.end_page`` physical pages, S = ``layout.indexer_states_per_page``. Page ids below
+``allocator.first_page`` (page 0 with ``first_page=1``) exist physically but are never handed out: they are
+scratch pages that accept padded writes. ``TwinPool.from_budget`` sizes pool and allocator with the planner's
+``dsakv.planner.budget.pool_capacity`` (one source of truth for pages per byte budget, scratch page included).
+
+Mutation contract: ``store_*``, ``move_slots`` and ``restore_pages`` write only the addressed token rows /
+pages of the listed layers; ``read_*`` and ``offload_pages`` do not modify the pool. Every method checks all
+of its input (slots in range and in allocated or scratch pages, shapes, dtypes, layers) before writing and
+raises ``DsakvError`` with the pool unchanged. The pool never allocates or frees pages: the caller holds the
+allocator. Moves and offloads act on every layer of both caches at once; there is no per-cache variant.
+Not thread-safe: the caller serialises access (one engine step at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.engine.offload import HostPages, block_spans, host_buffer
+from dsakv.engine.pool_checks import SlotChecker, check_rows
+from dsakv.errors import DsakvError
+from dsakv.kernels import cache_ops
+from dsakv.planner.budget import SCRATCH_PAGES, pool_capacity
+from dsakv.spec.layout import CacheLayout
+
+POOL_KINDS = ("slot", "packed")
+
+
+class TwinPool:
+    """Main-KV and indexer-K storage for ``allocator.end_page`` pages, allocated once at construction."""
+
+    def __init__(
+        self,
+        layout: CacheLayout,
+        allocator: PageAllocator,
+        kind: str = "slot",
+        device: str | torch.device = "cpu",
+        fp8_scale: float | Sequence[float] = 1.0,
+    ) -> None:
+        if kind not in POOL_KINDS:
+            raise DsakvError(f"pool kind {kind!r}: allowed values are {', '.join(POOL_KINDS)}")
+        if allocator.page_size != layout.page_size:
+            raise DsakvError(
+                f"allocator.page_size = {allocator.page_size}: the layout serves page_size = {layout.page_size}"
+            )
+        scales = [float(fp8_scale)] * layout.num_attention_layers if isinstance(fp8_scale, int | float) else fp8_scale
+        scales = [float(s) for s in scales]
+        if len(scales) != layout.num_attention_layers or not all(s > 0 for s in scales):
+            raise DsakvError(
+                f"fp8_scale = {fp8_scale!r}: one positive float, or one per attention layer "
+                f"({layout.num_attention_layers})"
+            )
+        self.layout = layout
+        self.allocator = allocator
+        self.kind = kind
+        self.device = torch.device(device)
+        self.fp8_scales = tuple(scales)
+        self.num_physical_pages = allocator.end_page
+        self._checker = SlotChecker(layout, allocator, self.device)
+        P, ps, ipb = self.num_physical_pages, layout.page_size, layout.indexer_page_bytes_per_layer
+        u8 = dict(dtype=torch.uint8, device=self.device)
+        self._blocks: torch.Tensor | None = None
+        if kind == "packed":
+            self._blocks = torch.zeros((P, layout.page_bytes), **u8)
+            mpb = layout.main_page_bytes_per_layer
+            self._main = [
+                self._blocks[:, o : o + mpb].view(P, ps, layout.main_row_bytes)
+                for o in map(layout.packed_main_offset, range(layout.num_attention_layers))
+            ]
+            self._index = [
+                self._blocks[:, layout.packed_indexer_offset(lay) : layout.packed_indexer_offset(lay) + ipb]
+                if layout.layer_has_indexer(lay)
+                else torch.zeros((0, ipb), **u8)
+                for lay in range(layout.num_attention_layers)
+            ]
+        else:
+            self._main = [
+                torch.zeros((P * ps, layout.main_row_bytes), **u8).view(P, ps, layout.main_row_bytes)
+                for _ in range(layout.num_attention_layers)
+            ]
+            self._index = [
+                torch.zeros((P if layout.layer_has_indexer(lay) else 0, ipb), **u8)
+                for lay in range(layout.num_attention_layers)
+            ]
+
+    @classmethod
+    def from_budget(
+        cls,
+        layout: CacheLayout,
+        budget_bytes: int,
+        kind: str = "slot",
+        device: str | torch.device = "cpu",
+        fp8_scale: float | Sequence[float] = 1.0,
+    ) -> TwinPool:
+        """A pool and its allocator filling ``budget_bytes``: the planner's page count plus the scratch page(s).
+
+        The allocator hands out ``pages_for_budget(layout, budget_bytes)`` pages from id ``SCRATCH_PAGES`` on,
+        so ``nbytes == pool_capacity(layout, available_bytes=budget_bytes).pool_bytes``.
+        """
+        pages = cls.pages_for_budget(layout, budget_bytes)
+        return cls(layout, PageAllocator(pages, layout.page_size, first_page=SCRATCH_PAGES), kind, device, fp8_scale)
+
+    @staticmethod
+    def pages_for_budget(layout: CacheLayout, budget_bytes: int) -> int:
+        """Pages the allocator may hand out when ``budget_bytes`` must also hold the scratch page(s).
+
+        The planner's arithmetic (``dsakv.planner.budget.pool_capacity``), the one source of truth; raises when the
+        budget holds no page besides the scratch page(s).
+        """
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
+            raise DsakvError(f"budget_bytes = {budget_bytes!r}: must be a positive integer")
+        pages = pool_capacity(layout, available_bytes=budget_bytes).pages
+        if pages < 1:
+            raise DsakvError(
+                f"budget_bytes = {budget_bytes}: holds {budget_bytes // layout.page_bytes} pages of "
+                f"{layout.page_bytes} B; need at least {SCRATCH_PAGES + 1} ({SCRATCH_PAGES} scratch)"
+            )
+        return pages
+
+    def page_is_writable(self, page: int) -> bool:
+        """True for allocated pages and scratch pages; the one rule every slot check of the pool uses."""
+        return self._checker.page_is_writable(page)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of both caches (== num_physical_pages * layout.page_bytes)."""
+        return sum(t.numel() for t in self._main) + sum(t.numel() for t in self._index)
+
+    # ----- views ---------------------------------------------------------------------------------
+    def main_view(self, layer: int) -> torch.Tensor:
+        """uint8 ``[num_physical_pages, page_size, main_row_bytes]`` view of one layer (writes go to the pool).
+
+        For kernels and inspection: copying tokens or pages through the views would move one cache without
+        the other; ``move_slots`` / ``offload_pages`` / ``restore_pages`` are the lockstep operations.
+        """
+        return self._main[self._checker.layer(layer)]
+
+    def indexer_view(self, layer: int) -> torch.Tensor:
+        """uint8 ``[num_physical_pages, indexer_page_bytes_per_layer]``; 0 rows for a shared layer."""
+        return self._index[self._checker.layer(layer)]
+
+    # ----- store / read --------------------------------------------------------------------------
+    def store_main(self, layer: int, slots, latent: torch.Tensor, rope: torch.Tensor) -> None:
+        """Quantize and write the main-KV row of each slot in ``layer``. Slots must be distinct."""
+        layer = self._checker.layer(layer)
+        s = self._checker.slots(slots, "slots", distinct=True)
+        spec = self.layout.spec
+        latent = check_rows(latent, "latent", len(s), spec.kv_lora_rank, self.device)
+        rope = check_rows(rope, "rope", len(s), spec.qk_rope_head_dim, self.device)
+        if len(s):
+            cache_ops.store_main(self._main[layer], s, latent, rope, self.layout.kv_dtype, self.fp8_scales[layer])
+
+    def read_main(self, layer: int, slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized (latent fp32 ``[n, kv_lora_rank]``, rope fp32 ``[n, rope_dim]``). Does not modify the pool."""
+        layer = self._checker.layer(layer)
+        s = self._checker.slots(slots, "slots")
+        spec = self.layout.spec
+        return cache_ops.gather_main(
+            self._main[layer], s, self.layout.kv_dtype, spec.kv_lora_rank, spec.qk_rope_head_dim, self.fp8_scales[layer]
+        )
+
+    def store_indexer(self, layer: int, slots, key: torch.Tensor) -> None:
+        """Quantize each key to fp8 + one fp32 scale into its page's key and scale areas (full layers only).
+
+        With ``index_kpool`` N > 1 the state of a group of N tokens holds the last stored token's key.
+        """
+        layer = self._checker.indexer_layer(layer)
+        s = self._checker.slots(slots, "slots", distinct=True)
+        key = check_rows(key, "key", len(s), self.layout.spec.index_head_dim, self.device)
+        if len(s):
+            cache_ops.store_indexer(self._index[layer], s, key, self.layout.page_size, self.layout.index_kpool)
+
+    def read_indexer(self, layer: int, slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw (fp8 key ``[n, index_head_dim]``, fp32 scale ``[n]``) of each slot. Does not modify the pool."""
+        layer = self._checker.indexer_layer(layer)
+        s = self._checker.slots(slots, "slots")
+        lay = self.layout
+        return cache_ops.gather_indexer(self._index[layer], s, lay.page_size, lay.spec.index_head_dim, lay.index_kpool)
+
+    def read_indexer_dequant(self, layer: int, slots) -> torch.Tensor:
+        """fp32 keys ``[n, index_head_dim]`` (fp8 key x scale). Does not modify the pool."""
+        key, scale = self.read_indexer(layer, slots)
+        return key.float() * scale.unsqueeze(1)
+
+    # ----- lockstep moves ------------------------------------------------------------------------
+    def move_slots(self, src_slots, dst_slots) -> None:
+        """Copy token ``src[i]`` to ``dst[i]`` in every layer of both caches (main row, indexer key, scale).
+
+        All sources are read before any destination is written, so overlapping ranges shift correctly.
+        Destinations must be distinct; other tokens of the touched pages are left untouched. With
+        ``index_kpool`` N > 1 a destination state receives the state of the last source mapped to it.
+        """
+        src = self._checker.slots(src_slots, "src_slots")
+        dst = self._checker.slots(dst_slots, "dst_slots", distinct=True)
+        if len(src) != len(dst):
+            raise DsakvError(f"dst_slots: {len(dst)} slots; must match the {len(src)} src_slots")
+        if not len(src):
+            return
+        lay = self.layout
+        ps = lay.page_size
+        sp, so = src // ps, src % ps
+        dp, do = dst // ps, dst % ps
+        rows = [m[sp, so] for m in self._main]  # gather every layer before writing any
+        for m, r in zip(self._main, rows):
+            m[dp, do] = r
+        sst, dst_state = so // lay.index_kpool, do // lay.index_kpool
+        if lay.index_kpool > 1:
+            keep = cache_ops.last_per_key(dp * lay.indexer_states_per_page + dst_state)
+            sp, sst, dp, dst_state = sp[keep], sst[keep], dp[keep], dst_state[keep]
+        key_dim = lay.indexer_key_bytes
+        src_cols = torch.cat(cache_ops.indexer_columns(sst, lay.indexer_states_per_page, key_dim), dim=1)
+        dst_cols = torch.cat(cache_ops.indexer_columns(dst_state, lay.indexer_states_per_page, key_dim), dim=1)
+        full = [self._index[f] for f in lay.indexer_layers]
+        entries = [ix[sp.unsqueeze(1), src_cols] for ix in full]
+        for ix, e in zip(full, entries):
+            ix[dp.unsqueeze(1), dst_cols] = e
+
+    def offload_pages(self, pages: Sequence[int]) -> HostPages:
+        """Copy both caches of ``pages`` to host. Does not modify the pool or the allocator."""
+        idx = self._checker.pages(pages, "pages")
+        host = host_buffer(len(idx), self.layout.page_bytes, self.device)
+        if self._blocks is not None:
+            host.copy_(self._blocks[idx])
+        else:
+            for cache, layer, off, length in block_spans(self.layout):
+                view = self._main[layer] if cache == "main" else self._index[layer]
+                host[:, off : off + length].copy_(view[idx].reshape(len(idx), length), non_blocking=True)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        return HostPages(self.layout, tuple(int(p) for p in idx.tolist()), host, self.fp8_scales)
+
+    def restore_pages(self, host: HostPages, pages: Sequence[int]) -> None:
+        """Write both caches of ``host`` into ``pages`` (allocated, distinct), bit-exact."""
+        if host.layout != self.layout:
+            raise DsakvError("host: HostPages were taken with a different layout; restore needs the same layout")
+        if host.fp8_scales is not None and host.fp8_scales != self.fp8_scales:
+            raise DsakvError(
+                f"host: HostPages were taken with fp8_scale {host.fp8_scales}; this pool reads {self.fp8_scales}"
+            )
+        host.check()
+        idx = self._checker.pages(pages, "pages")
+        if len(idx) != host.num_pages:
+            raise DsakvError(f"pages: {len(idx)} page ids; host holds {host.num_pages} pages")
+        blocks = host.blocks.to(self.device, non_blocking=True)
+        if self._blocks is not None:
+            self._blocks[idx] = blocks
+            return
+        for cache, layer, off, length in block_spans(self.layout):
+            view = self._main[layer] if cache == "main" else self._index[layer]
+            view[idx] = blocks[:, off : off + length].reshape((len(idx),) + tuple(view.shape[1:]))
+
+    # ----- invariants ----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Allocator consistent; every buffer has the shape, dtype and device the layout implies."""
+        self.allocator.check_integrity()
+        lay, P = self.layout, self.num_physical_pages
+        if P != self.allocator.end_page:
+            raise AssertionError(f"pool: {P} physical pages but allocator ends at {self.allocator.end_page}")
+        for layer in range(lay.num_attention_layers):
+            m, ix = self._main[layer], self._index[layer]
+            if tuple(m.shape) != (P, lay.page_size, lay.main_row_bytes) or m.dtype != torch.uint8:
+                raise AssertionError(f"pool: main view of layer {layer} has shape {tuple(m.shape)}")
+            rows = P if lay.layer_has_indexer(layer) else 0
+            if tuple(ix.shape) != (rows, lay.indexer_page_bytes_per_layer) or ix.dtype != torch.uint8:
+                raise AssertionError(f"pool: indexer view of layer {layer} has shape {tuple(ix.shape)}")
+            if m.device != self.device or ix.device != self.device:
+                raise AssertionError(f"pool: layer {layer} buffers are not on {self.device}")
+        if self.nbytes != P * lay.page_bytes:
+            raise AssertionError(f"pool: {self.nbytes} bytes; layout says {P} x {lay.page_bytes}")

@@ -1,0 +1,132 @@
+"""What the engine hands the tiny model for one forward step, and its validation.
+
+A ``SeqInput`` names one sequence's new tokens and where its context lives in the pool; see the
+``dsakv.model.tiny_dsa`` docstring for the contract. ``validate_batch`` checks a whole batch against the spec and
+the pool *before* the model writes anything, so bad input never leaves a partial write behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dsakv.errors import DsakvError
+from dsakv.spec.model_spec import ModelSpec
+
+
+def _long_1d(name: str, value) -> torch.Tensor:
+    t = (
+        value
+        if isinstance(value, torch.Tensor)
+        else torch.as_tensor(list(value) if isinstance(value, range) else value)
+    )
+    if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise DsakvError(f"SeqInput.{name}: shape {list(t.shape)} dtype {t.dtype}: must be a 1-D integer sequence")
+    return t.to(torch.int64)
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """One sequence of a step: ``token_ids``/``positions``/``slots`` ``[n]`` of the new tokens and
+    ``context_slots`` ``[L]`` for positions ``0..L-1`` (``positions == L-n..L-1``,
+    ``context_slots[L-n:] == slots``). Lists, ranges and tensors are accepted; stored as int64 tensors."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    context_slots: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for name in ("token_ids", "positions", "slots", "context_slots"):
+            object.__setattr__(self, name, _long_1d(name, getattr(self, name)))
+        n, ctx = self.token_ids.numel(), self.context_slots.numel()
+        if n == 0:
+            raise DsakvError("SeqInput.token_ids: empty: a step computes at least one token per sequence")
+        for name in ("positions", "slots"):
+            if getattr(self, name).numel() != n:
+                raise DsakvError(
+                    f"SeqInput.{name}: length {getattr(self, name).numel()}: must equal len(token_ids) = {n}"
+                )
+        if ctx < n:
+            raise DsakvError(f"SeqInput.context_slots: length {ctx}: must be >= len(token_ids) = {n}")
+        if not torch.equal(self.positions, torch.arange(ctx - n, ctx)):
+            raise DsakvError(
+                f"SeqInput.positions: {self.positions[0].item()}..{self.positions[-1].item()}: must be the last "
+                f"{n} positions of the context, {ctx - n}..{ctx - 1}"
+            )
+        if not torch.equal(self.context_slots[ctx - n :], self.slots):
+            raise DsakvError("SeqInput.context_slots: its last len(token_ids) entries must equal slots")
+
+    @property
+    def context_len(self) -> int:
+        return self.context_slots.numel()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A validated batch: per-sequence inputs, their concatenation, and each sequence's row range."""
+
+    seqs: tuple[SeqInput, ...]
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    rows: tuple[slice, ...]
+    last_rows: torch.Tensor
+
+
+def check_pool(spec: ModelSpec, pool) -> None:
+    """The pool must hold this spec's cache shape, one indexer state per token, on the cpu."""
+    lay = pool.layout
+    for key in ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "indexer_types"):
+        if getattr(lay.spec, key) != getattr(spec, key):
+            raise DsakvError(
+                f"pool layout spec {key} = {getattr(lay.spec, key)!r}: must equal the model's {getattr(spec, key)!r}"
+            )
+    if lay.num_attention_layers < spec.num_hidden_layers:
+        raise DsakvError(f"pool attention layers = {lay.num_attention_layers}: must be >= {spec.num_hidden_layers}")
+    if torch.device(pool.device).type != "cpu":
+        raise DsakvError(f"pool device {pool.device}: the tiny model keeps its weights on cpu (must be cpu)")
+    if lay.index_kpool != 1:
+        raise DsakvError(f"pool index_kpool = {lay.index_kpool}: the tiny model scores every token (must be 1)")
+
+
+def validate_batch(spec: ModelSpec, pool, seqs: Sequence[SeqInput]) -> Batch:
+    """Check a batch against the spec and the pool; returns it concatenated. Does not touch the pool."""
+    check_pool(spec, pool)
+    if not isinstance(seqs, Sequence) or not seqs or not all(isinstance(s, SeqInput) for s in seqs):
+        raise DsakvError(f"seqs: {type(seqs).__name__}: must be a non-empty list of SeqInput")
+    vocab = spec.arch_value("vocab_size")
+    page_size = pool.layout.page_size
+    for i, s in enumerate(seqs):
+        lo, hi = int(s.token_ids.min()), int(s.token_ids.max())
+        if lo < 0 or hi >= vocab:
+            raise DsakvError(f"seqs[{i}].token_ids: values {lo}..{hi}: must lie in 0..{vocab - 1}")
+        if s.context_len > spec.max_position_embeddings:
+            raise DsakvError(
+                f"seqs[{i}] context length {s.context_len}: "
+                f"must be <= max_position_embeddings = {spec.max_position_embeddings}"
+            )
+        if torch.unique(s.context_slots).numel() != s.context_len:
+            raise DsakvError(f"seqs[{i}].context_slots: a slot appears twice; each position needs its own slot")
+        if int(s.context_slots.min()) < 0:
+            raise DsakvError(f"seqs[{i}].context_slots: negative slot {int(s.context_slots.min())}: slots are >= 0")
+        for page in torch.unique(torch.div(s.context_slots, page_size, rounding_mode="floor")).tolist():
+            if not pool.page_is_writable(page):
+                raise DsakvError(
+                    f"seqs[{i}]: slot in page {page}, which is not allocated: write only to allocated pages"
+                )
+    slots = torch.cat([s.slots for s in seqs])
+    if torch.unique(slots).numel() != slots.numel():
+        raise DsakvError("seqs: two new tokens of the batch share a slot; new slots must be distinct")
+    bounds = torch.tensor([0] + [s.token_ids.numel() for s in seqs]).cumsum(0).tolist()
+    rows = tuple(slice(a, b) for a, b in zip(bounds[:-1], bounds[1:]))
+    return Batch(
+        seqs=tuple(seqs),
+        token_ids=torch.cat([s.token_ids for s in seqs]),
+        positions=torch.cat([s.positions for s in seqs]),
+        slots=slots,
+        rows=rows,
+        last_rows=torch.tensor(bounds[1:]) - 1,
+    )

@@ -1,0 +1,231 @@
+"""The budget: what one token, one page and one request cost per rank, and how many pages a rank's
+memory holds. Pure functions over a ``CacheLayout``; nothing here allocates or mutates anything.
+
+API the scheduler and simulator reuse::
+
+    cell = RankCell(layout, dcp=1)                 # bytes per token / per page on one rank
+    cap = pool_capacity(layout, GpuSetting(...))   # -> PoolCapacity: .pages, .tokens, .page_bytes, .memory
+    cap = pool_capacity(layout, available_bytes=N) # same, from bytes already set aside for the pool
+    row = context_row(cell, tokens)                # bytes of each cache, pages, ratio for one request
+    fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
+
+Pool size (DESIGN.md §3): ``physical_pages = available // page_bytes`` (whole pages only) and
+``pages = physical_pages - 1``: the pool keeps page 0 as a scratch page for padded writes
+(``PageAllocator(first_page=1)``), so it costs memory but is never handed out. ``tokens = pages x
+tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
+rank - activation reserve - top-k index buffer`` (docs/planner.md).
+
+DCP (decode context parallelism, size d): the main latent of the group's tokens is split over the d
+ranks while the indexer K is replicated, so one rank page holds ``page_size`` main slots but
+``page_size x d`` indexer slots and stands for ``page_size x d`` tokens of the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsakv.errors import DsakvError
+from dsakv.planner.deployment import (
+    DEFAULT_ACTIVATION_BYTES,
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MEM_FRACTION,
+    GpuSetting,
+    RankMemory,
+    check_int,
+    rank_memory,
+)
+from dsakv.spec.layout import CacheLayout, ceil_div, exact_div
+
+SCRATCH_PAGES = 1  # page 0: scratch for padded writes, never handed out
+CONTEXT_LENGTHS = (8_192, 131_072, 524_288, 1_048_576)
+
+
+@dataclass(frozen=True)
+class RankCell:
+    """Per-rank bytes of one token and one page, with the DCP split applied."""
+
+    layout: CacheLayout
+    dcp: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("dcp", self.dcp, 1)
+
+    @property
+    def tokens_per_page(self) -> int:
+        return self.layout.page_size * self.dcp
+
+    @property
+    def main_page_bytes(self) -> int:
+        return self.layout.main_page_bytes
+
+    @property
+    def indexer_page_bytes(self) -> int:
+        return self.layout.indexer_page_bytes * self.dcp
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one rank page in both caches (3,452,160 for GLM-5.3 at dcp 1)."""
+        return self.main_page_bytes + self.indexer_page_bytes
+
+    @property
+    def main_bytes_per_token(self) -> float | int:
+        return exact_div(self.main_page_bytes, self.tokens_per_page)
+
+    @property
+    def indexer_bytes_per_token(self) -> float | int:
+        return exact_div(self.indexer_page_bytes, self.tokens_per_page)
+
+    @property
+    def cell_bytes(self) -> float | int:
+        return exact_div(self.page_bytes, self.tokens_per_page)
+
+    def main_bytes(self, tokens: int) -> int:
+        """Main-KV bytes the busiest rank writes for ``tokens`` tokens."""
+        return ceil_div(tokens, self.dcp) * self.layout.main_bytes_per_token
+
+    def indexer_bytes(self, tokens: int) -> int:
+        """Indexer-K bytes one rank writes for ``tokens`` tokens (one state per kpool tokens)."""
+        states = ceil_div(tokens, self.layout.index_kpool)
+        return states * self.layout.indexer_row_bytes * self.layout.num_indexer_layers
+
+    def pages_for_tokens(self, tokens: int) -> int:
+        return ceil_div(tokens, self.tokens_per_page)
+
+    def to_dict(self) -> dict:
+        return {
+            "dcp": self.dcp,
+            "tokens_per_page": self.tokens_per_page,
+            "main_bytes_per_token": self.main_bytes_per_token,
+            "indexer_bytes_per_token": self.indexer_bytes_per_token,
+            "cell_bytes": self.cell_bytes,
+            "main_page_bytes": self.main_page_bytes,
+            "indexer_page_bytes": self.indexer_page_bytes,
+            "page_bytes": self.page_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """Pages and tokens of one rank's pool. ``pages`` excludes the scratch page."""
+
+    available_bytes: int
+    page_bytes: int
+    tokens_per_page: int
+    physical_pages: int
+    pages: int
+    tokens: int
+    pool_bytes: int
+    memory: RankMemory | None = None
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "memory"}
+        out["scratch_pages"] = SCRATCH_PAGES
+        if self.memory is not None:
+            out["memory"] = self.memory.to_dict()
+        return out
+
+
+def pool_capacity(
+    layout: CacheLayout,
+    setting: GpuSetting | None = None,
+    *,
+    available_bytes: int | None = None,
+    dcp: int | None = None,
+) -> PoolCapacity:
+    """Pool pages and tokens per rank, from a GPU setting or from ``available_bytes`` (exactly one).
+
+    ``dcp`` defaults to the setting's (1 without a setting). Zero pages when memory is short.
+    """
+    if (setting is None) == (available_bytes is None):
+        raise DsakvError("pool_capacity: give exactly one of a GPU setting or available_bytes")
+    memory = None
+    if setting is not None:
+        memory = rank_memory(layout, setting)
+        available_bytes = memory.available_bytes
+        dcp = setting.dcp if dcp is None else dcp
+    elif isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes <= 0:
+        raise DsakvError(f"available bytes = {available_bytes!r}: must be a positive integer")
+    cell = RankCell(layout, dcp or 1)
+    physical = max(available_bytes // cell.page_bytes, 0)
+    pages = max(physical - SCRATCH_PAGES, 0)
+    return PoolCapacity(
+        available_bytes=available_bytes,
+        page_bytes=cell.page_bytes,
+        tokens_per_page=cell.tokens_per_page,
+        physical_pages=physical,
+        pages=pages,
+        tokens=pages * cell.tokens_per_page,
+        pool_bytes=physical * cell.page_bytes,
+        memory=memory,
+    )
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    """One request of ``tokens`` tokens on one rank: written bytes of each cache and reserved pages."""
+
+    tokens: int
+    pages: int
+    main_bytes: int
+    indexer_bytes: int
+    total_bytes: int
+    reserved_bytes: int
+    tail_waste_bytes: int
+    indexer_main_ratio: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def context_row(cell: RankCell, tokens: int) -> ContextRow:
+    """Bytes and pages of one request; ``reserved`` counts whole pages, ``tail waste`` the difference."""
+    check_int("context tokens", tokens, 1)
+    main, indexer = cell.main_bytes(tokens), cell.indexer_bytes(tokens)
+    pages = cell.pages_for_tokens(tokens)
+    reserved = pages * cell.page_bytes
+    return ContextRow(tokens, pages, main, indexer, main + indexer, reserved, reserved - main - indexer, indexer / main)
+
+
+@dataclass(frozen=True)
+class RequestFit:
+    """Whether a request fits the pool, how many fit at once, and what its page tables cost."""
+
+    row: ContextRow
+    fits: bool
+    concurrent: int
+    slot_table_bytes: int  # int32 per token (SGLang req_to_token)
+    block_table_bytes: int  # int32 per page (vLLM block table)
+
+    def to_dict(self) -> dict:
+        return {**self.row.to_dict(), **{k: v for k, v in self.__dict__.items() if k != "row"}}
+
+
+def request_fit(cell: RankCell, capacity: PoolCapacity, tokens: int) -> RequestFit:
+    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (DESIGN.md §3)."""
+    row = context_row(cell, tokens)
+    return RequestFit(row, row.pages <= capacity.pages, capacity.pages // row.pages, 4 * tokens, 4 * row.pages)
+
+
+def mean_tail_waste_bytes(cell: RankCell) -> float | int:
+    """The last page of a request is on average half empty: ``tokens_per_page / 2 x cell``."""
+    return exact_div(cell.page_bytes, 2)
+
+
+__all__ = [
+    "CONTEXT_LENGTHS",
+    "DEFAULT_ACTIVATION_BYTES",
+    "DEFAULT_MAX_BATCHED_TOKENS",
+    "DEFAULT_MEM_FRACTION",
+    "SCRATCH_PAGES",
+    "ContextRow",
+    "GpuSetting",
+    "PoolCapacity",
+    "RankCell",
+    "RankMemory",
+    "RequestFit",
+    "context_row",
+    "mean_tail_waste_bytes",
+    "pool_capacity",
+    "rank_memory",
+    "request_fit",
+]

@@ -1,0 +1,121 @@
+"""What one scheduler step asks an executor to do (``BatchPlan``), and nothing else.
+
+The scheduler has already moved page ids between the allocator, the radix tree and the requests when it
+returns a plan; the executor (the tiny-model engine, or the simulator's cost model) carries out the data
+side, in this order:
+
+1. ``offloads``: both caches of each listed page go to host. The pages are already free in the allocator
+   and may be handed to another request in this very plan, so a data executor copies them in the
+   scheduler's ``on_offload`` hook, called while they are still allocated; the list here is the record
+   (a cost model prices the copies from it);
+2. ``restores``: copy host bytes back, bit-exact, into the listed (newly allocated) pages;
+3. ``items``: one forward pass over every item (mixed prefill chunks and decodes), writing both caches of
+   positions ``[start, end + num_draft)`` into the slots ``page * page_size + offset`` of
+   ``request.pages``, and sampling where ``sample`` is set;
+4. report the sampled tokens back with ``Scheduler.update(plan, sampled)``.
+
+A plan is valid until ``update`` is called; the page tables it references may change afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dsakv.errors import DsakvError
+from dsakv.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from dsakv.scheduler.admission import SchedulerConfig
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """One request's work this step: compute positions ``[start, end)`` of its tokens.
+
+    ``num_draft`` extra positions after ``end`` hold draft tokens the executor proposes (speculative
+    decoding); their slots are reserved in ``request.pages``. With ``sample`` set, the executor reports
+    ``1 + accepted drafts`` new tokens: the accepted draft tokens followed by the model's own next token.
+    """
+
+    request: Request
+    start: int
+    end: int
+    num_draft: int = 0
+    sample: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start + self.num_draft
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.end - self.start > 1
+
+
+@dataclass(slots=True)
+class HostCopy:
+    """Pages of both caches to copy to host (offload) or back from host (restore) for one request."""
+
+    request_id: Any
+    pages: list[int]
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """Everything one ``Scheduler.step`` decided; see the module docstring for the executor's order."""
+
+    step: int
+    items: list[BatchItem] = field(default_factory=list)
+    offloads: list[HostCopy] = field(default_factory=list)
+    restores: list[HostCopy] = field(default_factory=list)
+    allocated_pages: int = 0
+    freed_pages: int = 0
+    evicted_tokens: int = 0
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.end - item.start + item.num_draft for item in self.items)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.items or self.offloads or self.restores)
+
+
+def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int) -> BatchItem | None:
+    """The request's work this step within ``budget`` tokens, or None if nothing fits.
+
+    One token left to compute: a decode of it plus up to ``num_draft_tokens`` drafts (never more drafts
+    than outputs still allowed). More: the next prefill chunk, at most ``chunk_tokens``, ending on a page
+    boundary unless it is the last one (then it samples).
+    """
+    start, total = req.num_computed, req.prompt_len + len(req.outputs)
+    if total - start == 1:
+        if budget < 1:
+            return None
+        remaining_outputs = req.max_new_tokens - len(req.outputs)
+        drafts = max(0, min(config.num_draft_tokens, remaining_outputs - 1, budget - 1))
+        return BatchItem(req, start, total, drafts, True)
+    end = min(total, start + config.chunk_tokens, start + budget)
+    if end < total:
+        end -= end % page_size
+        if end <= start:
+            return None
+    return BatchItem(req, start, end, 0, end == total)
+
+
+def check_sampled(plan: BatchPlan, sampled: Sequence[Sequence[int]]) -> None:
+    """One token list per item: ``1 .. 1 + num_draft`` tokens where sampled, none elsewhere."""
+    if len(sampled) != len(plan.items):
+        raise DsakvError(f"update: {len(sampled)} token lists for {len(plan.items)} plan items")
+    for item, new in zip(plan.items, sampled):
+        n = len(new)
+        if (n < 1 or n > 1 + item.num_draft) if item.sample else n:
+            raise DsakvError(
+                f"update: request {item.request.id!r} reported {n} tokens; expected "
+                + (f"1..{1 + item.num_draft}" if item.sample else "0 (prefill chunk)")
+            )

@@ -1,0 +1,87 @@
+"""The scheduler's integrity invariants, checked after every operation in the tests.
+
+* allocator: free list consistent; ``free + tree pages + request-held == total`` (no leak, no double hold);
+* radix: ``evictable + protected == tokens in the tree``, lock counts balance (its own check, told how many
+  pages requests hold outside it); at idle nothing is locked;
+* running requests: status RUNNING; the page table covers the computed tokens (between steps, no page past
+  them); shared pages are whole computed pages, exactly the tree's pages on the path to the locked node;
+  owned pages allocated, listed once and held by no one else; ``num_computed < num_tokens`` (the last token
+  is written by the next step); one radix lock per running request and no other;
+* waiting / offloaded requests hold no page and no lock;
+* queues: every live request is in exactly one of ``running`` / ``waiting``; at most ``max_running`` run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsakv.scheduler.pages import pages_for, tree_path_pages
+from dsakv.scheduler.request import Status
+
+if TYPE_CHECKING:
+    from dsakv.scheduler.scheduler import Scheduler
+
+
+def check_scheduler(s: Scheduler) -> None:
+    alloc, radix, ps = s.allocator, s.radix, s.page_size
+    alloc.check_integrity()
+    live = [r.id for r in s.running] + [r.id for r in s.waiting]
+    if len(set(live)) != len(live) or set(live) != set(s._live):
+        raise AssertionError(f"queues {sorted(map(repr, live))} != live requests {sorted(map(repr, s._live))}")
+    if len(s.running) > s.config.max_running:
+        raise AssertionError(f"{len(s.running)} running requests > max_running {s.config.max_running}")
+    owned_seen: set[int] = set()
+    held = locks = 0
+    for r in s.running:
+        if r.status is not Status.RUNNING:
+            raise AssertionError(f"{r}: in the running list with status {r.status.value}")
+        if len(r.pages) < pages_for(r.num_computed, ps):
+            raise AssertionError(f"{r}: {len(r.pages)} pages cannot hold {r.num_computed} computed tokens")
+        if s._in_flight is None and len(r.pages) > max(pages_for(r.num_computed, ps), r.num_shared_pages):
+            raise AssertionError(f"{r}: holds {len(r.pages)} pages past its computed tokens between steps")
+        if r.num_computed >= r.num_tokens:
+            raise AssertionError(f"{r}: running with every token computed")
+        if r.num_shared_pages * ps > r.num_computed:
+            raise AssertionError(f"{r}: {r.num_shared_pages} shared pages beyond its computed tokens")
+        if r.num_shared_pages and (radix is None or r.node is None):
+            raise AssertionError(f"{r}: shared pages without a locked radix node")
+        if r.node is not None:
+            locks += 1
+            if r.node.lock_ref < 1 or tree_path_pages(r.node) != r.pages[: r.num_shared_pages]:
+                raise AssertionError(f"{r}: shared pages are not the tree's pages on its locked path")
+        if len(set(r.pages)) != len(r.pages):
+            raise AssertionError(f"{r}: a page appears twice in its page table")
+        for p in r.pages:
+            if not alloc.is_allocated(p):
+                raise AssertionError(f"{r}: holds page {p}, which is free")
+        for p in r.owned_pages:
+            if p in owned_seen:
+                raise AssertionError(f"page {p} owned by two running requests")
+            owned_seen.add(p)
+        held += len(r.pages) - r.num_shared_pages
+    for r in s.waiting:
+        if r.status not in (Status.WAITING, Status.OFFLOADED):
+            raise AssertionError(f"{r}: in the waiting queue with status {r.status.value}")
+        if r.pages or r.node is not None or r.num_computed:
+            raise AssertionError(f"{r}: waiting but holds pages, a lock or computed tokens")
+        if (r.status is Status.OFFLOADED) != (r.offloaded_tokens > 0):
+            raise AssertionError(f"{r}: offloaded status and offloaded_tokens disagree")
+    tree_pages = 0
+    if radix is not None:
+        if radix.total_tokens % ps:
+            raise AssertionError(f"radix holds {radix.total_tokens} tokens, not whole pages")
+        tree_pages = radix.total_tokens // ps
+        if radix.evictable_tokens + radix.protected_tokens != radix.total_tokens:
+            raise AssertionError("radix: evictable + protected != total tokens")
+        radix.check_integrity(request_held_pages=held)
+        if radix.outstanding_locks != locks:
+            raise AssertionError(f"radix holds {radix.outstanding_locks} locks; running requests hold {locks}")
+        if not s.running and radix.protected_tokens:
+            raise AssertionError(f"idle scheduler but radix protects {radix.protected_tokens} tokens (lock leak)")
+        for p in owned_seen:
+            if radix.holds_page(p):
+                raise AssertionError(f"page {p} is both owned by a request and mapped in the prefix cache")
+    if alloc.num_free + tree_pages + held != alloc.num_pages:
+        raise AssertionError(
+            f"free {alloc.num_free} + cached {tree_pages} + request-held {held} != total {alloc.num_pages}"
+        )

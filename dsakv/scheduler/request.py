@@ -1,0 +1,157 @@
+"""A request as the scheduler sees it: token ids, a page table, and its accounting. No tensors.
+
+Positions and pages of one request (page size 64 shown as ``|``)::
+
+    tokens     = prompt + outputs               (len(tokens) = prompt_len + len(outputs))
+    computed   = [0, num_computed)               KV of both caches is in ``pages``
+    pages      = [p0 | p1 | p2 ...]              covers at least num_computed tokens
+    shared     = pages[:num_shared_pages]        owned by the radix tree (locked through ``node``)
+    owned      = pages[num_shared_pages:]        held by this request alone; it frees them
+
+A running request always has ``num_computed < len(tokens)``: the last token's KV is written by the next
+step, which also yields the next token. A finished request drops its prompt (a long trace must not keep
+every prompt alive); ``outputs`` and ``stats`` remain.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dsakv.cache.key import TOKEN_BYTES
+from dsakv.errors import DsakvError
+
+MAX_TOKEN_ID = 2 ** (8 * TOKEN_BYTES) - 1  # the prefix cache keys token ids as unsigned TOKEN_BYTES-byte ints
+
+
+def check_prompt(prompt: Sequence[int]) -> None:
+    """Raise ``DsakvError`` unless ``prompt`` is a 1-D list or array of integer token ids in 0..MAX_TOKEN_ID.
+
+    Checked on arrival, so a bad prompt is refused before it is queued (it would otherwise fail inside a
+    later ``step``, at the head of the queue, blocking every request behind it). Empty is allowed here: it
+    is rejected with a reason like any request that can never run.
+    """
+    if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
+        raise DsakvError(f"prompt: got {type(prompt).__name__}: must be a list or 1-D array of integer token ids")
+    ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise DsakvError(
+            f"prompt: shape {list(ids.shape)} dtype {ids.dtype}: must be a 1-D sequence of integer token ids"
+        )
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
+        raise DsakvError(f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{MAX_TOKEN_ID}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued for admission (new, or preempted with recompute: holds nothing)
+    RUNNING = "running"  # admitted; holds pages
+    OFFLOADED = "offloaded"  # preempted with offload: its pages' bytes are on the host, it holds no page
+    FINISHED = "finished"
+    REJECTED = "rejected"  # refused at admission with ``stats.reason``; never ran
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Per-request accounting; step indices count ``Scheduler.step`` calls (the first step is 0)."""
+
+    prompt_tokens: int
+    hit_tokens: int = 0  # prefix-cache hit at first admission (page-aligned)
+    resume_hit_tokens: int = 0  # hits taken again when re-admitted after a recompute preemption
+    computed_tokens: int = 0  # tokens whose KV this request wrote (drafts included, recomputes included)
+    pages_written: int = 0  # pages allocated to this request for its own writes (restores not counted)
+    restored_pages: int = 0  # pages restored from host after offload preemptions
+    preemptions: int = 0
+    offloaded_pages: int = 0  # pages copied to host over all its offload preemptions
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    outcome: str = "waiting"  # admitted / rejected / finished / aborted
+    reason: str = ""
+    arrival_step: int = 0
+    admit_step: int | None = None
+    first_token_step: int | None = None
+    finish_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Request:
+    """One generation request. Created by ``Scheduler.add_request``; callers read, the scheduler writes."""
+
+    __slots__ = (
+        "id",
+        "prompt",
+        "prompt_len",
+        "max_new_tokens",
+        "eos_token_id",
+        "outputs",
+        "status",
+        "num_computed",
+        "pages",
+        "num_shared_pages",
+        "node",
+        "offloaded_tokens",
+        "reserve",
+        "stats",
+    )
+
+    def __init__(
+        self, request_id: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, step: int
+    ) -> None:
+        self.id = request_id
+        self.prompt = prompt
+        self.prompt_len = len(prompt)
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_id = eos_token_id
+        self.outputs: list[int] = []
+        self.status = Status.WAITING
+        self.num_computed = 0
+        self.pages: list[int] = []
+        self.num_shared_pages = 0
+        self.node: Any = None  # radix node locked for the shared pages (None: nothing locked)
+        self.offloaded_tokens = 0  # while OFFLOADED: tokens whose KV waits on the host
+        self.reserve = 0  # pages reserved at (re)admission (dsakv.scheduler.admission.reserve_pages)
+        self.stats = RequestStats(prompt_tokens=self.prompt_len, arrival_step=step)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.id!r}, status={self.status.value}, prompt={self.prompt_len}, "
+            f"outputs={len(self.outputs)}, computed={self.num_computed}, pages={len(self.pages)})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.outputs)
+
+    @property
+    def owned_pages(self) -> list[int]:
+        return self.pages[self.num_shared_pages :]
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.REJECTED, Status.ABORTED)
+
+    def tokens(self, end: int | None = None, start: int = 0) -> Sequence[int]:
+        """Token ids ``[start, end)`` of prompt + outputs: a numpy view or a list, like the prompt."""
+        end = self.num_tokens if end is None else end
+        plen = self.prompt_len
+        if start == 0 and end == plen:
+            return self.prompt
+        if end <= plen:
+            return self.prompt[start:end]
+        if start >= plen:
+            return self.outputs[start - plen : end - plen]
+        head = self.prompt[start:]
+        tail = self.outputs[: end - plen]
+        if isinstance(head, np.ndarray):
+            return np.concatenate([head, np.asarray(tail, dtype=head.dtype)])
+        return list(head) + tail
+
+    def release_prompt(self) -> None:
+        """Drop the prompt once the request is done; ``prompt_len`` and ``outputs`` stay."""
+        self.prompt = ()

@@ -1,0 +1,93 @@
+"""Eviction policies: the registry, the order each policy evicts in, and the lazy heap's cost."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.eviction import POLICIES, LeafHeap, get_policy
+from dsakv.cache.radix import RadixCache
+from dsakv.errors import DsakvError
+
+PS = 4
+A, B, C = [1, 2, 3, 4, 0], [5, 6, 7, 8, 0], [9, 10, 11, 12, 0]  # one page each, distinct
+
+
+def test_registry_names_every_policy_and_rejects_unknown_ones() -> None:
+    assert list(POLICIES) == ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+    for name in POLICIES:
+        assert get_policy(name).name == name
+    with pytest.raises(DsakvError) as exc:
+        get_policy("arc")
+    assert "'arc'" in str(exc.value) and "lru, lfu, fifo, mru, filo, priority, slru" in str(exc.value)
+
+
+def victims(policy: str, script) -> list[str]:
+    """Insert A, B, C (priorities 2, 0, 1), run ``script`` of matches, then evict one page at a time."""
+    alloc = PageAllocator(8, PS)
+    cache = RadixCache(alloc, policy=policy)
+    names = {}
+    for name, toks, prio in (("A", A, 2), ("B", B, 0), ("C", C, 1)):
+        (page,) = alloc.alloc(1)
+        cache.insert(toks, [page], priority=prio)
+        names[page] = name
+    for name in script:
+        cache.match({"A": A, "B": B, "C": C}[name])
+    order = []
+    while cache.total_tokens:
+        order += [names[p] for p in cache.evict(1).freed_pages]
+    return order
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ("lru", "CAB"),  # B then A were used last
+        ("mru", "BAC"),
+        ("fifo", "ABC"),  # insertion order, whatever the use
+        ("filo", "CBA"),
+        ("lfu", "CAB"),  # C 0 hits, A 1 hit (older than B's last), B 2 hits
+        ("priority", "BCA"),  # priorities 0, 1, 2
+        ("slru", "CAB"),  # C and A in probation (< 2 hits), LRU among them; B protected
+    ],
+)
+def test_each_policy_evicts_in_its_documented_order(policy: str, expected: str) -> None:
+    assert "".join(victims(policy, ["B", "A", "B"])) == expected
+
+
+def test_slru_protects_pages_hit_twice_even_when_least_recent() -> None:
+    assert victims("slru", ["A", "A", "B", "C"])[:2] == ["B", "C"]
+    assert victims("lru", ["A", "A", "B", "C"])[:1] == ["A"]
+
+
+def test_evict_does_not_reheapify_all_leaves(monkeypatch) -> None:
+    """Each evict pops a few entries from the lazy heap; nothing heapifies every leaf per call."""
+    alloc = PageAllocator(400, PS)
+    cache = RadixCache(alloc)
+    for i in range(300):
+        cache.insert([i + 1, 1, 2, 3, 9], alloc.alloc(1))
+    heapify_calls = []
+    monkeypatch.setattr(heapq, "heapify", lambda x: heapify_calls.append(len(x)))
+    monkeypatch.setattr(LeafHeap, "rebuild", lambda self, nodes: heapify_calls.append(-1))
+    pops = []
+    real_pop = heapq.heappop
+    monkeypatch.setattr(heapq, "heappop", lambda h: pops.append(1) or real_pop(h))
+    for _ in range(100):
+        cache.evict(PS)
+    assert not heapify_calls and len(pops) == 100
+    cache.check_integrity()
+
+
+def test_lazy_heap_stays_bounded_under_repeated_use() -> None:
+    alloc = PageAllocator(64, PS)
+    cache = RadixCache(alloc)
+    for i in range(20):
+        cache.insert([i + 1, 1, 2, 3, 9], alloc.alloc(1))
+    for _ in range(5000):
+        m = cache.match([7, 1, 2, 3, 9])
+        cache.lock(m.node)
+        cache.unlock(m.node)
+    assert len(cache._heap) <= 4 * cache.num_nodes + 1024 + 2
+    cache.check_integrity()

@@ -1,0 +1,105 @@
+"""``dsakv simulate``: JSON figures, --out files, bad traces and impossible settings as one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsakv.cli import main
+from dsakv.workloads.scenarios import generate_scenario
+from dsakv.workloads.traces import write_mooncake
+
+SMALL = ["simulate", "--scenario", "chat", "--scale", "0.05", "--step-model", "constant"]
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_carries_every_required_summary_figure(capsys):
+    d = _json(capsys, SMALL + ["--json"])
+    for key in ("requests", "input_tokens", "hit_tokens", "evicted_tokens", "preemptions", "rejected"):
+        assert isinstance(d[key], int)
+    assert d["config"]["source"]["scenario"] == "chat"
+    assert d["config"]["setup"]["pool"]["source"] == "planner (GPU setting)"
+
+
+def test_default_run_needs_no_file(capsys):
+    assert main(["simulate", "--scale", "0.05", "--step-model", "constant"]) == 0
+    assert "hit rate" in capsys.readouterr().out
+
+
+def test_out_writes_config_records_and_plots(tmp_path, capsys):
+    out = tmp_path / "run"
+    d = _json(capsys, SMALL + ["--json", "--out", str(out)])
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "summary.json", "requests.jsonl", "pool_use.png", "timeline.png"} <= names
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == d["requests"]
+    assert json.loads((out / "config.json").read_text())["config"]["policy"] == "lru"
+
+
+def test_trace_file_and_pool_override(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    write_mooncake(path, generate_scenario("chat", seed=4, scale=0.05))
+    d = _json(capsys, ["simulate", "--trace", str(path), "--pool-tokens", "20000", "--json", "--time-scale", "2"])
+    assert d["pool_tokens"] == 20000 // 64 * 64
+    assert d["config"]["config"]["time_scale"] == 2.0
+
+
+def test_malformed_trace_line_is_one_line_error_with_line_number(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{bad\n')
+    assert main(["simulate", "--trace", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "line 2" in err and err.count("\n") == 1
+
+
+def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{bad\n')
+    d = _json(capsys, ["simulate", "--trace", str(path), "--skip-bad", "--json"])
+    assert d["skipped_lines"] == 1 and d["requests"] == 1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--pool-tokens", "10"], "one page"),
+        (["--gpu-memory", "1GB"], "less than one page"),
+        (["--policy", "random"], "policy"),
+        (["--time-scale", "0"], "time-scale"),
+        (["--scenario", "nope"], "scenario"),
+        (["--trace", "x.jsonl", "--scenario", "chat"], "not both"),
+    ],
+)
+def test_impossible_settings_are_reported_not_crashed(capsys, extra, message):
+    assert main(["simulate", *extra]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_sweep_prints_one_comparison_table(capsys):
+    d = _json(capsys, SMALL + ["--sweep", "policy=lru,fifo", "--sweep", "pool=5000,64", "--json", "--workers", "1"])
+    assert [r["label"] for r in d["rows"]] == [
+        "policy=lru, pool_tokens=5000",
+        "policy=lru, pool_tokens=64",
+        "policy=fifo, pool_tokens=5000",
+        "policy=fifo, pool_tokens=64",
+    ]
+    assert main(SMALL + ["--sweep", "policy=lru,fifo", "--workers", "1"]) == 0
+    assert "sweep over scenario chat" in capsys.readouterr().out
+
+
+def test_out_of_order_trace_is_sorted_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    rows = [(5000, [1]), (0, [2]), (3000, [3])]
+    path.write_text(
+        "".join(f'{{"timestamp": {t}, "input_length": 10, "output_length": 2, "hash_ids": {h}}}\n' for t, h in rows)
+    )
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    d = json.loads(captured.out)
+    assert "out of order" in captured.err and d["reordered_lines"] == 2  # two lines lie below an earlier timestamp
+    assert d["finished"] == 3

@@ -1,0 +1,181 @@
+"""Lockstep operations: moves and host offload/restore carry main rows, indexer keys and indexer scales
+together, bit-exact, and leave every other byte (including neighbours of moved tokens) untouched."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.engine.pool import TwinPool
+from dsakv.errors import DsakvError
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+
+TINY = ModelSpec.preset("tiny")
+KINDS = ("slot", "packed")
+
+
+def full_pool(kind: str, pages: int = 6, **layout_kw) -> tuple[TwinPool, list[int]]:
+    """A pool whose allocated pages hold random data in every token of every layer of both caches."""
+    layout = CacheLayout(TINY, **layout_kw)
+    pool = TwinPool(layout, PageAllocator(pages, layout.page_size, first_page=1), kind)
+    held = pool.allocator.alloc(pages - 2)
+    ps, g = layout.page_size, torch.Generator().manual_seed(5)
+    slots = torch.tensor([p * ps + o for p in held for o in range(ps)])
+    for layer in range(layout.num_attention_layers):
+        pool.store_main(
+            layer, slots, torch.randn(len(slots), 512, generator=g), torch.randn(len(slots), 64, generator=g)
+        )
+        if layout.layer_has_indexer(layer):
+            pool.store_indexer(layer, slots, torch.randn(len(slots), 128, generator=g) * (layer + 1))
+    return pool, held
+
+
+def snapshot(pool: TwinPool) -> list[torch.Tensor]:
+    n = pool.layout.num_attention_layers
+    return [pool.main_view(i).clone() for i in range(n)] + [pool.indexer_view(i).clone() for i in range(n)]
+
+
+def expected_after_move(pool: TwinPool, before: list[torch.Tensor], src: list[int], dst: list[int]):
+    """Byte-level model of a lockstep move, written from the layout's offsets (not the pool's code)."""
+    lay, n = pool.layout, pool.layout.num_attention_layers
+    ps, kp, kb = lay.page_size, lay.index_kpool, lay.indexer_key_bytes
+    out = [t.clone() for t in before]
+    for s, d in zip(src, dst):
+        for layer in range(n):
+            out[layer][d // ps, d % ps] = before[layer][s // ps, s % ps]
+        for layer in lay.indexer_layers:
+            ix_out, ix_in = out[n + layer], before[n + layer]
+            ss, ds = (s % ps) // kp, (d % ps) // kp
+            k_src, k_dst = lay.indexer_key_offset(ss), lay.indexer_key_offset(ds)
+            ix_out[d // ps, k_dst : k_dst + kb] = ix_in[s // ps, k_src : k_src + kb]
+            sc_src, sc_dst = lay.indexer_scale_offset_of(ss), lay.indexer_scale_offset_of(ds)
+            ix_out[d // ps, sc_dst : sc_dst + 4] = ix_in[s // ps, sc_src : sc_src + 4]
+    return out
+
+
+def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(x, y), f"buffer {i} differs in {int((x != y).sum())} bytes"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_move_carries_row_key_and_scale_and_leaves_neighbours_untouched(kind):
+    pool, (a, b, c, _) = full_pool(kind)
+    src = [a * 64 + 3, a * 64 + 4, c * 64 + 63, b * 64 + 10]
+    dst = [b * 64 + 0, b * 64 + 1, a * 64 + 9, c * 64 + 62]
+    before = snapshot(pool)
+    pool.move_slots(src, dst)
+    assert_same(snapshot(pool), expected_after_move(pool, before, src, dst))
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_overlapping_move_shifts_like_a_simultaneous_copy(kind):
+    pool, (a, *_) = full_pool(kind)
+    src = [a * 64 + o for o in range(5, 20)]
+    dst = [s - 1 for s in src]  # compaction: close a hole at offset 4
+    before = snapshot(pool)
+    pool.move_slots(src, dst)
+    assert_same(snapshot(pool), expected_after_move(pool, before, src, dst))
+
+
+def test_move_with_kpool_copies_whole_states_and_last_source_wins():
+    pool, (a, b, *_) = full_pool("slot", index_kpool=4, page_size=16, allow_any_page_size=True)
+    src, dst = [a * 16 + 1, a * 16 + 6], [b * 16 + 12, b * 16 + 13]  # both land in state 3 of page b
+    before = snapshot(pool)
+    pool.move_slots(src, dst)
+    assert_same(snapshot(pool), expected_after_move(pool, before, src, dst))
+
+
+@pytest.mark.parametrize(
+    "src_kind,dst_kind", [("slot", "slot"), ("packed", "packed"), ("slot", "packed"), ("packed", "slot")]
+)
+def test_offload_restore_into_other_pages_is_bit_exact_for_both_caches(src_kind, dst_kind):
+    pool, held = full_pool(src_kind)
+    target, _ = full_pool(dst_kind) if dst_kind != src_kind else (pool, None)
+    n = pool.layout.num_attention_layers
+    old = [held[2], held[0]]
+    before_src = snapshot(pool)
+    host = pool.offload_pages(old)
+    assert host.source_pages == tuple(old) and host.nbytes == 2 * pool.layout.page_bytes
+    assert host.blocks.device.type == "cpu"
+    assert_same(before_src, snapshot(pool))  # offload does not modify the pool
+    new = target.allocator.alloc(2)  # the old pages stay held: the restore lands in other, never-written pages
+    assert not set(new) & set(old)
+    before = snapshot(target)
+    target.restore_pages(host, new)
+    after = snapshot(target)
+    expect = [t.clone() for t in before]
+    for layer in range(n):
+        expect[layer][new] = before_src[layer][old]
+    for layer in target.layout.indexer_layers:
+        expect[n + layer][new] = before_src[n + layer][old]
+    assert_same(after, expect)
+    target.check_integrity()
+
+
+def test_restore_rejects_pages_from_another_layout():
+    pool, held = full_pool("slot")
+    other = TwinPool(CacheLayout(TINY, kv_dtype="bf16"), PageAllocator(3, first_page=1))
+    with pytest.raises(DsakvError, match="layout"):
+        other.restore_pages(pool.offload_pages(held[:1]), other.allocator.alloc(1))
+
+
+def test_restore_rejects_pages_stored_under_another_fp8_scale():
+    lay = CacheLayout(TINY, kv_dtype="fp8")
+    pool = TwinPool(lay, PageAllocator(3, first_page=1), fp8_scale=2.0)
+    other = TwinPool(lay, PageAllocator(3, first_page=1), fp8_scale=1.0)
+    with pytest.raises(DsakvError, match="fp8_scale"):
+        other.restore_pages(pool.offload_pages(pool.allocator.alloc(1)), other.allocator.alloc(1))
+
+
+def test_no_public_method_moves_or_copies_one_cache_alone():
+    public = {name for name, _ in inspect.getmembers(TwinPool, callable) if not name.startswith("_")}
+    assert {name for name in public if any(w in name for w in ("move", "offload", "restore", "copy"))} == {
+        "move_slots",
+        "offload_pages",
+        "restore_pages",
+    }
+    for name in ("move_slots", "offload_pages", "restore_pages"):
+        params = set(inspect.signature(getattr(TwinPool, name)).parameters) - {"self"}
+        assert not params & {"layer", "cache", "layers"}
+
+
+def test_tiny_preset_end_to_end_prefill_decode_preempt_resume():
+    """Prefill 150 tokens, decode 20, offload (preempt), free, restore into fresh pages, read back equal."""
+    lay = CacheLayout(TINY)
+    pool = TwinPool.from_budget(lay, 8 * lay.page_bytes, "packed")
+    g = torch.Generator().manual_seed(21)
+    pages = pool.allocator.alloc(lay.pages_for_tokens(150))
+
+    def slots_of(positions: range, pages: list[int]) -> torch.Tensor:
+        return torch.tensor([pages[i // 64] * 64 + i % 64 for i in positions])
+
+    def write(positions: range) -> None:
+        s = slots_of(positions, pages)
+        for layer in range(lay.num_attention_layers):
+            pool.store_main(layer, s, torch.randn(len(s), 512, generator=g), torch.randn(len(s), 64, generator=g))
+            if lay.layer_has_indexer(layer):
+                pool.store_indexer(layer, s, torch.randn(len(s), 128, generator=g))
+
+    write(range(150))
+    for pos in range(150, 170):
+        if pos // 64 >= len(pages):
+            pages += pool.allocator.alloc(1)
+        write(range(pos, pos + 1))
+    ctx = slots_of(range(170), pages)
+    reads = [pool.read_main(layer, ctx) for layer in range(4)] + [pool.read_indexer(0, ctx), pool.read_indexer(2, ctx)]
+    host = pool.offload_pages(pages)
+    pool.allocator.free(pages)
+    pool.allocator.alloc(1)  # someone else takes a page meanwhile
+    pages = pool.allocator.alloc(len(pages))
+    pool.restore_pages(host, pages)
+    ctx = slots_of(range(170), pages)
+    again = [pool.read_main(layer, ctx) for layer in range(4)] + [pool.read_indexer(0, ctx), pool.read_indexer(2, ctx)]
+    for x, y in zip(reads, again):
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(x, y))
+    pool.check_integrity()

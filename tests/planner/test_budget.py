@@ -1,0 +1,149 @@
+"""Budget: the DESIGN.md §3 numbers, pool sizing (whole pages, scratch page), DCP, GPU settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.planner.budget import (
+    CONTEXT_LENGTHS,
+    GpuSetting,
+    RankCell,
+    context_row,
+    mean_tail_waste_bytes,
+    pool_capacity,
+    rank_memory,
+    request_fit,
+)
+from dsakv.planner.gpus import GPU_KINDS, gpu_kind
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def layout() -> CacheLayout:
+    return CacheLayout(ModelSpec.preset("glm-5.3"))
+
+
+# DESIGN.md §3: (tokens, main KV, indexer K, total, pages); ratio 5.42% on every row.
+DESIGN_TABLE = [
+    (8_192, 419_168_256, 22_708_224, 441_876_480, 128),
+    (131_072, 6_706_692_096, 363_331_584, 7_070_023_680, 2_048),
+    (524_288, 26_826_768_384, 1_453_326_336, 28_280_094_720, 8_192),
+    (1_048_576, 53_653_536_768, 2_906_652_672, 56_560_189_440, 16_384),
+]
+
+
+@pytest.mark.parametrize(("tokens", "main", "indexer", "total", "pages"), DESIGN_TABLE)
+def test_context_table_matches_design_exactly(layout, tokens, main, indexer, total, pages):
+    row = context_row(RankCell(layout), tokens)
+    assert (row.main_bytes, row.indexer_bytes, row.total_bytes, row.pages) == (main, indexer, total, pages)
+    assert row.reserved_bytes == total and row.tail_waste_bytes == 0
+    assert f"{row.indexer_main_ratio * 100:.2f}%" == "5.42%"
+
+
+def test_context_lengths_are_the_design_rows():
+    assert CONTEXT_LENGTHS == tuple(r[0] for r in DESIGN_TABLE)
+
+
+def test_rank_cell_at_dcp1_is_the_layout_cell(layout):
+    cell = RankCell(layout)
+    assert (cell.main_bytes_per_token, cell.indexer_bytes_per_token, cell.cell_bytes) == (51_168, 2_772, 53_940)
+    assert cell.page_bytes == 3_452_160
+
+
+def test_mean_tail_waste_is_half_a_page(layout):
+    assert mean_tail_waste_bytes(RankCell(layout)) == 1_726_080 == 32 * 53_940
+
+
+def test_partial_last_page_is_reserved_whole(layout):
+    row = context_row(RankCell(layout), 65)
+    assert row.pages == 2 and row.reserved_bytes == 2 * 3_452_160
+    assert row.tail_waste_bytes == 63 * 53_940
+
+
+def test_dcp_splits_main_and_replicates_indexer(layout):
+    cell = RankCell(layout, dcp=8)
+    assert cell.tokens_per_page == 512
+    assert cell.main_bytes_per_token == 51_168 / 8 and cell.indexer_bytes_per_token == 2_772
+    assert cell.cell_bytes == 9_168
+    assert cell.page_bytes == 3_274_752 + 8 * 177_408
+
+
+def test_pool_floors_to_whole_pages_and_keeps_the_scratch_page(layout):
+    page = layout.page_bytes
+    cap = pool_capacity(layout, available_bytes=10 * page + page - 1)
+    assert cap.physical_pages == 10 and cap.pages == 9 and cap.tokens == 9 * 64
+    assert cap.pool_bytes == 10 * page
+    assert pool_capacity(layout, available_bytes=page - 1).pages == 0
+
+
+def test_pool_from_available_bytes_counts_dcp_tokens(layout):
+    cell = RankCell(layout, dcp=2)
+    cap = pool_capacity(layout, available_bytes=101 * cell.page_bytes, dcp=2)
+    assert cap.pages == 100 and cap.tokens == 100 * 128
+
+
+def test_rank_memory_subtracts_weights_activations_and_topk(layout):
+    setting = GpuSetting(gpu="H200", mem_fraction_static=0.9, weights_bytes=90 * 10**9, activation_bytes=10**9)
+    mem = rank_memory(layout, setting)
+    assert mem.total_bytes == 150_754_820_096
+    assert mem.static_bytes == 135_679_338_086  # floor(150,754,820,096 x 0.9)
+    assert mem.topk_buffer_bytes == 2_048 * 2_048 * 4
+    assert mem.available_bytes == mem.static_bytes - 90 * 10**9 - 10**9 - 16 * 2**20
+    cap = pool_capacity(layout, setting)
+    assert cap.pages == mem.available_bytes // layout.page_bytes - 1
+
+
+def test_weights_that_do_not_fit_give_an_empty_pool_not_an_error(layout):
+    setting = GpuSetting(gpu="H100", weights_bytes=80 * 10**9)
+    assert pool_capacity(layout, setting).pages == 0
+
+
+def test_default_setting_is_8_h200_tp8_with_computed_weights(layout):
+    cap = pool_capacity(layout, GpuSetting())
+    assert cap.memory.weights_computed and cap.memory.total_bytes == GPU_KINDS["H200"].memory_bytes
+    assert cap.pages > 0 and cap.tokens == cap.pages * 64
+
+
+def test_request_fit_and_concurrency(layout):
+    cap = pool_capacity(layout, available_bytes=40_000 * layout.page_bytes)
+    fit = request_fit(RankCell(layout), cap, 1_048_576)
+    assert fit.fits and fit.concurrent == 39_999 // 16_384 == 2
+    assert fit.slot_table_bytes == 4 * 2**20 and fit.block_table_bytes == 64 * 2**10
+    small = pool_capacity(layout, available_bytes=16_384 * layout.page_bytes)
+    assert not request_fit(RankCell(layout), small, 1_048_576).fits  # the scratch page makes it one short
+
+
+def test_gpu_kinds_use_driver_reported_bytes():
+    assert gpu_kind("h200").memory_bytes == 143_771 * 2**20
+    assert gpu_kind("H100").memory_bytes == 81_559 * 2**20
+    assert gpu_kind("MI300X").memory_bytes == 205_822_885_888
+    with pytest.raises(DsakvError, match="H200"):
+        gpu_kind("A100")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"mem_fraction_static": 0.0}, "mem_fraction_static"),
+        ({"mem_fraction_static": 1.5}, "mem_fraction_static"),
+        ({"gpu_memory_bytes": 0}, "gpu memory"),
+        ({"gpu_memory_bytes": -5}, "gpu memory"),
+        ({"num_gpus": 8, "tp": 3}, "tp"),
+        ({"dp_attention": 3}, "dp_attention"),
+        ({"dcp": 16}, "dcp"),
+        ({"gpu": "TPU"}, "gpu"),
+        ({"activation_bytes": -1}, "activation"),
+    ],
+)
+def test_bad_gpu_setting_names_the_field(kwargs, field):
+    with pytest.raises(DsakvError, match=field):
+        GpuSetting(**kwargs)
+
+
+def test_pool_capacity_needs_exactly_one_source(layout):
+    with pytest.raises(DsakvError):
+        pool_capacity(layout)
+    with pytest.raises(DsakvError, match="available bytes"):
+        pool_capacity(layout, available_bytes=0)

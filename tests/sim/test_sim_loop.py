@@ -1,0 +1,158 @@
+"""The simulation loop over the real scheduler: accounting, determinism, bad settings, pressure."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.planner.savings import prefix_savings
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.loop import simulate
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+from dsakv.workloads.scenarios import generate_scenario
+from dsakv.workloads.traces import MooncakeTrace, TraceRequest
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+CONST = {"step_model": "constant"}
+
+
+def _req(ts_ms, ids, n, out=4):
+    return TraceRequest(ts_ms, n, out, tuple(ids))
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return generate_scenario("chat", seed=0, scale=0.1)
+
+
+def test_every_request_generates_exactly_its_output_length(chat):
+    res = simulate(SimConfig(), chat, check_every=50)
+    assert res.summary["finished"] == len(chat) == res.summary["requests"]
+    assert [r.output_tokens for r in res.records] == [q.output_length for q in chat]
+    assert res.summary["output_tokens"] == sum(q.output_length for q in chat)
+
+
+def test_same_seed_gives_identical_records(chat):
+    a = simulate(SimConfig(mtp=1, seed=3), chat)
+    b = simulate(SimConfig(mtp=1, seed=3), chat)
+    assert [r.to_dict() for r in a.records] == [r.to_dict() for r in b.records]
+    assert a.summary == b.summary
+
+
+def test_resent_prompt_hits_its_whole_pages_minus_one_token():
+    reqs = [_req(0, [1, 2, 3], 1300), _req(60_000, [1, 2, 3], 1300)]
+    res = simulate(SimConfig(**CONST), reqs)
+    first, second = res.records
+    assert first.hit_tokens == 0
+    assert second.hit_tokens == (1300 - 1) // 64 * 64
+    assert second.suffix_tokens == 1300 - second.hit_tokens
+
+
+def test_record_savings_match_the_planner(chat):
+    res = simulate(SimConfig(), chat)
+    lay = CacheLayout(ModelSpec.preset("glm-5.3"))
+    hit = [r for r in res.records if r.hit_tokens][0]
+    sav = prefix_savings(lay, hit.input_tokens, hit.hit_tokens)
+    assert (hit.indexer_pairs_saved, hit.indexer_pairs_paid) == (sav.pairs_saved, sav.pairs_paid)
+    assert hit.indexer_cross_pairs_paid == hit.hit_tokens * hit.suffix_tokens
+    assert hit.indexer_flops_saved == sav.flops_saved and hit.pages_saved == sav.cached_pages
+    assert hit.main_bytes_saved + hit.indexer_bytes_saved == sav.bytes_saved
+
+
+def test_constant_step_time_gives_exact_latencies():
+    res = simulate(SimConfig(step_model="constant"), [_req(1000, [0, 1], 1000, out=5)])
+    rec = res.records[0]
+    assert rec.arrival_s == 1.0
+    assert rec.ttft_s == pytest.approx(0.02)  # one prefill step of the default 0.02 s
+    assert rec.tpot_s == pytest.approx(0.02)
+
+
+def test_time_scale_stretches_arrivals():
+    reqs = [_req(0, [0], 100), _req(2000, [1], 100)]
+    res = simulate(SimConfig(time_scale=2.5, **CONST), reqs)
+    assert [r.arrival_s for r in res.records] == [0.0, 5.0]
+
+
+def test_request_longer_than_context_limit_is_rejected_with_reason():
+    ids = range(2100)  # 2100 x 512 tokens > GLM-5.3's 1,048,576 context
+    res = simulate(SimConfig(**CONST), [_req(0, ids, 2100 * 512), _req(10, [9000], 50)])
+    assert res.summary["rejected"] == 1 and res.summary["finished"] == 1
+    assert res.records[0].outcome == "rejected" and "context limit" in res.records[0].reason
+    assert res.summary["rejected_reasons"] == {"exceeds context limit": 1}
+
+
+def test_request_larger_than_pool_is_rejected_not_crashed():
+    res = simulate(SimConfig(pool_tokens=1024, **CONST), [_req(0, range(4), 2000), _req(1, [7], 100)])
+    assert [r.outcome for r in res.records] == ["rejected", "finished"]
+    assert "whole pool" in res.records[0].reason
+
+
+def test_hash_id_beyond_the_token_id_range_names_the_line():
+    big = TraceRequest(0, 10, 1, (2**31,), line=7)
+    with pytest.raises(DsakvError, match="trace line 7"):
+        simulate(SimConfig(**CONST), [big])
+
+
+def test_pool_smaller_than_one_page_is_reported():
+    with pytest.raises(DsakvError, match="at least one page"):
+        build_setup(SimConfig(pool_tokens=10))
+
+
+def test_gpu_memory_too_small_for_weights_is_reported():
+    with pytest.raises(DsakvError, match="less than one page"):
+        build_setup(SimConfig(gpu_memory_bytes=10**9))
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "offload"])
+def test_small_pool_preempts_and_still_finishes_everything(preemption):
+    # admission reserves prompt + 70% of the output, so long outputs outgrow their reservation
+    reqs = [_req(0, [i], 200, out=2000) for i in range(12)]
+    cfg = SimConfig(pool_tokens=8192, preemption=preemption, **CONST)
+    res = simulate(cfg, reqs, check_every=5)
+    s = res.summary
+    assert s["finished"] == 12 and s["preemptions"] > 0
+    assert s["peak_used_pages"] <= s["pool_pages"]
+    if preemption == "offload":
+        assert s["offloaded_pages"] > 0
+
+
+def test_small_pool_evicts_cached_prefixes(chat):
+    res = simulate(SimConfig(pool_tokens=20_000), chat, check_every=20)
+    assert res.summary["evicted_tokens"] > 0 and res.summary["finished"] == len(chat)
+
+
+def test_allocate_mode_and_no_prefix_cache(chat):
+    alloc = simulate(SimConfig(mode="allocate"), chat, check_every=50).summary
+    off = simulate(SimConfig(prefix_cache=False), chat).summary
+    assert alloc["finished"] == off["finished"] == len(chat)
+    assert off["hit_tokens"] == 0 and alloc["hit_tokens"] > 0
+
+
+def _pool_tokens(cfg: SimConfig) -> int:
+    setup = build_setup(cfg)
+    return setup.pages * setup.page_tokens
+
+
+def test_what_if_layouts_change_pool_capacity():
+    base = _pool_tokens(SimConfig())
+    assert _pool_tokens(SimConfig(indexer="78")) < base
+    assert _pool_tokens(SimConfig(kv_dtype="bf16")) < base
+    assert _pool_tokens(SimConfig(mtp=1)) < base
+    assert _pool_tokens(SimConfig(dcp=2)) > base
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"Mooncake trace not present at {DATA} (shared data absent)")
+def test_mooncake_trace_head_runs_with_prefix_hits():
+    res = simulate(SimConfig(), itertools.islice(MooncakeTrace(DATA), 200))
+    assert res.summary["finished"] == 200 and res.summary["hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("mode", ["finish", "allocate"])
+def test_mtp_drafts_leak_no_page_at_finish(mode):
+    reqs = [_req(0, [1], 100, out=2), _req(10, [1, 2], 700, out=30), _req(20, [1, 2], 700, out=9)]
+    res = simulate(SimConfig(mtp=2, mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
+    assert res.summary["finished"] == 3

@@ -1,0 +1,133 @@
+"""Mooncake trace reader: validation with line numbers, --skip-bad counting, order, token ids."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.workloads.scenarios import generate_scenario
+from dsakv.workloads.traces import (
+    MooncakeTrace,
+    TraceOrderWarning,
+    TraceRequest,
+    mooncake_tokens,
+    read_mooncake,
+    write_mooncake,
+)
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _row(ts=0, n=600, out=10, ids=(0, 1)):
+    return {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": list(ids)}
+
+
+def test_tokens_are_block_ranges_cut_at_input_length():
+    toks = mooncake_tokens([3, 5], 600)
+    assert isinstance(toks, np.ndarray) and toks.dtype == np.int64
+    assert toks.size == 600
+    assert toks[0] == 3 * 512 and toks[511] == 3 * 512 + 511
+    assert toks[512] == 5 * 512 and toks[-1] == 5 * 512 + 87
+
+
+def test_shared_hash_prefix_gives_shared_tokens():
+    a = mooncake_tokens([7, 8, 9], 1300)
+    b = mooncake_tokens([7, 8, 10], 1100)
+    assert np.array_equal(a[:1024], b[:1024])
+    assert not np.array_equal(a[1024:1100], b[1024:1100])
+
+
+def test_tokens_reject_too_few_hash_ids():
+    with pytest.raises(DsakvError, match="input_length"):
+        mooncake_tokens([1], 513)
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"input_length": 10, "output_length": 1, "hash_ids": [0]}), "'timestamp'"),
+        (json.dumps({"timestamp": 0, "output_length": 1, "hash_ids": [0]}), "'input_length'"),
+        (json.dumps(_row(out=-1)), "'output_length'"),
+        (json.dumps(_row(ts=-5)), "'timestamp'"),
+        (json.dumps(_row(n=600, ids=[0])), "hash_ids"),
+        (json.dumps(_row(ids=[0, -1])), "hash_ids"),
+        (json.dumps({"timestamp": 0, "input_length": 10, "output_length": 1}), "'hash_ids'"),
+    ],
+)
+def test_malformed_line_error_names_line_number(tmp_path, bad, field):
+    path = _write(tmp_path / "t.jsonl", [_row(), _row(ts=1), bad])
+    with pytest.raises(DsakvError, match="line 3") as info:
+        list(read_mooncake(path))
+    assert field in str(info.value)
+
+
+def test_skip_bad_counts_skipped_lines_and_keeps_good_ones(tmp_path):
+    path = _write(tmp_path / "t.jsonl", [_row(), "{oops", _row(ts=2, n=10, ids=[4]), json.dumps(_row(out=-3))])
+    trace = MooncakeTrace(path, skip_bad=True)
+    reqs = list(trace)
+    assert trace.skipped == 2 and len(reqs) == 2 and len(trace) == 2
+    assert "line 2" in trace.first_error
+    assert [r.line for r in reqs] == [1, 3]
+
+
+def test_bad_line_raises_before_anything_is_yielded(tmp_path):
+    path = _write(tmp_path / "t.jsonl", [_row(), _row(ts=1), "{oops"])
+    with pytest.raises(DsakvError):
+        read_mooncake(path)  # validation happens before the iterator is handed out
+
+
+def test_out_of_order_timestamps_are_sorted_with_warning(tmp_path):
+    path = _write(tmp_path / "t.jsonl", [_row(ts=5), _row(ts=1, ids=[2, 3]), _row(ts=5, ids=[4, 5]), _row(ts=3)])
+    with pytest.warns(TraceOrderWarning, match="out of order"):
+        trace = MooncakeTrace(path)
+    ts = [r.timestamp_ms for r in trace]
+    assert ts == sorted(ts) == [1, 3, 5, 5]
+    assert [r.line for r in trace if r.timestamp_ms == 5] == [1, 3]  # stable
+
+
+def test_ordered_trace_gives_no_warning(tmp_path):
+    path = _write(tmp_path / "t.jsonl", [_row(ts=0), _row(ts=0), _row(ts=2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(read_mooncake(path))) == 3
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DsakvError, match="cannot read"):
+        MooncakeTrace(tmp_path / "absent.jsonl")
+
+
+def test_write_then_read_round_trips_a_generated_trace(tmp_path):
+    reqs = generate_scenario("chat", seed=3, scale=0.2)
+    path = tmp_path / "chat.jsonl"
+    assert write_mooncake(path, reqs) == len(reqs)
+    back = list(read_mooncake(path))
+    assert [(r.timestamp_ms, r.input_length, r.output_length, r.hash_ids) for r in back] == [
+        (r.timestamp_ms, r.input_length, r.output_length, r.hash_ids) for r in reqs
+    ]
+
+
+def test_trace_request_is_immutable():
+    r = TraceRequest(0, 1, 1, (0,))
+    with pytest.raises(AttributeError):
+        r.input_length = 2  # type: ignore[misc]
+
+
+@pytest.mark.skipif(not DATA.exists(), reason=f"Mooncake trace not present at {DATA} (shared data absent)")
+def test_mooncake_conversation_trace_counts():
+    trace = MooncakeTrace(DATA)
+    assert len(trace) == 12031
+    assert trace.input_tokens == 144_793_823
+    assert trace.skipped == 0 and trace.out_of_order == 0
