@@ -3,7 +3,7 @@
 
     python bench/prefix_cache.py --workload synthetic
     python bench/prefix_cache.py --workload mooncake PATH --pool-tokens 1048576
-    options: --batch B (16) --pool-tokens N (262144) --mode finish|allocate --policy P --page-size 64 --json
+    options: --batch B (16) --pool-tokens N (262144) --insert-mode finish|allocate --eviction-policy P --page-size 64 --json
 
 Requests are replayed in waves of B. For each request of a wave, in order: match the longest cached
 page-aligned prefix (``leave_one=True``: at most ``(n-1)//64`` pages, SGLang's ``tokens[:-1]`` rule);
@@ -28,14 +28,14 @@ from collections.abc import Iterable
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES
-from dsakv.cache.radix import MODES, RadixCache, RadixKey
+from dsakv.cache.radix import INSERT_MODES, RadixCache, RadixKey
 from dsakv.errors import DsakvError, OutOfPagesError
 
 
 def replay(requests: Iterable, cache: RadixCache, batch: int) -> dict:
     """Run the protocol over ``requests`` (token lists or arrays); returns the counts."""
     alloc, ps = cache.allocator, cache.page_size
-    allocate_mode = cache.mode == "allocate"
+    allocate_mode = cache.insert_mode == "allocate"
     full_pages = cache.full_pages
     match, lock, unlock, insert, evict = cache.match, cache.lock, cache.unlock, cache.insert, cache.evict
     hit = total = rejected = n_req = 0
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--pool-tokens", type=int, default=262144)
     ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument("--mode", choices=MODES, default="finish")
-    ap.add_argument("--policy", default="lru", help=f"one of {', '.join(POLICIES)}")
+    ap.add_argument("--insert-mode", "--mode", choices=INSERT_MODES, default="finish")
+    ap.add_argument("--eviction-policy", "--policy", default="lru", help=f"one of {', '.join(POLICIES)}")
     ap.add_argument("--n", type=int, default=2000, help="synthetic: number of requests")
     ap.add_argument("--seed", type=int, default=0, help="synthetic: seed")
     ap.add_argument("--limit", type=int, help="mooncake: first LIMIT requests only")
@@ -129,7 +129,11 @@ def _run(a: argparse.Namespace) -> int:
         raise DsakvError(f"--pool-tokens = {a.pool_tokens}: must hold at least one page of {a.page_size}")
     if a.workload == "mooncake" and not a.path:
         raise DsakvError("--workload mooncake needs the trace PATH")
-    cache = RadixCache(PageAllocator(a.pool_tokens // a.page_size, a.page_size), policy=a.policy, mode=a.mode)
+    cache = RadixCache(
+        PageAllocator(a.pool_tokens // a.page_size, a.page_size),
+        eviction_policy=a.eviction_policy,
+        insert_mode=a.insert_mode,
+    )
     if a.workload == "synthetic":
         requests = workloads.synthetic(a.n, a.seed)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -140,8 +144,8 @@ def _run(a: argparse.Namespace) -> int:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     res.update(
         workload=a.workload,
-        mode=a.mode,
-        policy=a.policy,
+        insert_mode=a.insert_mode,
+        eviction_policy=a.eviction_policy,
         batch=a.batch,
         pool_tokens=a.pool_tokens,
         wall_s=wall,
@@ -160,7 +164,9 @@ def _print_table(res: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"prefix cache: {res['workload']}, mode {res['mode']}, {res['policy']}, B={res['batch']}")
+    t = Table(
+        title=f"prefix cache: {res['workload']}, mode {res['insert_mode']}, {res['eviction_policy']}, B={res['batch']}"
+    )
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests", f"{res['requests']:,}")

@@ -3,6 +3,6 @@ eviction policies, events, metrics). The engine and the simulator drive these sa
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.key import RadixKey
-from dsakv.cache.radix import MODES, RadixCache
+from dsakv.cache.radix import INSERT_MODES, RadixCache
 
-__all__ = ["MODES", "PageAllocator", "RadixCache", "RadixKey"]
+__all__ = ["INSERT_MODES", "PageAllocator", "RadixCache", "RadixKey"]

@@ -17,7 +17,7 @@ Rules (details and rationale in the docs):
 * ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page.
 * ``evict(n)`` frees at least ``ceil(n / ps)`` unlocked leaf pages in policy order (or all that is
   evictable), cascading to parents that become leaves; it raises if ``n > 0`` and everything is locked.
-* ``mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
+* ``insert_mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
 
 Bad input raises ``DsakvError`` and changes neither the tree nor the allocator.
 """
@@ -52,7 +52,7 @@ from dsakv.cache.tree import (
 )
 from dsakv.errors import DsakvError
 
-MODES = ("finish", "allocate")
+INSERT_MODES = ("finish", "allocate")
 _HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
 
 
@@ -63,17 +63,17 @@ class RadixCache:
         self,
         allocator: PageAllocator,
         *,
-        policy: str = "lru",
-        mode: str = "finish",
+        eviction_policy: str = "lru",
+        insert_mode: str = "finish",
         speculative: bool = False,
         hash_name: str = "xxh3_64",
         event_sink: Callable[[CacheEvent], None] | None = None,
     ) -> None:
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
-        self.policy = get_policy(policy)
-        if mode not in MODES:
-            raise DsakvError(f"mode = {mode!r}: must be one of {', '.join(MODES)}")
+        self.eviction_policy = get_policy(eviction_policy)
+        if insert_mode not in INSERT_MODES:
+            raise DsakvError(f"insert_mode = {insert_mode!r}: must be one of {', '.join(INSERT_MODES)}")
         if not isinstance(speculative, bool):
             raise DsakvError(f"speculative = {speculative!r}: must be True or False")
         self._hash = get_hash(hash_name)
@@ -81,13 +81,13 @@ class RadixCache:
             raise DsakvError(f"event_sink = {event_sink!r}: must be a callable taking one event, or None")
         self.allocator = allocator
         self.page_size = allocator.page_size
-        self.mode = mode
+        self.insert_mode = insert_mode
         self.speculative = speculative
         self.hash_name = hash_name
         self.event_sink = event_sink
         self._pb = self.page_size * TOKEN_BYTES  # key bytes per page
         self._x = TOKEN_BYTES if speculative else 0  # bigram keys reach one token into the next page
-        self._heap = LeafHeap(self.policy.key)
+        self._heap = LeafHeap(self.eviction_policy.key)
         self.metrics = CacheMetrics()
         self._clear()
 
@@ -310,4 +310,4 @@ class RadixCache:
         check_radix(self, request_held_pages)
 
 
-__all__ = ["RadixCache", "RadixKey", "MatchResult", "InsertResult", "EvictResult", "Node", "MODES", "POLICIES"]
+__all__ = ["RadixCache", "RadixKey", "MatchResult", "InsertResult", "EvictResult", "Node", "INSERT_MODES", "POLICIES"]

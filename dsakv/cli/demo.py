@@ -128,7 +128,7 @@ def demo_summary(args) -> dict:
         pool_kind=args.pool_kind,
         capture_cache=True,
         scheduler=SchedulerConfig(
-            max_step_tokens=4 * ps,
+            max_batched_tokens=4 * ps,
             chunk_tokens=2 * ps,
             new_token_ratio=args.new_token_ratio,
             preemption=args.preemption,
@@ -140,7 +140,7 @@ def demo_summary(args) -> dict:
         page_size=ps,
         prefix_cache=False,
         capture_cache=True,
-        scheduler=SchedulerConfig(max_step_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
+        scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
     )
     engine, ref_engine = Engine(small), Engine(reference)
     results = run_workload(engine, workload)

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dsakv.cache.eviction import POLICIES
-from dsakv.cache.radix import MODES
+from dsakv.cache.radix import INSERT_MODES
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_fraction, parse_int
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
@@ -52,9 +52,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
     s = p.add_argument_group("cache and scheduler")
     s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
-    s.add_argument("--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
+    s.add_argument("--eviction-policy", "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
     s.add_argument(
-        "--mode", default="finish", choices=MODES, help="insert into the prefix cache at finish or allocation"
+        "--insert-mode",
+        "--mode",
+        default="finish",
+        choices=INSERT_MODES,
+        help="insert into the prefix cache at finish or allocation",
     )
     s.add_argument("--no-prefix-cache", action="store_true", help="run without a prefix cache")
     s.add_argument("--preemption", default="recompute", help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
@@ -104,8 +108,8 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
         indexer=args.indexer,
         pool_tokens=parse_int("--pool-tokens", args.pool_tokens, 0),
-        policy=args.policy,
-        mode=args.mode,
+        eviction_policy=args.eviction_policy,
+        insert_mode=args.insert_mode,
         prefix_cache=not args.no_prefix_cache,
         preemption=args.preemption,
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),

@@ -41,7 +41,7 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
         f"DCP {setup.cell.dcp}"
         + (f", DP attention {s['dp_attention']} (group 0 of them, round-robin)" if s["dp_attention"] > 1 else "")
         + f"; {source.name}; pool {s['pool_tokens']:,} tokens ({setup.pool_source}); "
-        f"policy {result.config['policy']}, insert at {result.config['mode']}",
+        f"policy {result.config['eviction_policy']}, insert at {result.config['insert_mode']}",
         highlight=False,
     )
     t = _table("workload and prefix cache", "figure", "value")

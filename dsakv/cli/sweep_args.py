@@ -10,9 +10,16 @@ from dsakv.errors import DsakvError
 from dsakv.sim.config import SimConfig
 from dsakv.sim.sweep import SweepRow, what_if_points
 
-_KEY_ALIASES = {"pool": "pool_tokens", "gpu_memory": "gpu_memory_bytes", "dtype": "kv_dtype", "insert": "mode"}
-_KEY_ALIASES |= {"max_step_tokens": "max_batched_tokens", "dp": "dp_attention"}
-SWEEP_KEYS = ("policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "mode")
+_KEY_ALIASES = {
+    "pool": "pool_tokens",
+    "gpu_memory": "gpu_memory_bytes",
+    "dtype": "kv_dtype",
+    "insert": "insert_mode",
+    "mode": "insert_mode",
+    "policy": "eviction_policy",
+}
+_KEY_ALIASES |= {"max_batched_tokens": "max_batched_tokens", "dp": "dp_attention"}
+SWEEP_KEYS = ("eviction_policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode")
 SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
 TABLE_COLUMNS = (
     ("pool_tokens", "pool tokens"),

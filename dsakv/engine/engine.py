@@ -31,7 +31,7 @@ import torch
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES
-from dsakv.cache.radix import MODES, RadixCache
+from dsakv.cache.radix import INSERT_MODES, RadixCache
 from dsakv.engine.pool import POOL_KINDS, TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache, request_slots
 from dsakv.errors import DsakvError
@@ -55,7 +55,7 @@ class EngineConfig:
     pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
     kv_dtype: str = "fp8_ds_mla"
     prefix_cache: bool = True
-    cache_mode: str = "finish"  # radix insertion: "finish" or "allocate"
+    insert_mode: str = "finish"  # radix insertion: "finish" or "allocate"
     eviction_policy: str = "lru"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     logits_budget_bytes: int | None = None  # indexer logits budget (row chunking); None: the default rule
@@ -71,7 +71,12 @@ class EngineConfig:
                 raise DsakvError(f"{name} = {value!r}: must be a positive integer")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
-        names = {"pool_kind": POOL_KINDS, "kv_dtype": KV_DTYPES, "cache_mode": MODES, "eviction_policy": POLICIES}
+        names = {
+            "pool_kind": POOL_KINDS,
+            "kv_dtype": KV_DTYPES,
+            "insert_mode": INSERT_MODES,
+            "eviction_policy": POLICIES,
+        }
         for name, allowed in names.items():
             if getattr(self, name) not in allowed:
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be one of {', '.join(allowed)}")
@@ -124,7 +129,7 @@ class Engine:
         self.allocator = PageAllocator(config.num_pages, config.page_size, first_page=scratch_pages)
         self.pool = TwinPool(self.layout, self.allocator, kind=config.pool_kind)
         self.radix = (
-            RadixCache(self.allocator, policy=config.eviction_policy, mode=config.cache_mode)
+            RadixCache(self.allocator, eviction_policy=config.eviction_policy, insert_mode=config.insert_mode)
             if config.prefix_cache
             else None
         )

@@ -44,7 +44,7 @@ def _positive_int(name: str, value: object) -> None:
 class SchedulerConfig:
     """Scheduler knobs. ``chunk_tokens`` must be a multiple of the page size (checked by the Scheduler)."""
 
-    max_step_tokens: int = 2048  # tokens computed per step, prefill chunks and decodes together
+    max_batched_tokens: int = 2048  # tokens computed per step, prefill chunks and decodes together
     chunk_tokens: int = 512  # largest prefill chunk of one request in one step
     max_running: int = 256  # requests holding pages at once
     max_context: int | None = None  # context limit in tokens (prompt + max_new_tokens); None: the pool decides
@@ -54,7 +54,7 @@ class SchedulerConfig:
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified per decode step
 
     def __post_init__(self) -> None:
-        _positive_int("max_step_tokens", self.max_step_tokens)
+        _positive_int("max_batched_tokens", self.max_batched_tokens)
         _positive_int("chunk_tokens", self.chunk_tokens)
         _positive_int("max_running", self.max_running)
         if self.max_context is not None:
@@ -67,14 +67,16 @@ class SchedulerConfig:
         k = self.num_draft_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise DsakvError(f"num_draft_tokens = {k!r}: must be an integer >= 0")
-        if self.max_step_tokens < 1 + k:
-            raise DsakvError(f"max_step_tokens = {self.max_step_tokens}: must be >= 1 + num_draft_tokens ({1 + k})")
+        if self.max_batched_tokens < 1 + k:
+            raise DsakvError(
+                f"max_batched_tokens = {self.max_batched_tokens}: must be >= 1 + num_draft_tokens ({1 + k})"
+            )
 
     def check_page_size(self, page_size: int) -> None:
         if self.chunk_tokens % page_size:
             raise DsakvError(f"chunk_tokens = {self.chunk_tokens}: must be a multiple of the page size {page_size}")
-        if self.max_step_tokens < page_size:
-            raise DsakvError(f"max_step_tokens = {self.max_step_tokens}: must be >= the page size {page_size}")
+        if self.max_batched_tokens < page_size:
+            raise DsakvError(f"max_batched_tokens = {self.max_batched_tokens}: must be >= the page size {page_size}")
 
 
 def never_fit_reason(

@@ -85,7 +85,7 @@ class Scheduler:
         self.on_finish = on_finish
         self.on_offload = on_offload
         self.page_size = allocator.page_size
-        self.insert_as_written = radix is not None and getattr(radix, "mode", "finish") == "allocate"
+        self.insert_as_written = radix is not None and radix.insert_mode == "allocate"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
@@ -165,7 +165,7 @@ class Scheduler:
         self._check_idle("step")
         plan, self._pending = self._pending, BatchPlan(step=-1)
         plan.step = self.stats.steps
-        budget = self.config.max_step_tokens
+        budget = self.config.max_batched_tokens
         ps, drafting = self.page_size, self.config.num_draft_tokens > 0
         items, scheduled = plan.items, set()
         for req in list(self.running):

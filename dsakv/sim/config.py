@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dsakv.cache.eviction import get_policy
-from dsakv.cache.radix import MODES
+from dsakv.cache.radix import INSERT_MODES
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import PoolCapacity, RankCell
 from dsakv.planner.deployment import (
@@ -65,8 +65,8 @@ class SimConfig:
     mtp_accept: float = 0.8
     indexer: str | None = None
     pool_tokens: int | None = None
-    policy: str = "lru"
-    mode: str = "finish"
+    eviction_policy: str = "lru"
+    insert_mode: str = "finish"
     prefix_cache: bool = True
     preemption: str = "recompute"
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
@@ -77,10 +77,10 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        get_policy(self.policy)
+        get_policy(self.eviction_policy)
         check_mode(self.preemption)
-        if self.mode not in MODES:
-            raise DsakvError(f"mode = {self.mode!r}: must be one of {', '.join(MODES)}")
+        if self.insert_mode not in INSERT_MODES:
+            raise DsakvError(f"insert_mode = {self.insert_mode!r}: must be one of {', '.join(INSERT_MODES)}")
         if self.step_model not in STEP_MODELS:
             raise DsakvError(f"step model = {self.step_model!r}: must be one of {', '.join(STEP_MODELS)}")
         ts = self.time_scale
@@ -202,7 +202,7 @@ def build_setup(cfg: SimConfig) -> Setup:
         )
     chunk = max(tpp, cfg.chunk_tokens // tpp * tpp)
     sched = SchedulerConfig(
-        max_step_tokens=max(cfg.max_batched_tokens, tpp),
+        max_batched_tokens=max(cfg.max_batched_tokens, tpp),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         max_context=spec.max_position_embeddings,

@@ -62,7 +62,9 @@ def simulate(
     if cfg.prefix_cache:
         # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
         # hidden state of the token before a match break), so a hit drops its last matched page.
-        radix = RadixCache(alloc, policy=cfg.policy, mode=cfg.mode, speculative=cfg.mtp > 0)
+        radix = RadixCache(
+            alloc, eviction_policy=cfg.eviction_policy, insert_mode=cfg.insert_mode, speculative=cfg.mtp > 0
+        )
     sched = Scheduler(alloc, radix, setup.scheduler)
     step_seconds = setup.step_time.step_seconds
     rng = random.Random(cfg.seed)

@@ -38,7 +38,7 @@ def what_if_points(base: SimConfig) -> list[dict]:
     spec = setup.spec
     n = spec.num_hidden_layers
     points: list[dict] = [{}]
-    points += [{"policy": p} for p in ("lfu", "fifo", "slru") if p != base.policy]
+    points += [{"eviction_policy": p} for p in ("lfu", "fifo", "slru") if p != base.eviction_policy]
     for count in sorted({spec.num_full_indexer_layers, n // 2, n} - {spec.num_full_indexer_layers}):
         points.append({"indexer": str(count)})
     ic = [name for name, pat in indexer_patterns().items() if len(pat) == n and "indexcache" in name.lower()]
@@ -48,7 +48,7 @@ def what_if_points(base: SimConfig) -> list[dict]:
         {"mtp": 1},
         {"dcp": 2},
         {"kv_dtype": "bf16"},
-        {"mode": "allocate" if base.mode == "finish" else "finish"},
+        {"insert_mode": "allocate" if base.insert_mode == "finish" else "finish"},
     ]
     pool = setup.pages * setup.page_tokens
     points += [{"pool_tokens": pool // 2}, {"pool_tokens": pool * 2}]

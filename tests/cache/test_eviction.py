@@ -27,7 +27,7 @@ def test_registry_names_every_policy_and_rejects_unknown_ones() -> None:
 def victims(policy: str, script) -> list[str]:
     """Insert A, B, C (priorities 2, 0, 1), run ``script`` of matches, then evict one page at a time."""
     alloc = PageAllocator(8, PS)
-    cache = RadixCache(alloc, policy=policy)
+    cache = RadixCache(alloc, eviction_policy=policy)
     names = {}
     for name, toks, prio in (("A", A, 2), ("B", B, 0), ("C", C, 1)):
         (page,) = alloc.alloc(1)

@@ -146,7 +146,7 @@ def test_reset_frees_every_page_and_refuses_while_locked() -> None:
 
 
 def test_priority_policy_evicts_the_lowest_priority_first() -> None:
-    alloc, cache = make(policy="priority")
+    alloc, cache = make(eviction_policy="priority")
     for toks, prio in ((list(range(1, 5)), 5), (list(range(10, 14)), 0), (list(range(20, 24)), 9)):
         pages = alloc.alloc(1)
         cache.insert(toks, pages, priority=prio)
@@ -239,8 +239,8 @@ def test_inserting_pages_not_allocated_raises_and_changes_nothing() -> None:
 @pytest.mark.parametrize(
     "kw, field",
     [
-        ({"policy": "lfru"}, "lru, lfu, fifo, mru, filo, priority, slru"),
-        ({"mode": "eager"}, "finish, allocate"),
+        ({"eviction_policy": "lfru"}, "lru, lfu, fifo, mru, filo, priority, slru"),
+        ({"insert_mode": "eager"}, "finish, allocate"),
         ({"hash_name": "md5"}, "xxh3_64, blake2b, sha256"),
         ({"speculative": 1}, "speculative"),
         ({"event_sink": 3}, "event_sink"),

@@ -127,7 +127,7 @@ def run_both(policy: str, seed: int, mode: str = "finish", pool_pages: int = 12,
     rng = random.Random(seed)
     reqs = random_workload(rng, n)
     a_impl, a_ref = PageAllocator(pool_pages, PS), PageAllocator(pool_pages, PS)
-    impl, ref = RadixCache(a_impl, policy=policy, mode=mode), RefCache(a_ref, policy)
+    impl, ref = RadixCache(a_impl, eviction_policy=policy, insert_mode=mode), RefCache(a_ref, policy)
     hits = 0
     for w in range(0, len(reqs), batch):
         admitted = []

@@ -62,7 +62,7 @@ def test_pages_mapped_by_a_running_request_are_never_evicted() -> None:
 
 @pytest.mark.parametrize("mode, shared", [("allocate", True), ("finish", False)])
 def test_identical_prompts_in_one_step_share_pages_in_allocate_mode(mode: str, shared: bool) -> None:
-    alloc, cache = make(mode=mode)
+    alloc, cache = make(insert_mode=mode)
     prompt = list(range(1, 11))
     held = []
     for _ in range(2):  # the same step: neither request has finished
@@ -70,7 +70,7 @@ def test_identical_prompts_in_one_step_share_pages_in_allocate_mode(mode: str, s
         cache.lock(m.node)
         pages = m.pages + alloc.alloc(-(-len(prompt) // PS) - len(m.pages))
         node = m.node
-        if cache.mode == "allocate":
+        if cache.insert_mode == "allocate":
             r = cache.insert(prompt, pages)
             assert not r.duplicate_pages
             cache.lock(r.node)

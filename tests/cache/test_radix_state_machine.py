@@ -43,7 +43,7 @@ class RadixMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.cache is None)
     def start(self, policy, speculative, events) -> None:
         sink = self.events.append if events else None
-        self.cache = RadixCache(self.alloc, policy=policy, speculative=speculative, event_sink=sink)
+        self.cache = RadixCache(self.alloc, eviction_policy=policy, speculative=speculative, event_sink=sink)
 
     @rule(tokens=tokens_st, salt=salt_st)
     @precondition(lambda self: self.cache is not None)

@@ -38,7 +38,7 @@ def test_out_writes_config_records_and_plots(tmp_path, capsys):
     assert {"config.json", "summary.json", "requests.jsonl", "pool_use.png", "timeline.png"} <= names
     lines = (out / "requests.jsonl").read_text().splitlines()
     assert len(lines) == d["requests"]
-    assert json.loads((out / "config.json").read_text())["config"]["policy"] == "lru"
+    assert json.loads((out / "config.json").read_text())["config"]["eviction_policy"] == "lru"
 
 
 def test_trace_file_and_pool_override(tmp_path, capsys):
@@ -83,10 +83,10 @@ def test_impossible_settings_are_reported_not_crashed(capsys, extra, message):
 def test_sweep_prints_one_comparison_table(capsys):
     d = _json(capsys, SMALL + ["--sweep", "policy=lru,fifo", "--sweep", "pool=5000,64", "--json", "--workers", "1"])
     assert [r["label"] for r in d["rows"]] == [
-        "policy=lru, pool_tokens=5000",
-        "policy=lru, pool_tokens=64",
-        "policy=fifo, pool_tokens=5000",
-        "policy=fifo, pool_tokens=64",
+        "eviction_policy=lru, pool_tokens=5000",
+        "eviction_policy=lru, pool_tokens=64",
+        "eviction_policy=fifo, pool_tokens=5000",
+        "eviction_policy=fifo, pool_tokens=64",
     ]
     assert main(SMALL + ["--sweep", "policy=lru,fifo", "--workers", "1"]) == 0
     assert "sweep over scenario chat" in capsys.readouterr().out

@@ -93,7 +93,7 @@ def test_no_leak_under_preemption_and_speculative_decoding(mode):
     def drafter(request, k):
         return [(len(request.outputs) * 7 + i) % 512 for i in range(k)]
 
-    sched = dict(chunk_tokens=32, max_step_tokens=64, new_token_ratio=0.0, preemption=mode, num_draft_tokens=2)
+    sched = dict(chunk_tokens=32, max_batched_tokens=64, new_token_ratio=0.0, preemption=mode, num_draft_tokens=2)
     e = Engine(EngineConfig(num_pages=4, page_size=PAGE, scheduler=SchedulerConfig(**sched)), drafter=drafter)
     reqs = [e.add_request(prompt(24 + 4 * i, base=i), 10) for i in range(3)]
     while not e.scheduler.is_idle:
@@ -161,7 +161,7 @@ def test_aborting_an_offloaded_request_drops_its_host_copy():
     assert_no_leak(e)
 
 
-@pytest.mark.parametrize("field", ["pool_kind", "kv_dtype", "cache_mode", "eviction_policy"])
+@pytest.mark.parametrize("field", ["pool_kind", "kv_dtype", "insert_mode", "eviction_policy"])
 def test_engine_config_rejects_unknown_names_listing_the_valid_ones(field):
     with pytest.raises(DsakvError, match=rf"{field} = 'bogus': must be one of \w+, \w+"):
         EngineConfig(**{field: "bogus"})

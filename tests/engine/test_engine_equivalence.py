@@ -44,7 +44,9 @@ def reference():
     roomy = pages_for(LONGEST, PAGE) * WORKLOAD.num_requests
     big = 4096
     cfg = engine_config(
-        num_pages=roomy, prefix_cache=False, scheduler=dict(max_step_tokens=big, chunk_tokens=big, new_token_ratio=1.0)
+        num_pages=roomy,
+        prefix_cache=False,
+        scheduler=dict(max_batched_tokens=big, chunk_tokens=big, new_token_ratio=1.0),
     )
     engine = Engine(cfg)
     results = run_workload(engine, WORKLOAD)
@@ -86,13 +88,16 @@ SMALL = pages_for(LONGEST, PAGE) + 1  # one request fits; several do not: evicti
     "name, kw",
     [
         ("prefix_cache_on", dict(num_pages=64)),
-        ("prefix_cache_allocate_mode", dict(num_pages=64, cache_mode="allocate")),
-        ("chunk_16", dict(num_pages=64, scheduler=dict(chunk_tokens=16, max_step_tokens=48))),
+        ("prefix_cache_allocate_mode", dict(num_pages=64, insert_mode="allocate")),
+        ("chunk_16", dict(num_pages=64, scheduler=dict(chunk_tokens=16, max_batched_tokens=48))),
         (
             "chunk_32_no_cache",
-            dict(num_pages=64, prefix_cache=False, scheduler=dict(chunk_tokens=32, max_step_tokens=64)),
+            dict(num_pages=64, prefix_cache=False, scheduler=dict(chunk_tokens=32, max_batched_tokens=64)),
         ),
-        ("packed_layout", dict(num_pages=64, pool_kind="packed", scheduler=dict(chunk_tokens=48, max_step_tokens=96))),
+        (
+            "packed_layout",
+            dict(num_pages=64, pool_kind="packed", scheduler=dict(chunk_tokens=48, max_batched_tokens=96)),
+        ),
     ],
 )
 def test_outputs_and_caches_identical_across_configs(name, kw, reference):
@@ -104,7 +109,7 @@ def test_outputs_and_caches_identical_across_configs(name, kw, reference):
 
 @pytest.mark.parametrize("preemption", ["recompute", "offload"])
 def test_small_pool_evicts_and_preempts_without_changing_outputs(preemption, reference):
-    sched = dict(chunk_tokens=32, max_step_tokens=64, new_token_ratio=0.0, preemption=preemption)
+    sched = dict(chunk_tokens=32, max_batched_tokens=64, new_token_ratio=0.0, preemption=preemption)
     engine = Engine(engine_config(num_pages=SMALL, scheduler=sched))
     results = run_checked(engine)
     assert_equivalent(results, reference)
@@ -147,7 +152,7 @@ def oracle_drafter(reference, accept_prob: float, seed: int, rejected: list):
 
 @pytest.mark.parametrize("pool", ["large", "small_recompute", "small_offload"])
 def test_speculative_decoding_with_random_accept_reject_matches(pool, reference):
-    sched = dict(chunk_tokens=32, max_step_tokens=64, num_draft_tokens=3, new_token_ratio=0.0)
+    sched = dict(chunk_tokens=32, max_batched_tokens=64, num_draft_tokens=3, new_token_ratio=0.0)
     if pool != "large":
         sched["preemption"] = pool.removeprefix("small_")
     cfg = engine_config(num_pages=64 if pool == "large" else SMALL, scheduler=sched)
@@ -190,9 +195,9 @@ def test_padding_rows_keep_a_float32_model_bit_exact_across_chunk_sizes():
     # padding to min_rows (batch_invariant) is what keeps chunked + cached runs identical to one-shot ones.
     model = TinyDsaModel(ModelSpec.preset("tiny"), dtype=torch.float32)
     work = chat_workload(conversations=2, turns=2, system_prompts=1, system_tokens=40, max_new_tokens=4, seed=5)
-    whole = dict(max_step_tokens=4096, chunk_tokens=4096, new_token_ratio=1.0)
+    whole = dict(max_batched_tokens=4096, chunk_tokens=4096, new_token_ratio=1.0)
     ref = run_workload(Engine(engine_config(num_pages=64, prefix_cache=False, scheduler=whole), model=model), work)
-    small = dict(chunk_tokens=16, max_step_tokens=48)
+    small = dict(chunk_tokens=16, max_batched_tokens=48)
     results = run_workload(Engine(engine_config(num_pages=64, scheduler=small), model=model), work)
     assert compare(results, ref) == (True, True)
     assert sum(r.stats.hit_tokens for r in results) > 0

@@ -18,7 +18,7 @@ PS = 64
 
 def make(num_pages=32, cache=True, mode="finish", **cfg) -> Scheduler:
     alloc = PageAllocator(num_pages, PS)
-    radix = RadixCache(alloc, mode=mode) if cache else None
+    radix = RadixCache(alloc, insert_mode=mode) if cache else None
     return Scheduler(alloc, radix, SchedulerConfig(**cfg))
 
 
@@ -56,7 +56,7 @@ def test_idle_after_drain_has_no_leak_and_no_lock():
 def test_prefill_chunks_end_on_page_boundaries_within_step_budget():
     # A step budget that is not a page multiple: B's first chunk gets 200 - 128 = 72 tokens of budget and
     # must stop at 64, so every chunk but the last writes whole pages of its own.
-    s = make(chunk_tokens=2 * PS, max_step_tokens=200)
+    s = make(chunk_tokens=2 * PS, max_batched_tokens=200)
     s.add_request(prompt(300), 4)
     s.add_request(prompt(200, base=3), 4)
     spans = []
@@ -86,7 +86,7 @@ def test_decode_takes_a_new_page_every_page_size_tokens():
 
 
 def test_mixed_prefill_and_decode_in_one_step():
-    s = make(chunk_tokens=64, max_step_tokens=128)
+    s = make(chunk_tokens=64, max_batched_tokens=128)
     s.add_request(prompt(10), 50)
     plan = s.step()
     s.update(plan, [[1]])
@@ -164,7 +164,7 @@ def test_zero_max_new_tokens_finishes_at_once():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("max_step_tokens", 0),
+        ("max_batched_tokens", 0),
         ("chunk_tokens", -64),
         ("new_token_ratio", 1.5),
         ("preemption", "swap"),
@@ -225,7 +225,7 @@ def test_allocate_mode_lets_a_request_hit_pages_of_one_still_prefilling(mode):
     # A prefills 3 chunks of 128 + 1 token. B (same prefix) arrives after A's first chunk and is admitted
     # beside A's second: in allocate mode it hits A's first chunk while A is still prefilling; in finish
     # mode nothing is in the tree until A finishes.
-    s = make(mode=mode, chunk_tokens=2 * PS, max_step_tokens=4 * PS)
+    s = make(mode=mode, chunk_tokens=2 * PS, max_batched_tokens=4 * PS)
     shared = prompt(6 * PS)
     a = s.add_request(shared + [1], 3)
     plan = s.step()

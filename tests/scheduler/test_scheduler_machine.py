@@ -29,9 +29,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def setup(self, pages, cache, preemption, victim_order, drafts, ratio, chunk):
         self.alloc = PageAllocator(pages, PS)
-        radix = None if cache == "none" else RadixCache(self.alloc, mode=cache)
+        radix = None if cache == "none" else RadixCache(self.alloc, insert_mode=cache)
         cfg = SchedulerConfig(
-            max_step_tokens=max(chunk, 1 + drafts, PS) + 8,
+            max_batched_tokens=max(chunk, 1 + drafts, PS) + 8,
             chunk_tokens=chunk,
             max_running=4,
             max_context=80,  # prompts reach 70 tokens + 40 new: some exceed it
@@ -71,7 +71,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def step(self, data):
         plan = self.s.step()
-        assert plan.num_tokens <= self.s.config.max_step_tokens
+        assert plan.num_tokens <= self.s.config.max_batched_tokens
         for kind, happened in (
             ("preempted for pages", plan.preempted),
             ("restored after offload", plan.restores),

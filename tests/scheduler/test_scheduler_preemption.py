@@ -126,8 +126,8 @@ def test_speculative_bigram_cache_keeps_every_page_accounted_at_finish(mode):
     # The bigram tree keys one page fewer than the whole pages of a request: the last page must stay the
     # request's and be freed, not handed to a tree that never stores it (a page leaked per finish).
     alloc = PageAllocator(8, 64, first_page=1)
-    radix = RadixCache(alloc, speculative=True, mode=mode)
-    sched = Scheduler(alloc, radix, SchedulerConfig(max_step_tokens=256, chunk_tokens=256, num_draft_tokens=1))
+    radix = RadixCache(alloc, speculative=True, insert_mode=mode)
+    sched = Scheduler(alloc, radix, SchedulerConfig(max_batched_tokens=256, chunk_tokens=256, num_draft_tokens=1))
     sched.add_request(list(range(128)), 2)
     while not sched.is_idle:
         plan = sched.step()

@@ -126,7 +126,7 @@ def test_small_pool_evicts_cached_prefixes(chat):
 
 
 def test_allocate_mode_and_no_prefix_cache(chat):
-    alloc = simulate(SimConfig(mode="allocate"), chat, check_every=50).summary
+    alloc = simulate(SimConfig(insert_mode="allocate"), chat, check_every=50).summary
     off = simulate(SimConfig(prefix_cache=False), chat).summary
     assert alloc["finished"] == off["finished"] == len(chat)
     assert off["hit_tokens"] == 0 and alloc["hit_tokens"] > 0
@@ -154,5 +154,5 @@ def test_mooncake_trace_head_runs_with_prefix_hits():
 @pytest.mark.parametrize("mode", ["finish", "allocate"])
 def test_mtp_drafts_leak_no_page_at_finish(mode):
     reqs = [_req(0, [1], 100, out=2), _req(10, [1, 2], 700, out=30), _req(20, [1, 2], 700, out=9)]
-    res = simulate(SimConfig(mtp=2, mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
+    res = simulate(SimConfig(mtp=2, insert_mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
     assert res.summary["finished"] == 3

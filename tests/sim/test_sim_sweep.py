@@ -14,7 +14,7 @@ from dsakv.sim.sweep import run_sweep, what_if_points
 def test_several_sweep_flags_give_their_product():
     points = parse_sweep(["policy=lru,lfu", "mtp=0,1", "pool=64000"], SimConfig())
     assert len(points) == 4
-    assert {"policy": "lfu", "mtp": 1, "pool_tokens": 64000} in points
+    assert {"eviction_policy": "lfu", "mtp": 1, "pool_tokens": 64000} in points
 
 
 @pytest.mark.parametrize("bad", ["colour=red", "policy", "mtp=x", "what-if"])
@@ -27,14 +27,14 @@ def test_what_if_preset_changes_one_knob_at_a_time():
     points = what_if_points(SimConfig())
     assert points[0] == {} and all(len(p) == 1 for p in points[1:])
     keys = {k for p in points for k in p}
-    assert {"policy", "indexer", "mtp", "dcp", "kv_dtype", "mode", "pool_tokens"} <= keys
+    assert {"eviction_policy", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode", "pool_tokens"} <= keys
 
 
 def test_sweep_runs_points_in_workers_and_reports_impossible_ones():
     src = Source(scenario="chat", scale=0.05, seed=2)
-    points = [{"policy": "lru"}, {"policy": "fifo"}, {"pool_tokens": 10}]
+    points = [{"eviction_policy": "lru"}, {"eviction_policy": "fifo"}, {"pool_tokens": 10}]
     rows = run_sweep(SimConfig(step_model="constant"), points, src, workers=2)
-    assert [r.label for r in rows] == ["policy=lru", "policy=fifo", "pool_tokens=10"]
+    assert [r.label for r in rows] == ["eviction_policy=lru", "eviction_policy=fifo", "pool_tokens=10"]
     assert rows[0].summary["finished"] == rows[1].summary["finished"] > 0
     assert rows[2].summary is None and "one page" in rows[2].error
     assert row_figures(rows[0])["hit_rate_tokens"] == rows[0].summary["hit_rate_tokens"]
@@ -42,4 +42,4 @@ def test_sweep_runs_points_in_workers_and_reports_impossible_ones():
 
 def test_unknown_policy_in_sweep_is_bad_input():
     with pytest.raises(DsakvError, match="policy"):
-        run_sweep(SimConfig(), [{"policy": "random"}], Source(scenario="chat", scale=0.05))
+        run_sweep(SimConfig(), [{"eviction_policy": "random"}], Source(scenario="chat", scale=0.05))
