@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 
 HashFn = Callable[[bytes], bytes]
 NamespacePart = str | bytes | int | None
@@ -45,10 +45,8 @@ HASH_FUNCTIONS: dict[str, HashFn] = {
 
 def get_hash(name: str) -> HashFn:
     """The hash function called ``name``; raises ``DsakvError`` listing the valid names."""
-    fn = HASH_FUNCTIONS.get(name) if isinstance(name, str) else None
-    if fn is None:
-        raise DsakvError(f"hash_name = {name!r}: unknown hash; valid: {', '.join(HASH_FUNCTIONS)}")
-    return fn
+    check_choice("hash_name", name, HASH_FUNCTIONS)
+    return HASH_FUNCTIONS[name]
 
 
 def check_namespace_part(field: str, value: object) -> None:

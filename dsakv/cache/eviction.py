@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from dsakv.errors import DsakvError
+from dsakv.errors import check_choice
 
 SLRU_PROTECTED_HITS = 2  # a page matched this many times moves from the probation to the protected segment
 
@@ -87,10 +87,8 @@ POLICIES: dict[str, EvictionPolicy] = {
 
 def get_policy(name: str) -> EvictionPolicy:
     """The policy called ``name``; raises ``DsakvError`` listing the valid names."""
-    policy = POLICIES.get(name) if isinstance(name, str) else None
-    if policy is None:
-        raise DsakvError(f"policy = {name!r}: unknown eviction policy; valid: {', '.join(POLICIES)}")
-    return policy
+    check_choice("eviction_policy", name, POLICIES)
+    return POLICIES[name]
 
 
 class LeafHeap:

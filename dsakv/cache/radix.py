@@ -50,7 +50,7 @@ from dsakv.cache.tree import (
     unlock_path,
     walk,
 )
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 
 INSERT_MODES = ("finish", "allocate")
 _HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
@@ -72,8 +72,7 @@ class RadixCache:
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
         self.eviction_policy = get_policy(eviction_policy)
-        if insert_mode not in INSERT_MODES:
-            raise DsakvError(f"insert_mode = {insert_mode!r}: must be one of {', '.join(INSERT_MODES)}")
+        check_choice("insert_mode", insert_mode, INSERT_MODES)
         if not isinstance(speculative, bool):
             raise DsakvError(f"speculative = {speculative!r}: must be True or False")
         self._hash = get_hash(hash_name)

@@ -34,7 +34,7 @@ from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, RadixCache
 from dsakv.engine.pool import POOL_KINDS, TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache, request_slots
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.admission import SchedulerConfig
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
@@ -78,8 +78,7 @@ class EngineConfig:
             "eviction_policy": POLICIES,
         }
         for name, allowed in names.items():
-            if getattr(self, name) not in allowed:
-                raise DsakvError(f"{name} = {getattr(self, name)!r}: must be one of {', '.join(allowed)}")
+            check_choice(name, getattr(self, name), allowed)
 
 
 @dataclass

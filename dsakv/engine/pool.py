@@ -31,7 +31,7 @@ import torch
 from dsakv.cache.allocator import PageAllocator
 from dsakv.engine.offload import HostPages, block_spans, host_buffer
 from dsakv.engine.pool_checks import SlotChecker, check_rows
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.kernels import cache_ops
 from dsakv.planner.budget import SCRATCH_PAGES, pool_capacity
 from dsakv.spec.layout import CacheLayout
@@ -50,8 +50,7 @@ class TwinPool:
         device: str | torch.device = "cpu",
         fp8_scale: float | Sequence[float] = 1.0,
     ) -> None:
-        if kind not in POOL_KINDS:
-            raise DsakvError(f"pool kind {kind!r}: allowed values are {', '.join(POOL_KINDS)}")
+        check_choice("pool kind", kind, POOL_KINDS)
         if allocator.page_size != layout.page_size:
             raise DsakvError(
                 f"allocator.page_size = {allocator.page_size}: the layout serves page_size = {layout.page_size}"

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from dsakv.errors import DsakvError
+from dsakv.errors import check_choice
 from dsakv.scheduler.batch import BatchPlan, HostCopy
 from dsakv.scheduler.pages import pages_for, release
 from dsakv.scheduler.request import Request, Status
@@ -62,14 +62,12 @@ VICTIM_ORDERS: dict[str, Callable[[list[Request]], list[Request]]] = {
 
 
 def check_mode(name: str) -> str:
-    if name not in PREEMPTION_MODES:
-        raise DsakvError(f"preemption = {name!r}: must be one of {', '.join(PREEMPTION_MODES)}")
+    check_choice("preemption", name, PREEMPTION_MODES)
     return name
 
 
 def check_victim_order(name: str) -> str:
-    if name not in VICTIM_ORDERS:
-        raise DsakvError(f"victim_order = {name!r}: must be one of {', '.join(VICTIM_ORDERS)}")
+    check_choice("victim_order", name, VICTIM_ORDERS)
     return name
 
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from dsakv.cache.eviction import get_policy
 from dsakv.cache.radix import INSERT_MODES
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.budget import PoolCapacity, RankCell
 from dsakv.planner.deployment import (
     DEFAULT_ACTIVATION_BYTES,
@@ -79,10 +79,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         get_policy(self.eviction_policy)
         check_mode(self.preemption)
-        if self.insert_mode not in INSERT_MODES:
-            raise DsakvError(f"insert_mode = {self.insert_mode!r}: must be one of {', '.join(INSERT_MODES)}")
-        if self.step_model not in STEP_MODELS:
-            raise DsakvError(f"step model = {self.step_model!r}: must be one of {', '.join(STEP_MODELS)}")
+        check_choice("insert_mode", self.insert_mode, INSERT_MODES)
+        check_choice("step_model", self.step_model, STEP_MODELS)
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
             raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")

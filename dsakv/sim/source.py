@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS, generate_scenario
 from dsakv.workloads.traces import MooncakeTrace, TraceOrderWarning, TraceRequest
 
@@ -29,8 +29,8 @@ class Source:
     def __post_init__(self) -> None:
         if self.trace is not None and self.scenario is not None:
             raise DsakvError("give either --trace or --scenario, not both")
-        if self.scenario is not None and self.scenario not in SCENARIOS:
-            raise DsakvError(f"scenario {self.scenario!r}: choose one of {', '.join(SCENARIOS)}")
+        if self.scenario is not None:
+            check_choice("scenario", self.scenario, SCENARIOS)
 
     @property
     def name(self) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.model_spec import ModelSpec
 
 CUDA_PAGE_SIZE = 64  # the DSA indexer kernels on CUDA read 64-token pages
@@ -65,8 +65,7 @@ KV_DTYPES: dict[str, MainKVFormat] = {
 
 
 def kv_format(name: str) -> MainKVFormat:
-    if name not in KV_DTYPES:
-        raise DsakvError(f"kv_dtype {name!r}: allowed values are {', '.join(KV_DTYPES)}")
+    check_choice("kv_dtype", name, KV_DTYPES)
     return KV_DTYPES[name]
 
 

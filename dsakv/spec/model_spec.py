@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.indexer_schedule import (
     FULL,
     INDEXER_TYPES,
@@ -237,8 +237,7 @@ class ModelSpec:
     @classmethod
     def preset(cls, name: str) -> ModelSpec:
         """One of the presets shipped with the package (see ``PRESETS``)."""
-        if name not in PRESETS:
-            raise DsakvError(f"unknown model preset {name!r}: choose one of {', '.join(PRESETS)}")
+        check_choice("model preset", name, PRESETS)
         text = resources.files("dsakv.spec.presets").joinpath(f"{name}.json").read_text()
         return cls.from_hf_config(json.loads(text), name=name)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest
 
 
@@ -139,8 +139,7 @@ DEFAULT_SCENARIO = "mixed"
 
 def generate_scenario(name: str = DEFAULT_SCENARIO, seed: int = 0, scale: float = 1.0) -> list[TraceRequest]:
     """Requests of a named scenario in arrival order (stable sort by timestamp); deterministic for a seed."""
-    if name not in SCENARIOS:
-        raise DsakvError(f"scenario {name!r}: choose one of {', '.join(SCENARIOS)}")
+    check_choice("scenario", name, SCENARIOS)
     if not (isinstance(scale, (int, float)) and 0 < scale <= 1000):
         raise DsakvError(f"scenario scale = {scale!r}: must be a number in (0, 1000]")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -7,9 +7,7 @@ evictable leaves ever share a key (the claim that makes eviction order tie-free)
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
@@ -194,16 +192,8 @@ def test_cache_at_allocation_equals_the_reference(policy: str, seed: int) -> Non
     assert hits > 0 and evicted > 0
 
 
-def _load_bench():
-    path = Path(__file__).resolve().parents[2] / "bench" / "prefix_cache.py"
-    spec = importlib.util.spec_from_file_location("prefix_cache_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_protocol_hits_equal_the_reference_replay() -> None:
-    bench = _load_bench()
+def test_bench_protocol_hits_equal_the_reference_replay(load_file_module, repo_dir) -> None:
+    bench = load_file_module(repo_dir / "bench" / "prefix_cache.py")
     rng = random.Random(7)
     reqs = random_workload(rng, 150)
     cache = RadixCache(PageAllocator(10, PS))

@@ -75,7 +75,7 @@ def test_gpu_memory_units_are_decimal_and_binary(capsys):
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--model", "glm-9"], "unknown model preset"),
+        (["--model", "glm-9"], "model preset = 'glm-9': must be one of"),
         (["--config", "/nonexistent/config.json"], "cannot read"),
         (["--page-size", "32"], "page_size = 32"),
         (["--gpu-memory", "0"], "--gpu-memory"),

@@ -16,12 +16,7 @@ from dsakv.scheduler.request import Status
 PAGE = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def engine(num_pages=32, **sched) -> Engine:

@@ -25,13 +25,7 @@ WORKLOAD = chat_workload(conversations=5, turns=2, system_prompts=2, system_toke
 LONGEST = 72 + 2 * 24 + 2 * 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # One CPU thread: stable GEMM paths, and no oversubscription on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def engine_config(**kw) -> EngineConfig:

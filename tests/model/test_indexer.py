@@ -20,13 +20,7 @@ from dsakv.spec.model_spec import ModelSpec
 GiB = 1 << 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny shapes: a second intra-op thread only adds barrier waits (10x slower on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_inputs(rows: int, cols: int, seed: int = 0, heads: int | None = None, dim: int | None = None):

@@ -23,13 +23,7 @@ PAGE = CacheLayout(SPEC).page_size
 TOPK = SPEC.index_topk
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny shapes: a second intra-op thread only adds barrier waits (10x slower on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

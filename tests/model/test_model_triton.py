@@ -24,13 +24,7 @@ SPEC = ModelSpec.preset("tiny")
 LOGIT_ATOL = 2e-3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny shapes: a second intra-op thread only adds barrier waits (10x slower on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run(model: TinyDsaModel, monkeypatch, kernels: str) -> tuple[torch.Tensor, list]:

@@ -14,13 +14,7 @@ HEADS, RANK, ROPE = SPEC.arch_value("num_attention_heads"), SPEC.kv_lora_rank, S
 SCALE = (SPEC.arch_value("qk_nope_head_dim") + ROPE) ** -0.5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny shapes: a second intra-op thread only adds barrier waits (10x slower on a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_inputs(tokens: int, rows: int, top: int, seed: int = 0):

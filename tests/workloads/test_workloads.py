@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tracemalloc
 from pathlib import Path
@@ -18,13 +17,10 @@ REFERENCE = SHARED / "bench" / "workloads.py"
 TRACE = SHARED / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def _reference():
-    if not REFERENCE.exists():
-        pytest.skip(f"shared reference generator absent: {REFERENCE}")
-    spec = importlib.util.spec_from_file_location("shared_workloads", REFERENCE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def reference(load_file_module):
+    """The shared reference generator (skips with its path when the shared checkout is absent)."""
+    return load_file_module(REFERENCE, "shared_workloads")
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +33,8 @@ def test_synthetic_totals_match_bench_md(default_synthetic) -> None:
     assert sum(map(len, default_synthetic)) == 5_088_042
 
 
-def test_synthetic_equals_the_shared_reference_generator(default_synthetic) -> None:
-    ref = _reference()
+def test_synthetic_equals_the_shared_reference_generator(default_synthetic, reference) -> None:
+    ref = reference
     assert ref.synthetic() == default_synthetic
     assert ref.synthetic(300, 7) == workloads.synthetic(300, 7)
 
@@ -91,8 +87,8 @@ def test_mooncake_never_holds_every_requests_token_ids_at_once(tmp_path) -> None
     assert peak < total * 8 / 10  # one request's ids (64 KiB) plus parsing, far below all of them
 
 
-def test_mooncake_equals_the_shared_reference_on_the_real_trace() -> None:
-    ref = _reference()
+def test_mooncake_equals_the_shared_reference_on_the_real_trace(reference) -> None:
+    ref = reference
     if not TRACE.exists():
         pytest.skip(f"Mooncake trace absent: {TRACE}")
     ours = [t.tolist() for t in workloads.mooncake(TRACE, limit=40)]
