@@ -109,7 +109,7 @@ def check_insert_pages(alloc: PageAllocator, in_tree: bytearray, pages: list[int
     """Raise ``DsakvError`` unless every page is allocated, outside the tree and listed once (bad input)."""
     if not pages:
         return
-    first, end, flags = alloc.first_page, alloc.end_page, alloc._allocated
+    first, end, flags = alloc.first_page, alloc.end_page, alloc.allocated_flags
     try:  # fast path: C-level loops (itemgetter, min, max, set); the loop below names the culprit
         get = itemgetter(*pages)
         if first <= min(pages) and max(pages) < end:
@@ -136,7 +136,7 @@ def claim_pages(alloc: PageAllocator, in_tree: bytearray, dup: list[int], new: l
     every page of ``dup + new`` is allocated, outside the tree and listed once. A second copy of an id in
     ``new`` finds its flag already set.
     """
-    first, flags = alloc.first_page, alloc._allocated
+    first, flags = alloc.first_page, alloc.allocated_flags
     it = iter(new)
     flagged_all = False
     try:
