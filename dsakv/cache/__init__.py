@@ -1,5 +1,6 @@
-"""Cache metadata, no tensors: the page allocator, the radix prefix cache (key, tree, integrity check,
-eviction policies, events, metrics). The engine and the simulator drive these same classes."""
+"""Cache metadata, no tensors: the page allocator and the radix prefix cache (its key, tree, state,
+integrity check, eviction policies, events, metrics). The engine and the simulator drive these same classes.
+Module map and import order: docs/prefix_cache.md."""
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.key import RadixKey

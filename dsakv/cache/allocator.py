@@ -37,6 +37,7 @@ class PageAllocator:
         self._free: list[int] = list(range(self.end_page - 1, first_page - 1, -1))
         # 1 = allocated, 0 = free; indexed by page id (ids below first_page stay 1: never free).
         self._allocated = bytearray(b"\x01" * first_page + b"\x00" * num_pages)
+        self._allocated_view = memoryview(self._allocated).toreadonly()
 
     # ----- queries -------------------------------------------------------------------------------
     @property
@@ -47,15 +48,15 @@ class PageAllocator:
     def num_allocated(self) -> int:
         return self.num_pages - len(self._free)
 
-    @property
-    def free_tokens(self) -> int:
-        return len(self._free) * self.page_size
-
     def is_allocated(self, page: int) -> bool:
         return self.first_page <= page < self.end_page and self._allocated[page] == 1
 
-    def can_alloc(self, n: int) -> bool:
-        return n <= len(self._free)
+    @property
+    def allocated_flags(self) -> memoryview:
+        """Read-only view of the allocation flags, indexed by page id: 1 allocated, 0 free (ids below
+        ``first_page`` read 1). For loops that test many ids at C speed (``itemgetter``); ``is_allocated``
+        tests one. The view follows every ``alloc``, ``free`` and ``reset``."""
+        return self._allocated_view
 
     # ----- mutation ------------------------------------------------------------------------------
     def alloc(self, n: int) -> list[int]:
@@ -80,8 +81,9 @@ class PageAllocator:
         pages = list(pages)
         allocated, first = self._allocated, self.first_page
         # Hot path (the prefix cache frees millions of pages): check and clear each flag in one pass; a second
-        # copy of an id finds its flag already cleared. On any failure, restore the flags cleared so far and
-        # let the slow path name the culprit.
+        # copy of an id finds its flag already cleared. On any failure, restore the flags cleared so far and let
+        # the checked twin ``_check_free`` decide and name the culprit (tests/cache/test_fast_slow_twins.py pins
+        # the two together on random input).
         it = iter(pages)
         try:
             for p in it:
@@ -95,17 +97,23 @@ class PageAllocator:
             pass
         for p in pages[: len(pages) - length_hint(it) - 1]:  # the ids before the one that failed
             allocated[p] = 1
-        self._raise_bad_free(pages)
+        self._check_free(pages)
+        for p in pages:  # valid after all (the fast path only gives up): free them the plain way
+            allocated[p] = 0
+        self._free.extend(reversed(pages))
 
-    def _raise_bad_free(self, pages: list) -> None:
-        """Raise the error for the first bad id (checked in order), else for a repeated id."""
+    def _check_free(self, pages: list) -> None:
+        """Raise ``DsakvError`` unless ``free(pages)`` may proceed, naming the first bad id (in order), else
+        a repeated id. Changes nothing."""
+        first, end = self.first_page, self.end_page
         for p in pages:
-            if not isinstance(p, (int, Integral)):
+            if not isinstance(p, Integral):
                 raise DsakvError(f"free of page {p!r}: not an integer page id")
-            if not (self.first_page <= p < self.end_page) or self._allocated[p] != 1:
-                state = "out of range" if not (self.first_page <= p < self.end_page) else "not allocated (double free?)"
-                raise DsakvError(f"free of page {p}: {state}; valid ids {self.first_page}..{self.end_page - 1}")
-        raise DsakvError("free: the same page id appears twice in one call (double free)")
+            if not first <= p < end or self._allocated[p] != 1:
+                state = "out of range" if not first <= p < end else "not allocated (double free?)"
+                raise DsakvError(f"free of page {p}: {state}; valid ids {first}..{end - 1}")
+        if len(set(pages)) != len(pages):
+            raise DsakvError("free: the same page id appears twice in one call (double free)")
 
     def free_token_segments(self, segments: Iterable[tuple[int, int]]) -> list[int]:
         """Free the pages touched by token-slot segments ``[start, end)``, each page once.
@@ -125,8 +133,9 @@ class PageAllocator:
         return ordered
 
     def reset(self) -> None:
-        """Free every page (used when the whole cache is cleared)."""
-        self.__init__(self.num_pages, self.page_size, self.first_page)  # type: ignore[misc]
+        """Free every page (used when the whole cache is cleared); the initial reuse order comes back."""
+        self._free[:] = range(self.end_page - 1, self.first_page - 1, -1)
+        self._allocated[self.first_page :] = bytes(self.num_pages)  # in place: ``allocated_flags`` stays valid
 
     # ----- invariants ----------------------------------------------------------------------------
     def check_integrity(self) -> None:

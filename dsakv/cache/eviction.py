@@ -27,38 +27,52 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 from dsakv.errors import check_choice
 
 SLRU_PROTECTED_HITS = 2  # a page matched this many times moves from the probation to the protected segment
 
 
-def _lru(n: Any) -> Any:
+class Evictable(Protocol):
+    """What a policy and the heap read of a tree node (``tree.Node`` has these fields)."""
+
+    tick: int  # last access
+    created: int  # creation tick
+    hits: int  # matches that covered the node
+    priority: int  # highest insert priority over the node
+    seq: int  # unique node number: the heap's tie-break (keys never tie between leaves; see above)
+
+
+PolicyKey = int | tuple[int, int] | tuple[bool, int]
+NodeT = TypeVar("NodeT", bound=Evictable)
+
+
+def _lru(n: Evictable) -> PolicyKey:
     return n.tick
 
 
-def _mru(n: Any) -> Any:
+def _mru(n: Evictable) -> PolicyKey:
     return -n.tick
 
 
-def _fifo(n: Any) -> Any:
+def _fifo(n: Evictable) -> PolicyKey:
     return n.created
 
 
-def _filo(n: Any) -> Any:
+def _filo(n: Evictable) -> PolicyKey:
     return -n.created
 
 
-def _lfu(n: Any) -> Any:
+def _lfu(n: Evictable) -> PolicyKey:
     return (n.hits, n.tick)
 
 
-def _priority(n: Any) -> Any:
+def _priority(n: Evictable) -> PolicyKey:
     return (n.priority, n.tick)
 
 
-def _slru(n: Any) -> Any:
+def _slru(n: Evictable) -> PolicyKey:
     return (n.hits >= SLRU_PROTECTED_HITS, n.tick)
 
 
@@ -67,7 +81,7 @@ class EvictionPolicy:
     """A named eviction order: ``key(node)`` is smallest for the leaf to evict first."""
 
     name: str
-    key: Callable[[Any], Any]
+    key: Callable[[Evictable], PolicyKey]
     description: str
 
 
@@ -91,7 +105,7 @@ def get_policy(name: str) -> EvictionPolicy:
     return POLICIES[name]
 
 
-class LeafHeap:
+class LeafHeap(Generic[NodeT]):
     """Lazy min-heap of (key, seq, node) entries; validity is decided by the caller at pop time.
 
     ``push`` records a node's current key. ``pop(valid)`` returns the first entry whose node passes
@@ -100,17 +114,17 @@ class LeafHeap:
 
     __slots__ = ("key", "entries")
 
-    def __init__(self, key: Callable[[Any], Any]) -> None:
+    def __init__(self, key: Callable[[Evictable], PolicyKey]) -> None:
         self.key = key
-        self.entries: list[tuple[Any, int, Any]] = []
+        self.entries: list[tuple[PolicyKey, int, NodeT]] = []
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def push(self, node: Any) -> None:
+    def push(self, node: NodeT) -> None:
         heapq.heappush(self.entries, (self.key(node), node.seq, node))
 
-    def pop(self, valid: Callable[[Any], bool]) -> Any:
+    def pop(self, valid: Callable[[NodeT], bool]) -> NodeT | None:
         """Remove and return the node with the smallest current key among valid ones, or None."""
         entries, key = self.entries, self.key
         while entries:
@@ -119,7 +133,7 @@ class LeafHeap:
                 return node
         return None
 
-    def rebuild(self, nodes: Iterable[Any]) -> None:
+    def rebuild(self, nodes: Iterable[NodeT]) -> None:
         """Replace all entries by one per node in ``nodes`` (the current evictable leaves)."""
         key = self.key
         self.entries = [(key(n), n.seq, n) for n in nodes]

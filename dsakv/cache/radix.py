@@ -1,7 +1,7 @@
 """Radix prefix cache over pages (RadixAttention semantics) with lockstep eviction through the allocator.
 
 The tree holds page ids and token ids only. Each node holds a run of whole pages: ``key`` is their
-token bytes (see ``radix_key``), ``pages`` their page ids. A tail shorter than a page never enters the
+token bytes (see ``key.py`` and ``tree.py``), ``pages`` their page ids. A tail shorter than a page never enters the
 tree. Both caches (main KV and indexer K) of a page id live and die together, so freeing a page through
 the ``PageAllocator`` frees both at once.
 
@@ -20,20 +20,25 @@ Rules (details and rationale in the docs):
 * ``insert_mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
 
 Bad input raises ``DsakvError`` and changes neither the tree nor the allocator.
+
+This module is the contract only: the state it keeps is ``state.RadixState``, the tree surgery is in
+``tree.py``, the integrity check and the insert-page validation in ``check.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.check import check_radix, claim_pages
-from dsakv.cache.events import AllCleared, CacheEvent, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash
-from dsakv.cache.eviction import POLICIES, LeafHeap, get_policy
-from dsakv.cache.key import TOKEN_BYTES, RadixKey, Tokens, as_key
+from dsakv.cache.events import AllCleared, CacheEvent, NamespacePart, PagesRemoved, PagesStored, chain_hashes, get_hash
+from dsakv.cache.eviction import POLICIES, get_policy
+from dsakv.cache.key import RadixKey, Tokens, as_key
 from dsakv.cache.metrics import CacheMetrics
+from dsakv.cache.state import RadixState
 from dsakv.cache.tree import (
     EvictResult,
     InsertResult,
@@ -41,23 +46,22 @@ from dsakv.cache.tree import (
     Node,
     add_child,
     drop_last_page,
-    evictable_leaf,
-    iter_nodes,
     lock_path,
     reconcile_pages,
-    split,
     trim_leaves,
     unlock_path,
     walk,
 )
 from dsakv.errors import DsakvError, check_choice
+from dsakv.spec.layout import ceil_div
 
 INSERT_MODES = ("finish", "allocate")
-_HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
 
 
-class RadixCache:
-    """Prefix cache over the pages of one ``PageAllocator``. Not thread-safe: one scheduler drives it."""
+class RadixCache(RadixState):
+    """Prefix cache over the pages of one ``PageAllocator``. Not thread-safe: one scheduler drives it.
+
+    The state it keeps (tree roots, counters, in-tree flags, eviction heap) is ``RadixState``'s."""
 
     def __init__(
         self,
@@ -71,35 +75,17 @@ class RadixCache:
     ) -> None:
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
-        self.eviction_policy = get_policy(eviction_policy)
+        policy = get_policy(eviction_policy)
         check_choice("insert_mode", insert_mode, INSERT_MODES)
         if not isinstance(speculative, bool):
             raise DsakvError(f"speculative = {speculative!r}: must be True or False")
-        self._hash = get_hash(hash_name)
+        hash_fn = get_hash(hash_name)
         if event_sink is not None and not callable(event_sink):
             raise DsakvError(f"event_sink = {event_sink!r}: must be a callable taking one event, or None")
-        self.allocator = allocator
-        self.page_size = allocator.page_size
+        super().__init__(allocator, policy, speculative, hash_fn, event_sink)
         self.insert_mode = insert_mode
-        self.speculative = speculative
         self.hash_name = hash_name
-        self.event_sink = event_sink
-        self._pb = self.page_size * TOKEN_BYTES  # key bytes per page
-        self._x = TOKEN_BYTES if speculative else 0  # bigram keys reach one token into the next page
-        self._heap = LeafHeap(self.eviction_policy.key)
         self.metrics = CacheMetrics()
-        self._clear()
-
-    def _clear(self) -> None:
-        self._roots: dict[tuple, Node] = {}
-        self._in_tree = bytearray(self.allocator.end_page)
-        self._heap.entries = []
-        self._tick = 0
-        self._seq = 0
-        self._nodes = 0  # non-root nodes
-        self._locks = 0  # outstanding lock() calls
-        self._evictable = 0
-        self._protected = 0
 
     # ----- sizes ---------------------------------------------------------------------------------
     @property
@@ -133,29 +119,13 @@ class RadixCache:
         """Pages of a ``num_tokens``-token key that can enter the tree."""
         return (num_tokens - 1) // self.page_size if self.speculative else num_tokens // self.page_size
 
-    # ----- tree helpers --------------------------------------------------------------------------
-    def _split(self, node: Node, m: int) -> Node:
-        self._seq += 1
-        self._nodes += 1
-        return split(node, m, self._pb, self._x, self._seq)
-
-    def _root(self, key: RadixKey) -> Node:
-        root = self._roots.get(key.namespace)
-        if root is None:
-            self._seq += 1
-            root = Node(b"", b"", [], None, 0, self._seq)
-            if self.event_sink is not None:
-                root.hashes = [chain_seed(self._hash, key.extra_key, key.cache_salt)]
-            self._roots[key.namespace] = root
-        return root
-
     # ----- the contract --------------------------------------------------------------------------
     def match(
         self,
         tokens: Tokens | RadixKey,
         *,
-        extra_key=None,
-        cache_salt=None,
+        extra_key: NamespacePart = None,
+        cache_salt: NamespacePart = None,
         leave_one: bool = True,
     ) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` in its namespace. Changes no lock or size
@@ -164,7 +134,7 @@ class RadixCache:
         n, ps = key.num_tokens, self.page_size
         limit = (n - 1) // ps if (leave_one or self.speculative) else n // ps
         root = self._root(key)
-        path, part, m, matched = walk(root, key.data, limit, self._pb, self._x)
+        path, part, m, matched = walk(root, key.data, limit, self._page_key_bytes, self._key_overhang)
         if self.speculative and matched:
             matched -= 1
             part, m = drop_last_page(path, part, m)
@@ -208,15 +178,16 @@ class RadixCache:
     def insert(
         self,
         tokens: Tokens | RadixKey,
-        pages: Sequence[int],
+        pages: Sequence[int] | np.ndarray,
         *,
-        extra_key=None,
-        cache_salt=None,
+        extra_key: NamespacePart = None,
+        cache_salt: NamespacePart = None,
         priority: int = 0,
     ) -> InsertResult:
         """Store the full pages of ``tokens`` (``pages[i]`` holds page i). Pages already cached are not
         replaced: the caller's copies of them come back in ``duplicate_pages`` for the caller to free;
-        pages past ``full_pages(n)`` (the unaligned tail) stay the caller's. The new pages are unlocked."""
+        pages past ``full_pages(n)`` (the unaligned tail) stay the caller's. The new pages are unlocked.
+        ``result.pages`` are the tree's ids of the key's full pages (see ``InsertResult``)."""
         key = as_key(tokens, extra_key, cache_salt)
         if type(pages) is not list:
             pages = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
@@ -225,11 +196,14 @@ class RadixCache:
             raise DsakvError(f"pages: {len(pages)} page ids for {npages} full pages of {key.num_tokens} tokens")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise DsakvError(f"priority = {priority!r}: must be an integer")
+        page_key_bytes, key_overhang = self._page_key_bytes, self._key_overhang
         root = self._roots.get(key.namespace)  # a new namespace's root is made only once the pages pass
-        path, part, m, matched = walk(root, key.data, npages, self._pb, self._x) if root else ([], None, 0, 0)
+        path, part, m, matched = (
+            walk(root, key.data, npages, page_key_bytes, key_overhang) if root else ([], None, 0, 0)
+        )
         new = pages[matched:npages]
         dup, tree_pages = reconcile_pages(path, part, m, matched, pages, npages)
-        claim_pages(self.allocator, self._in_tree, dup, new)  # flags new pages as in the tree
+        claim_pages(self.allocator, self._in_tree, dup, new)
         root = root or self._root(key)
         if part is not None:
             path.append(self._split(part, m))
@@ -240,17 +214,19 @@ class RadixCache:
             if priority > nd.priority:
                 nd.priority = priority
         node = path[-1] if path else root
-        ps, pb, x = self.page_size, self._pb, self._x
+        ps = self.page_size
         if new:
             self._seq += 1
-            child = add_child(node, key.data, matched, npages, pb, x, new, tick, self._seq)
+            child = add_child(node, key.data, matched, npages, page_key_bytes, key_overhang, new, tick, self._seq)
             child.priority = priority
             self._nodes += 1
             self._evictable += len(new) * ps
             self.metrics.inserted_tokens += len(new) * ps
             if self.event_sink is not None:
                 parent_hash = node.hashes[-1]
-                child.hashes = chain_hashes(self._hash, parent_hash, child.key, pb, pb, len(new))
+                child.hashes = chain_hashes(
+                    self._hash_fn, parent_hash, child.key, page_key_bytes, page_key_bytes, len(new)
+                )
                 self.event_sink(PagesStored(tuple(child.hashes), parent_hash, tuple(new), ps))
             node = child
         if node.parent is not None and not node.children and not node.lock_ref:
@@ -267,8 +243,8 @@ class RadixCache:
             raise DsakvError(
                 f"evict({num_tokens}): nothing is evictable: all {self._protected} cached tokens are locked"
             )
-        need = -(-num_tokens // self.page_size)
-        freed, hashes, removed = trim_leaves(self._heap, need, self._pb, self._x)
+        need = ceil_div(num_tokens, self.page_size)
+        freed, hashes, removed = trim_leaves(self._heap, need, self._page_key_bytes, self._key_overhang)
         self._nodes -= removed
         in_tree = self._in_tree
         for p in freed:
@@ -296,17 +272,20 @@ class RadixCache:
         if self.event_sink is not None:
             self.event_sink(AllCleared())
 
-    def _iter_nodes(self) -> Iterator[Node]:
-        """Every non-root node, parents before children."""
-        return iter_nodes(self._roots.values())
+    def check_integrity(self, request_held_pages: int | None = None) -> None:
+        """Raise ``AssertionError`` unless every invariant of the cache holds (see ``dsakv.cache.check``).
 
-    def _maybe_compact(self) -> None:
-        if len(self._heap.entries) > _HEAP_SLACK * self._nodes + 1024:
-            self._heap.rebuild(n for n in self._iter_nodes() if evictable_leaf(n))
-
-    def check_integrity(self, request_held_pages: int = 0) -> None:
-        """Raise ``AssertionError`` unless every invariant holds (see ``dsakv.cache.check``)."""
-        check_radix(self, request_held_pages)
+        Checks the cache's own state only: not the allocator (``allocator.check_integrity()``) and not the
+        page balance ``free + tree + request-held == total`` (the driver's; the scheduler checks it).
+        ``request_held_pages`` is deprecated and ignored: it fed that balance."""
+        if request_held_pages is not None:
+            warnings.warn(
+                "RadixCache.check_integrity(request_held_pages=...) is ignored: the page balance is the "
+                "scheduler's check; call check_integrity() and allocator.check_integrity()",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        check_radix(self)
 
 
 __all__ = ["RadixCache", "RadixKey", "MatchResult", "InsertResult", "EvictResult", "Node", "INSERT_MODES", "POLICIES"]

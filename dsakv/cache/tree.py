@@ -1,12 +1,13 @@
 """The page trie under ``RadixCache``: nodes holding runs of whole pages, result types, and the tree
 surgery (walk, split, add a child, lock counts along a path, speculative page drop, insert reconciliation,
 leaf trimming for eviction). These functions change nodes only; ``RadixCache`` keeps the size counters,
-the in-tree flags and the allocator in step with them.
+the in-tree flags and the allocator (its ``RadixState``) in step with them.
 
-A node's ``key`` is the token bytes of its pages (``pb = 4 * page_size`` bytes each; in speculative mode
-one more token, so page ``i``'s bigram key is ``key[i*pb : (i+1)*pb + 4]``). ``parent.children`` maps
-each child's first-page key to the child, so a lookup is one dict probe plus one bytes comparison for
-the whole run, however many pages it holds::
+A node's ``key`` is the token bytes of its pages: ``page_key_bytes = 4 * page_size`` bytes each, and in
+speculative mode ``key_overhang = 4`` bytes more (one token: page ``i``'s bigram key is
+``key[i * page_key_bytes : (i + 1) * page_key_bytes + key_overhang]``; otherwise ``key_overhang = 0``).
+``parent.children`` maps each child's first-page key to the child, so a lookup is one dict probe plus one
+bytes comparison for the whole run, however many pages it holds::
 
     data  |--page 0--|--page 1--|--page 2--|--page 3--|...        (the request's key bytes)
     node A  [ckey=page 0 ....................]                     matched whole: one memcmp
@@ -60,16 +61,24 @@ class MatchResult:
 
 @dataclass(frozen=True, slots=True)
 class InsertResult:
-    """``cached_tokens`` were already present; the caller frees ``duplicate_pages`` (its copies of them).
+    """What an insert of a key's ``k = full_pages(n)`` full pages did with the caller's page ids.
 
-    ``pages`` are the tree's page ids for the key's full pages: a request that keeps running (cache at
-    allocation) replaces its page table's first ``len(pages)`` entries with them and locks ``node``.
+    * ``cached_tokens``: tokens of the key that were already cached (whole pages, ``<= k * page_size``).
+    * ``duplicate_pages``: the caller's ids at those positions that differ from the cached page there;
+      the tree keeps its own copy, the caller frees these.
+    * ``node``: the node ending at the key's last full page (the namespace root when ``k == 0``); the new
+      pages are unlocked, so lock it to keep ``pages`` valid.
+    * ``pages``: the tree's page ids of the key's ``k`` full pages, in order: exactly the pages on the
+      path from the root to ``node``; the cached ones where the tree already had the prefix, the caller's
+      own past it. A fresh list (the caller may keep it). A request that keeps running (cache at
+      allocation) frees ``duplicate_pages``, replaces its page table's first ``k`` entries with ``pages``,
+      locks ``node`` and unlocks its old node; its pages past ``k`` (the unaligned tail) stay its own.
     """
 
     cached_tokens: int
     duplicate_pages: list[int]
     node: Node
-    pages: list[int]  # the tree's page ids of the key's full pages (a running request's page table)
+    pages: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,44 +87,53 @@ class EvictResult:
     freed_pages: list[int]
 
 
-def walk(root: Node, data: bytes, npages: int, pb: int, x: int) -> tuple[list[Node], Node | None, int, int]:
+def walk(
+    root: Node, data: bytes, npages: int, page_key_bytes: int, key_overhang: int
+) -> tuple[list[Node], Node | None, int, int]:
     """Read-only walk of the first ``npages`` pages of ``data``.
 
     Returns (nodes matched whole, the node matched partway or None, its matched pages, total matched pages).
     """
-    end = npages * pb
+    end = npages * page_key_bytes
+    page_key = page_key_bytes + key_overhang  # bytes of one page's key (a child key is its first page's)
     node, pos, path = root, 0, []
     while pos < end:
-        child = node.children.get(data[pos : pos + pb + x])
+        child = node.children.get(data[pos : pos + page_key])
         if child is None:
             break
         ck = child.key
-        span = len(ck) - x
-        if pos + span <= end and data[pos : pos + span + x] == ck:
+        span = len(ck) - key_overhang
+        if pos + span <= end and data[pos : pos + span + key_overhang] == ck:
             path.append(child)
             node = child
             pos += span
             continue
-        m, limit = 1, min(span, end - pos) // pb
-        while m < limit and data[pos + m * pb : pos + (m + 1) * pb + x] == ck[m * pb : (m + 1) * pb + x]:
+        m, limit = 1, min(span, end - pos) // page_key_bytes
+        while m < limit:
+            at = m * page_key_bytes
+            if data[pos + at : pos + at + page_key] != ck[at : at + page_key]:
+                break
             m += 1
-        return path, child, m, pos // pb + m
-    return path, None, 0, pos // pb
+        return path, child, m, pos // page_key_bytes + m
+    return path, None, 0, pos // page_key_bytes
 
 
-def split(node: Node, m: int, pb: int, x: int, seq: int) -> Node:
-    """Split ``node`` after its first ``m`` pages; returns the new upper node (``seq`` is its id).
+def split(node: Node, m: int, page_key_bytes: int, key_overhang: int, seq: int) -> Node:
+    """Split ``node`` (not a root) after its first ``m`` pages; returns the new upper node (``seq`` is its id).
 
     The lower part keeps the object (and so its heap entries and any request's reference to it); the
     upper part inherits its lock count, since every lock through the node passes through both parts.
     """
-    upper = Node(node.key[: m * pb + x], node.ckey, node.pages[:m], node.parent, node.tick, seq)
+    parent = node.parent
+    assert parent is not None, "a root is never split"
+    cut = m * page_key_bytes
+    upper = Node(node.key[: cut + key_overhang], node.ckey, node.pages[:m], parent, node.tick, seq)
     upper.hits, upper.created, upper.priority, upper.lock_ref = node.hits, node.created, node.priority, node.lock_ref
     if node.hashes is not None:
         upper.hashes, node.hashes = node.hashes[:m], node.hashes[m:]
-    node.parent.children[upper.ckey] = upper
-    node.key = node.key[m * pb :]
-    node.ckey = node.key[: pb + x]
+    parent.children[upper.ckey] = upper
+    node.key = node.key[cut:]
+    node.ckey = node.key[: page_key_bytes + key_overhang]
     node.pages = node.pages[m:]
     node.parent = upper
     upper.children[node.ckey] = node
@@ -159,7 +177,9 @@ def evictable_leaf(node: Node) -> bool:
     return node.alive and not node.children and not node.lock_ref
 
 
-def trim_leaves(heap: LeafHeap, need: int, pb: int, x: int) -> tuple[list[int], list[bytes], int]:
+def trim_leaves(
+    heap: LeafHeap[Node], need: int, page_key_bytes: int, key_overhang: int
+) -> tuple[list[int], list[bytes], int]:
     """Cut up to ``need`` pages off unlocked leaves in heap (policy) order: whole leaves, then the tail
     pages of the last one if fewer are needed; a parent that becomes an unlocked leaf joins the heap.
 
@@ -178,7 +198,7 @@ def trim_leaves(heap: LeafHeap, need: int, pb: int, x: int) -> tuple[list[int], 
             cut = k - take
             freed += node.pages[cut:]
             del node.pages[cut:]
-            node.key = node.key[: cut * pb + x]
+            node.key = node.key[: cut * page_key_bytes + key_overhang]
             if node.hashes is not None:
                 hashes += node.hashes[cut:]
                 del node.hashes[cut:]
@@ -205,7 +225,7 @@ def iter_nodes(roots: Iterable[Node]) -> Iterator[Node]:
         stack.extend(node.children.values())
 
 
-def lock_path(node: Node) -> int:
+def lock_path(node: Node | None) -> int:
     """Add one lock to ``node`` and each ancestor; returns the pages that became locked (count was 0)."""
     moved = 0
     while node is not None:
@@ -216,7 +236,7 @@ def lock_path(node: Node) -> int:
     return moved
 
 
-def unlock_path(node: Node) -> int:
+def unlock_path(node: Node | None) -> int:
     """Remove one lock from ``node`` and each ancestor; returns the pages that became unlocked."""
     moved = 0
     while node is not None:
@@ -228,10 +248,19 @@ def unlock_path(node: Node) -> int:
 
 
 def add_child(
-    parent: Node, data: bytes, first: int, end: int, pb: int, x: int, pages: list[int], tick: int, seq: int
+    parent: Node,
+    data: bytes,
+    first: int,
+    end: int,
+    page_key_bytes: int,
+    key_overhang: int,
+    pages: list[int],
+    tick: int,
+    seq: int,
 ) -> Node:
     """Hang a new node holding pages ``first .. end - 1`` of key ``data`` (their ids ``pages``) under ``parent``."""
-    start = first * pb
-    child = Node(data[start : end * pb + x], data[start : start + pb + x], pages, parent, tick, seq)
+    start = first * page_key_bytes
+    ckey = data[start : start + page_key_bytes + key_overhang]
+    child = Node(data[start : end * page_key_bytes + key_overhang], ckey, pages, parent, tick, seq)
     parent.children[child.ckey] = child
     return child

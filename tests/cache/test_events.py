@@ -116,7 +116,9 @@ def test_events_track_the_cache_content_exactly() -> None:
         alloc.free(r.duplicate_pages + pages[len(toks) // PS :])
         cache.unlock(m.node)
     cache.evict(2 * PS)
+    alloc.check_integrity()
     cache.check_integrity()
+    assert alloc.num_free + cache.total_tokens // PS == alloc.num_pages  # no request holds a page
     live: dict[bytes, int] = {}
     for ev in events:
         if isinstance(ev, PagesStored):

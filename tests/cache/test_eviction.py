@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 
 import pytest
+from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES, LeafHeap, get_policy
@@ -77,7 +78,7 @@ def test_evict_does_not_reheapify_all_leaves(monkeypatch) -> None:
     for _ in range(100):
         cache.evict(PS)
     assert not heapify_calls and len(pops) == 100
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_lazy_heap_stays_bounded_under_repeated_use() -> None:
@@ -90,4 +91,4 @@ def test_lazy_heap_stays_bounded_under_repeated_use() -> None:
         cache.lock(m.node)
         cache.unlock(m.node)
     assert len(cache._heap) <= 4 * cache.num_nodes + 1024 + 2
-    cache.check_integrity()
+    check_all(cache)

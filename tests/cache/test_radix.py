@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache, RadixKey
@@ -27,7 +28,7 @@ def serve(cache: RadixCache, tokens, **kw):
     r = cache.insert(tokens, pages, **kw)
     alloc.free(r.duplicate_pages + pages[cache.full_pages(len(tokens)) :])
     cache.unlock(m.node)
-    cache.check_integrity()
+    check_all(cache)
     return m
 
 
@@ -46,7 +47,7 @@ def test_match_returns_longest_page_aligned_prefix_and_splits_the_node() -> None
     assert m.matched_tokens == 4 and len(m.pages) == 1
     assert cache.num_nodes == 2  # split after the first page
     assert m.node.pages == m.pages
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_match_changes_no_lock_and_no_size() -> None:
@@ -55,7 +56,7 @@ def test_match_changes_no_lock_and_no_size() -> None:
     before = (cache.evictable_tokens, cache.protected_tokens, cache.total_tokens, cache._locks)
     cache.match(list(range(1, 10)))
     assert (cache.evictable_tokens, cache.protected_tokens, cache.total_tokens, cache._locks) == before
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_tail_shorter_than_a_page_never_enters_the_tree() -> None:
@@ -76,7 +77,35 @@ def test_insert_reports_cached_tokens_and_duplicate_pages() -> None:
     r = cache.insert(toks, second)
     assert r.cached_tokens == 8 and r.duplicate_pages == second[:2]
     alloc.free(r.duplicate_pages + second[2:])
-    cache.check_integrity()
+    check_all(cache)
+
+
+def path_pages(node) -> list[int]:
+    chunks = []
+    while node is not None:
+        chunks.append(node.pages)
+        node = node.parent
+    return [p for chunk in reversed(chunks) for p in chunk]
+
+
+def test_insert_result_pages_are_the_tree_pages_on_the_path_to_its_node() -> None:
+    """``InsertResult.pages``: the cached ids where the tree had the prefix, the caller's past it, no tail."""
+    alloc, cache = make()
+    serve(cache, list(range(1, 10)))  # caches pages 0-1 of the prompt below
+    tree = path_pages(cache.match(list(range(1, 10))).node)
+    toks = list(range(1, 9)) + [40, 41, 42, 43, 44]  # 3 full pages + a 1-token tail
+    mine = alloc.alloc(4)  # computed on its own pages, the shared prefix included
+    r = cache.insert(toks, mine)
+    assert r.duplicate_pages == mine[:2] and r.cached_tokens == 2 * PS
+    assert r.pages == tree + [mine[2]] == path_pages(r.node)  # the tail page mine[3] is not there
+    r.pages.append(-1)  # a fresh list: keeping or changing it leaves the tree alone
+    assert path_pages(r.node) == tree + [mine[2]]
+    again = cache.insert(toks, tree + [mine[2]])  # the running request's page table after adopting r.pages
+    assert again.duplicate_pages == [] and again.pages == tree + [mine[2]] and again.node is r.node
+    short = cache.insert([7, 7, 7], [mine[3]])  # no full page: nothing stored, the root comes back
+    assert short.pages == [] and short.node.parent is None and short.cached_tokens == 0
+    alloc.free(r.duplicate_pages + mine[3:])
+    check_all(cache)
 
 
 def test_lock_pins_the_node_and_its_ancestors() -> None:
@@ -88,7 +117,7 @@ def test_lock_pins_the_node_and_its_ancestors() -> None:
     assert cache.protected_tokens == 12  # the shared two pages + its own page
     assert cache.evictable_tokens == 4  # the other branch's page
     assert cache.evictable_tokens + cache.protected_tokens == cache.total_tokens
-    cache.check_integrity()
+    check_all(cache)
     cache.unlock(m.node)
     assert cache.protected_tokens == 0
 
@@ -104,7 +133,7 @@ def test_evict_frees_at_least_n_tokens_or_all_that_is_evictable() -> None:
     r = cache.evict(1000)
     assert r.evicted_tokens == 16 and cache.total_tokens == 0
     assert cache.evict(4).evicted_tokens == 0  # empty cache: nothing to do
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_evict_cascades_to_parents_that_become_leaves() -> None:
@@ -116,7 +145,7 @@ def test_evict_cascades_to_parents_that_become_leaves() -> None:
     assert cache.num_nodes == 1 and cache.total_tokens == PS
     assert cache.evict(PS).evicted_tokens == PS  # the parent, now a one-page leaf
     assert cache.num_nodes == 0 and cache.total_tokens == 0
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_list_and_numpy_tokens_hit_the_same_entries() -> None:
@@ -142,7 +171,7 @@ def test_reset_frees_every_page_and_refuses_while_locked() -> None:
     for stale in (m.node, miss.node):
         with pytest.raises(DsakvError):
             cache.lock(stale)  # nodes from before the reset are gone, roots included
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_priority_policy_evicts_the_lowest_priority_first() -> None:
@@ -151,7 +180,7 @@ def test_priority_policy_evicts_the_lowest_priority_first() -> None:
         pages = alloc.alloc(1)
         cache.insert(toks, pages, priority=prio)
     assert cache.evict(PS).freed_pages == [1]  # the priority-0 page went first
-    cache.check_integrity()
+    check_all(cache)
 
 
 # ----- bad input: a clear error and nothing changed -------------------------------------------------
@@ -282,4 +311,4 @@ def test_numpy_page_ids_are_accepted_and_stored_as_ints() -> None:
     pages = np.array(alloc.alloc(2), dtype=np.int64)
     cache.insert(list(range(1, 9)), pages)
     assert all(type(p) is int for p in cache.match(list(range(1, 10))).pages)
-    cache.check_integrity()
+    check_all(cache)

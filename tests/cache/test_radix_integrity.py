@@ -1,12 +1,15 @@
-"""``check_integrity`` really checks: each corruption of the tree or the allocator is caught.
+"""The checks really check: each corruption of the tree or the allocator is caught by the check that owns it.
 
-The state machines call ``check_integrity`` after every step; these tests make sure that a broken invariant
-would fail them (a check that passes everything would make those machines vacuous).
+``RadixCache.check_integrity`` owns the tree's invariants, ``PageAllocator.check_integrity`` the free list,
+and the driver the page balance (``cache_checks``). The state machines run all three after every step; these
+tests make sure that a broken invariant would fail them (a check that passes everything would make those
+machines vacuous).
 """
 
 from __future__ import annotations
 
 import pytest
+from cache_checks import check_all, check_page_balance
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
@@ -25,7 +28,7 @@ def built(**kw) -> tuple[PageAllocator, RadixCache]:
         r = cache.insert(tokens, pages)
         alloc.free(r.duplicate_pages)
         cache.unlock(m.node)
-    cache.check_integrity()
+    check_all(cache)
     assert cache.num_nodes == 3
     return alloc, cache
 
@@ -38,26 +41,36 @@ def parent(cache: RadixCache):
     return next(n for n in cache._iter_nodes() if n.children)
 
 
+CHECKS = {
+    "radix": lambda a, c: c.check_integrity(),
+    "allocator": lambda a, c: a.check_integrity(),
+    "page balance": lambda a, c: check_page_balance(c),
+}
+
+# name: (corruption, the check that owns the broken invariant)
 CORRUPTIONS = {
-    "sizes": lambda a, c: setattr(c, "_evictable", c._evictable + PS),
-    "lock balance": lambda a, c: setattr(leaf(c), "lock_ref", 1),
-    "tree page freed while mapped": lambda a, c: a.free([leaf(c).pages[0]]),
-    "page mapped twice": lambda a, c: leaf(c).pages.__setitem__(0, parent(c).pages[0]),
-    "leaked page": lambda a, c: a.alloc(1),
-    "in-tree flag": lambda a, c: c._in_tree.__setitem__(leaf(c).pages[0], 0),
-    "missing heap entry": lambda a, c: c._heap.entries.clear(),
-    "key vs pages": lambda a, c: leaf(c).pages.pop(),
-    "node count": lambda a, c: setattr(c, "_nodes", c._nodes + 1),
-    "allocator free list": lambda a, c: a._free.append(a._free[-1]),
+    "sizes": (lambda a, c: setattr(c, "_evictable", c._evictable + PS), "radix"),
+    "lock balance": (lambda a, c: setattr(leaf(c), "lock_ref", 1), "radix"),
+    "tree page freed while mapped": (lambda a, c: a.free([leaf(c).pages[0]]), "radix"),
+    "page mapped twice": (lambda a, c: leaf(c).pages.__setitem__(0, parent(c).pages[0]), "radix"),
+    "leaked page": (lambda a, c: a.alloc(1), "page balance"),
+    "in-tree flag": (lambda a, c: c._in_tree.__setitem__(leaf(c).pages[0], 0), "radix"),
+    "missing heap entry": (lambda a, c: c._heap.entries.clear(), "radix"),
+    "key vs pages": (lambda a, c: leaf(c).pages.pop(), "radix"),
+    "node count": (lambda a, c: setattr(c, "_nodes", c._nodes + 1), "radix"),
+    "allocator free list": (lambda a, c: a._free.append(a._free[-1]), "allocator"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
 def test_check_integrity_catches_each_broken_invariant(name: str) -> None:
     alloc, cache = built()
-    CORRUPTIONS[name](alloc, cache)
+    corrupt, owner = CORRUPTIONS[name]
+    corrupt(alloc, cache)
     with pytest.raises(AssertionError):
-        cache.check_integrity()
+        CHECKS[owner](alloc, cache)
+    with pytest.raises(AssertionError):
+        check_all(cache)  # what the state machines run
 
 
 def test_check_integrity_catches_a_broken_hash_chain() -> None:
@@ -69,7 +82,19 @@ def test_check_integrity_catches_a_broken_hash_chain() -> None:
 
 def test_request_held_pages_enter_the_page_balance() -> None:
     alloc, cache = built()
-    alloc.alloc(2)  # a running request's own pages
-    cache.check_integrity(request_held_pages=2)
+    alloc.alloc(2)  # a running request's own pages: outside the tree, so the cache's own check is unmoved
+    alloc.check_integrity()
+    cache.check_integrity()
+    check_page_balance(cache, request_held_pages=2)
     with pytest.raises(AssertionError, match="request-held"):
-        cache.check_integrity(request_held_pages=1)
+        check_page_balance(cache, request_held_pages=1)
+
+
+def test_radix_check_leaves_the_allocator_and_the_page_balance_to_their_owners() -> None:
+    """Each structure checks its own state once: the driver runs the allocator's check and the balance."""
+    alloc, cache = built()
+    alloc._free.append(alloc._free[-1])  # the allocator's own corruption
+    alloc.alloc(1)  # and a leak
+    cache.check_integrity()
+    with pytest.warns(DeprecationWarning, match="request_held_pages"):
+        cache.check_integrity(request_held_pages=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES, SLRU_PROTECTED_HITS
@@ -174,7 +175,7 @@ def run_both(policy: str, seed: int, mode: str = "finish", pool_pages: int = 12,
             impl.unlock(node)
             ref.lock(toks, locked, -1)
             assert cached_prefixes(impl) == set(ref.pages)
-        impl.check_integrity()
+        check_all(impl)
     return hits, impl.metrics.evicted_tokens
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
@@ -34,12 +35,12 @@ def test_evictable_size_is_not_double_counted_when_requests_share_a_prefix() -> 
     b = cache.match(list(range(1, 9)) + [80, 81])  # splits again after 2 pages, under a's lock
     cache.lock(b.node)
     assert cache.protected_tokens == 12 and cache.evictable_tokens == 4
-    cache.check_integrity()
+    check_all(cache)
     cache.unlock(a.node)
     assert cache.protected_tokens == 8 and cache.evictable_tokens == 8
     cache.unlock(b.node)
     assert cache.protected_tokens == 0 and cache.evictable_tokens == cache.total_tokens == 16
-    cache.check_integrity()
+    check_all(cache)
     with pytest.raises(DsakvError):
         cache.unlock(b.node)  # one unlock too many is refused, sizes stay right
     assert cache.evictable_tokens == 16
@@ -57,7 +58,7 @@ def test_pages_mapped_by_a_running_request_are_never_evicted() -> None:
     assert cache.match(list(range(1, 13)), leave_one=False).pages == running.pages
     with pytest.raises(DsakvError, match="locked"):
         cache.evict(1)
-    cache.check_integrity()
+    check_all(cache)
 
 
 @pytest.mark.parametrize("mode, shared", [("allocate", True), ("finish", False)])
@@ -104,7 +105,7 @@ def test_tenant_isolation_different_salt_never_shares_a_page(field: str) -> None
     pages_a = cache.match(prompt, **{field: "tenant-a"}).pages
     pages_b = cache.match(prompt, **{field: "tenant-b"}).pages
     assert not set(pages_a) & set(pages_b)
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_speculative_match_drops_the_last_matched_page() -> None:
@@ -114,7 +115,7 @@ def test_speculative_match_drops_the_last_matched_page() -> None:
     assert cache.total_tokens == 12
     m = cache.match(prompt)
     assert m.matched_tokens == 8  # 3 pages match, the last is dropped
-    cache.check_integrity()
+    check_all(cache)
 
 
 def test_speculative_keys_are_bigrams_so_the_next_token_matters() -> None:

@@ -1,9 +1,11 @@
-"""Hypothesis state machine: match / lock / insert / unlock / evict / reset in random order, with
-``check_integrity`` (sizes, lock balance, page accounting, heap entries, hash chains) after every step."""
+"""Hypothesis state machine: match / lock / insert / unlock / evict / reset in random order, with the
+allocator's and the cache's ``check_integrity`` (sizes, lock balance, heap entries, hash chains) and the page
+accounting after every step."""
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
+from cache_checks import check_all
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -130,7 +132,7 @@ class RadixMachine(RuleBasedStateMachine):
         if self.cache is None:
             return
         held = sum(len(r.own) for r in self.running)
-        self.cache.check_integrity(request_held_pages=held)
+        check_all(self.cache, request_held_pages=held)
         assert self.cache.evictable_tokens + self.cache.protected_tokens == self.cache.total_tokens
 
 

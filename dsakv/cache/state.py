@@ -1,0 +1,94 @@
+"""``RadixState``: the data of a ``RadixCache`` (its tree roots, size counters, in-tree flags and eviction
+heap) and the few helpers that keep those counters in step with the tree as nodes are made.
+
+``RadixCache`` (``radix.py``) subclasses it and is the only writer; the integrity check (``check.py``) reads
+it and nothing else, so neither the tree code nor the check needs the façade. The fields are private to
+``dsakv.cache``: other packages use ``RadixCache``'s methods and size properties.
+
+Key geometry (see ``tree.py``): a page's key is ``page_key_bytes = TOKEN_BYTES * page_size`` bytes of token
+ids; in speculative mode a page is keyed on bigrams, so its key reaches ``key_overhang = TOKEN_BYTES``
+bytes (one token) into the next page; otherwise ``key_overhang = 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.events import CacheEvent, HashFn, chain_seed
+from dsakv.cache.eviction import EvictionPolicy, LeafHeap
+from dsakv.cache.key import TOKEN_BYTES, RadixKey
+from dsakv.cache.tree import Node, evictable_leaf, iter_nodes, split
+
+HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
+HEAP_SLACK_CONSTANT = 1024
+
+
+class RadixState:
+    """Counters, flags and heap of one radix cache over ``allocator``'s pages (arguments already checked).
+
+    Invariants (``check.check_radix`` recomputes each from the tree):
+
+    * ``_nodes`` = non-root nodes; ``_evictable`` / ``_protected`` = tokens in unlocked / locked nodes;
+    * ``_locks`` = outstanding ``lock`` calls (each node's ``lock_ref`` is its own locks plus its children's);
+    * ``_in_tree[p]`` is 1 exactly for the pages mapped in the tree (each allocated, mapped once);
+    * ``_heap`` holds a current entry for every unlocked leaf;
+    * ``_tick`` advances once per ``match``/``insert``; ``_seq`` numbers nodes (roots included) in creation order.
+    """
+
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        eviction_policy: EvictionPolicy,
+        speculative: bool,
+        hash_fn: HashFn,
+        event_sink: Callable[[CacheEvent], None] | None,
+    ) -> None:
+        self.allocator = allocator
+        self.page_size = allocator.page_size
+        self.eviction_policy = eviction_policy
+        self.speculative = speculative
+        self.event_sink = event_sink
+        self._hash_fn = hash_fn
+        self._page_key_bytes = self.page_size * TOKEN_BYTES
+        self._key_overhang = TOKEN_BYTES if speculative else 0
+        self._heap: LeafHeap[Node] = LeafHeap(eviction_policy.key)
+        self._clear()
+
+    def _clear(self) -> None:
+        """The empty cache (the allocator is the caller's business)."""
+        self._roots: dict[tuple, Node] = {}  # namespace (extra_key, cache_salt) -> its root
+        self._in_tree = bytearray(self.allocator.end_page)
+        self._heap.entries = []
+        self._tick = 0
+        self._seq = 0
+        self._nodes = 0
+        self._locks = 0
+        self._evictable = 0
+        self._protected = 0
+
+    def _iter_nodes(self) -> Iterator[Node]:
+        """Every non-root node, parents before children."""
+        return iter_nodes(self._roots.values())
+
+    def _root(self, key: RadixKey) -> Node:
+        """The root of ``key``'s namespace, made on first use."""
+        root = self._roots.get(key.namespace)
+        if root is None:
+            self._seq += 1
+            root = Node(b"", b"", [], None, 0, self._seq)
+            if self.event_sink is not None:
+                root.hashes = [chain_seed(self._hash_fn, key.extra_key, key.cache_salt)]
+            self._roots[key.namespace] = root
+        return root
+
+    def _split(self, node: Node, num_pages: int) -> Node:
+        """Split ``node`` after its first ``num_pages`` pages (``tree.split``); returns the new upper node."""
+        self._seq += 1
+        self._nodes += 1
+        return split(node, num_pages, self._page_key_bytes, self._key_overhang, self._seq)
+
+    def _maybe_compact(self) -> None:
+        """Rebuild the lazy heap once stale entries outnumber live nodes ``HEAP_SLACK`` times over."""
+        if len(self._heap.entries) > HEAP_SLACK * self._nodes + HEAP_SLACK_CONSTANT:
+            self._heap.rebuild(n for n in self._iter_nodes() if evictable_leaf(n))
