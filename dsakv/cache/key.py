@@ -72,6 +72,22 @@ class RadixKey:
     def __len__(self) -> int:
         return self.num_tokens
 
+    def prefix(self, num_tokens: int) -> RadixKey:
+        """The key of the first ``num_tokens`` tokens, same namespace: a slice of ``data``, nothing re-encoded."""
+        if not 0 < num_tokens <= self.num_tokens:
+            raise DsakvError(f"num_tokens = {num_tokens!r}: must lie in 1..{self.num_tokens}, the key's length")
+        return self._with_data(self.data[: num_tokens * TOKEN_BYTES])
+
+    def extended(self, tokens: Tokens) -> RadixKey:
+        """This key followed by ``tokens``, same namespace: only ``tokens`` are encoded (and range-checked)."""
+        return self._with_data(self.data + _encode(tokens))
+
+    def _with_data(self, data: bytes) -> RadixKey:
+        key = object.__new__(RadixKey)
+        key.data, key.num_tokens = data, len(data) // TOKEN_BYTES
+        key.extra_key, key.cache_salt, key.namespace = self.extra_key, self.cache_salt, self.namespace
+        return key
+
     def tokens(self) -> list[int]:
         """The token ids as a list (decoded; for tests and debugging)."""
         return np.frombuffer(self.data, dtype="<u4").tolist()

@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError
-from dsakv.scheduler.admission import SchedulerConfig
-from dsakv.scheduler.preemption import PREEMPTION_MODES
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.policies import PREEMPTION_MODES
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _longest_request(workload: ChatWorkload) -> int:
 def demo_summary(args) -> dict:
     """Run the workload under pressure and as the reference; every figure the table and ``--json`` show."""
     from dsakv.engine.engine import Engine, EngineConfig
-    from dsakv.scheduler.admission import pages_for
+    from dsakv.scheduler.pages import pages_for
 
     ps = args.page_size
     workload = chat_workload(

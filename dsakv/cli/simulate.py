@@ -21,7 +21,7 @@ from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, 
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError
-from dsakv.scheduler.preemption import PREEMPTION_MODES
+from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source

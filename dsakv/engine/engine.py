@@ -36,8 +36,8 @@ from dsakv.engine.pool import POOL_KINDS, TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache, request_slots
 from dsakv.errors import DsakvError, check_choice
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
-from dsakv.scheduler.admission import SchedulerConfig
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
+from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Request, RequestStats
 from dsakv.scheduler.scheduler import Scheduler
 from dsakv.spec.layout import KV_DTYPES, CacheLayout

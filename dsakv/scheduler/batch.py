@@ -1,4 +1,5 @@
-"""What one scheduler step asks an executor to do (``BatchPlan``), and nothing else.
+"""What one scheduler step asks an executor to do (``BatchPlan``), how a request's work in a step is cut
+(``next_item``), and the check of what the executor reports back (``check_sampled``).
 
 The scheduler has already moved page ids between the allocator, the radix tree and the requests when it
 returns a plan; the executor (the tiny-model engine, or the simulator's cost model) carries out the data
@@ -19,15 +20,12 @@ A plan is valid until ``update`` is called; the page tables it references may ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from dsakv.errors import DsakvError
+from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Request
-
-if TYPE_CHECKING:
-    from dsakv.scheduler.admission import SchedulerConfig
 
 
 @dataclass(slots=True)
@@ -58,7 +56,7 @@ class BatchItem:
 class HostCopy:
     """Pages of both caches to copy to host (offload) or back from host (restore) for one request."""
 
-    request_id: Any
+    request_id: Hashable
     pages: list[int]
     num_tokens: int
 
@@ -80,10 +78,6 @@ class BatchPlan:
     @property
     def num_tokens(self) -> int:
         return sum(item.end - item.start + item.num_draft for item in self.items)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.items or self.offloads or self.restores)
 
 
 def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int) -> BatchItem | None:

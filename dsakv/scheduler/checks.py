@@ -1,43 +1,50 @@
 """The scheduler's integrity invariants, checked after every operation in the tests.
 
-* allocator: free list consistent; ``free + tree pages + request-held == total`` (no leak, no double hold);
-* radix: ``evictable + protected == tokens in the tree``, lock counts balance (its own check, told how many
-  pages requests hold outside it); at idle nothing is locked;
+* pages: ``free + tree pages + request-held == total`` (no leak, no double hold); the allocator's and the
+  radix tree's own checks run once each (the radix's covers its sizes, locks and page flags); at idle
+  nothing is locked;
 * running requests: status RUNNING; the page table covers the computed tokens (between steps, no page past
   them); shared pages are whole computed pages, exactly the tree's pages on the path to the locked node;
-  owned pages allocated, listed once and held by no one else; ``num_computed < num_tokens`` (the last token
-  is written by the next step); one radix lock per running request and no other;
+  owned pages allocated, listed once, held by no one else and not in the tree; ``num_computed <
+  num_tokens`` (the last token is written by the next step); one radix lock per running request and no other;
 * waiting / offloaded requests hold no page and no lock;
 * queues: every live request is in exactly one of ``running`` / ``waiting``; at most ``max_running`` run.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from dsakv.scheduler.pages import pages_for, tree_path_pages
+from dsakv.cache.tree import Node
+from dsakv.scheduler.pages import pages_for
 from dsakv.scheduler.request import Status
-
-if TYPE_CHECKING:
-    from dsakv.scheduler.scheduler import Scheduler
+from dsakv.scheduler.state import SchedulerState
 
 
-def check_scheduler(s: Scheduler) -> None:
-    alloc, radix, ps = s.allocator, s.radix, s.page_size
+def tree_path_pages(node: Node | None) -> list[int]:
+    """Page ids on the path from the root to ``node``, read from the tree (valid while ``node`` is locked)."""
+    parts = []
+    while node is not None and node.parent is not None:
+        parts.append(node.pages)
+        node = node.parent
+    return [p for part in reversed(parts) for p in part]
+
+
+def check_scheduler(state: SchedulerState) -> None:
+    """Raise ``AssertionError`` naming the first broken invariant (see the module docstring)."""
+    alloc, radix, ps = state.allocator, state.radix, state.page_size
     alloc.check_integrity()
-    live = [r.id for r in s.running] + [r.id for r in s.waiting]
-    if len(set(live)) != len(live) or set(live) != set(s._live):
-        raise AssertionError(f"queues {sorted(map(repr, live))} != live requests {sorted(map(repr, s._live))}")
-    if len(s.running) > s.config.max_running:
-        raise AssertionError(f"{len(s.running)} running requests > max_running {s.config.max_running}")
+    live = [r.id for r in state.running] + [r.id for r in state.waiting]
+    if len(set(live)) != len(live) or set(live) != set(state.live):
+        raise AssertionError(f"queues {sorted(map(repr, live))} != live requests {sorted(map(repr, state.live))}")
+    if len(state.running) > state.config.max_running:
+        raise AssertionError(f"{len(state.running)} running requests > max_running {state.config.max_running}")
     owned_seen: set[int] = set()
     held = locks = 0
-    for r in s.running:
+    for r in state.running:
         if r.status is not Status.RUNNING:
             raise AssertionError(f"{r}: in the running list with status {r.status.value}")
         if len(r.pages) < pages_for(r.num_computed, ps):
             raise AssertionError(f"{r}: {len(r.pages)} pages cannot hold {r.num_computed} computed tokens")
-        if s._in_flight is None and len(r.pages) > max(pages_for(r.num_computed, ps), r.num_shared_pages):
+        if state.in_flight is None and len(r.pages) > max(pages_for(r.num_computed, ps), r.num_shared_pages):
             raise AssertionError(f"{r}: holds {len(r.pages)} pages past its computed tokens between steps")
         if r.num_computed >= r.num_tokens:
             raise AssertionError(f"{r}: running with every token computed")
@@ -59,7 +66,7 @@ def check_scheduler(s: Scheduler) -> None:
                 raise AssertionError(f"page {p} owned by two running requests")
             owned_seen.add(p)
         held += len(r.pages) - r.num_shared_pages
-    for r in s.waiting:
+    for r in state.waiting:
         if r.status not in (Status.WAITING, Status.OFFLOADED):
             raise AssertionError(f"{r}: in the waiting queue with status {r.status.value}")
         if r.pages or r.node is not None or r.num_computed:
@@ -71,12 +78,10 @@ def check_scheduler(s: Scheduler) -> None:
         if radix.total_tokens % ps:
             raise AssertionError(f"radix holds {radix.total_tokens} tokens, not whole pages")
         tree_pages = radix.total_tokens // ps
-        if radix.evictable_tokens + radix.protected_tokens != radix.total_tokens:
-            raise AssertionError("radix: evictable + protected != total tokens")
         radix.check_integrity(request_held_pages=held)
         if radix.outstanding_locks != locks:
             raise AssertionError(f"radix holds {radix.outstanding_locks} locks; running requests hold {locks}")
-        if not s.running and radix.protected_tokens:
+        if not state.running and radix.protected_tokens:
             raise AssertionError(f"idle scheduler but radix protects {radix.protected_tokens} tokens (lock leak)")
         for p in owned_seen:
             if radix.holds_page(p):

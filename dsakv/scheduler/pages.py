@@ -1,18 +1,18 @@
 """Handing a request's pages to the prefix cache and back to the allocator (both caches move together).
 
-``insert_computed`` puts the whole computed pages of a request into the radix tree: pages the tree already
-had come back as duplicates and are freed at once. A running request (``relock``) then reads the tree's
-copies: its page table is switched to them and its lock moves to the new deepest node, so the pages it
-uses are always locked. ``release`` gives every page back: optionally inserting first (finish, recompute
-preemption), then freeing its own pages (duplicates, unaligned tail, rolled-back drafts are among them)
-and dropping its lock. Neither touches a tensor.
+``insert_computed`` puts the whole computed pages of a request into the radix tree under the request's own
+key (``Request.radix_key``): pages the tree already had come back as duplicates and are freed at once. A
+running request (``relock``) then reads the tree's copies: its page table is switched to them
+(``InsertResult.pages``) and its lock moves to the new deepest node, so the pages it uses are always locked.
+``release`` gives every page back: optionally inserting first (finish, recompute preemption), then freeing
+its own pages (duplicates, unaligned tail, rolled-back drafts are among them) and dropping its lock.
+Neither touches a tensor.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.radix import RadixCache
 from dsakv.scheduler.request import Request
 from dsakv.spec.layout import ceil_div
 
@@ -22,16 +22,7 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return ceil_div(num_tokens, page_size)
 
 
-def tree_path_pages(node: Any) -> list[int]:
-    """Page ids on the path from the root to ``node`` (valid while ``node`` is locked)."""
-    parts = []
-    while node is not None and node.parent is not None:
-        parts.append(node.pages)
-        node = node.parent
-    return [p for part in reversed(parts) for p in part]
-
-
-def insert_computed(radix: Any, allocator: PageAllocator, req: Request, num_tokens: int, relock: bool) -> int:
+def insert_computed(radix: RadixCache, allocator: PageAllocator, req: Request, num_tokens: int, relock: bool) -> int:
     """Insert the pages of ``tokens[:num_tokens]`` that the tree keys into ``radix``; free the duplicates.
 
     The tree keys ``radix.full_pages(num_tokens)`` pages: the whole pages, or one fewer in speculative
@@ -42,13 +33,13 @@ def insert_computed(radix: Any, allocator: PageAllocator, req: Request, num_toke
     n = radix.full_pages(num_tokens)
     if n <= req.num_shared_pages:
         return 0
-    result = radix.insert(req.tokens(num_tokens), req.pages[:n])
+    result = radix.insert(req.radix_key(num_tokens), req.pages[:n])
     dups = result.duplicate_pages
     if dups:
         allocator.free(dups)
     if relock:
         if dups:
-            req.pages[:n] = tree_path_pages(result.node)
+            req.pages[:n] = result.pages
         radix.lock(result.node)
         if req.node is not None:
             radix.unlock(req.node)
@@ -56,7 +47,7 @@ def insert_computed(radix: Any, allocator: PageAllocator, req: Request, num_toke
     return len(dups)
 
 
-def release(radix: Any, allocator: PageAllocator, req: Request, insert: bool) -> int:
+def release(radix: RadixCache | None, allocator: PageAllocator, req: Request, insert: bool) -> int:
     """Give back every page of ``req`` (whole computed pages into ``radix`` first if ``insert``).
 
     Returns the number of pages freed; the request holds no page and no lock afterwards.
@@ -69,7 +60,7 @@ def release(radix: Any, allocator: PageAllocator, req: Request, insert: bool) ->
             shared = full
     owned = req.pages[shared:]
     allocator.free(owned)
-    if req.node is not None:
+    if req.node is not None and radix is not None:  # a node is only ever locked through the radix
         radix.unlock(req.node)
     req.pages, req.num_shared_pages, req.node = [], 0, None
     return freed + len(owned)

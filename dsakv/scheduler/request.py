@@ -9,23 +9,26 @@ Positions and pages of one request (page size 64 shown as ``|``)::
     owned      = pages[num_shared_pages:]        held by this request alone; it frees them
 
 A running request always has ``num_computed < len(tokens)``: the last token's KV is written by the next
-step, which also yields the next token. A finished request drops its prompt (a long trace must not keep
-every prompt alive); ``outputs`` and ``stats`` remain.
+step, which also yields the next token. A finished request drops its prompt and its key (a long trace must
+not keep every prompt alive); ``outputs`` and ``stats`` remain.
+
+With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens, encoded once: the prompt
+at its first match (not at arrival: a long waiting queue would hold every prompt twice), each output token
+the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
+encoded twice.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from dsakv.cache.key import TOKEN_BYTES
+from dsakv.cache.key import MAX_TOKEN_ID, RadixKey
+from dsakv.cache.tree import Node
 from dsakv.errors import DsakvError
-
-MAX_TOKEN_ID = 2 ** (8 * TOKEN_BYTES) - 1  # the prefix cache keys token ids as unsigned TOKEN_BYTES-byte ints
 
 
 def check_prompt(prompt: Sequence[int]) -> None:
@@ -76,7 +79,7 @@ class RequestStats:
     first_token_step: int | None = None
     finish_step: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str | None]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
@@ -96,15 +99,17 @@ class Request:
         "num_shared_pages",
         "node",
         "offloaded_tokens",
-        "reserve",
+        "estimated_pages",
+        "key",
         "stats",
     )
 
     def __init__(
-        self, request_id: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, step: int
+        self, request_id: Hashable, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, step: int
     ) -> None:
         self.id = request_id
         self.prompt = prompt
+        self.key: RadixKey | None = None  # RadixKey of tokens[:key.num_tokens], the prompt at least (radix_key)
         self.prompt_len = len(prompt)
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
@@ -113,9 +118,11 @@ class Request:
         self.num_computed = 0
         self.pages: list[int] = []
         self.num_shared_pages = 0
-        self.node: Any = None  # radix node locked for the shared pages (None: nothing locked)
+        self.node: Node | None = None  # radix node locked for the shared pages (None: nothing locked)
         self.offloaded_tokens = 0  # while OFFLOADED: tokens whose KV waits on the host
-        self.reserve = 0  # pages reserved at (re)admission (dsakv.scheduler.admission.reserve_pages)
+        # pages it is expected to hold at its peak, estimated at (re)admission: a soft budget, not a
+        # reservation (dsakv.scheduler.admission.estimate_pages)
+        self.estimated_pages = 0
         self.stats = RequestStats(prompt_tokens=self.prompt_len, arrival_step=step)
 
     def __repr__(self) -> str:
@@ -152,6 +159,17 @@ class Request:
             return np.concatenate([head, np.asarray(tail, dtype=head.dtype)])
         return list(head) + tail
 
+    def radix_key(self, end: int) -> RadixKey:
+        """The prefix cache's key of tokens ``[0, end)``, ``0 < end <= num_tokens``: a slice of ``key``, after
+        encoding the prompt (first call) or the output tokens it does not cover yet (each is encoded once)."""
+        key = self.key
+        if key is None:
+            key = self.key = RadixKey(self.prompt)
+        if end > key.num_tokens:
+            key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
+        return key if end == key.num_tokens else key.prefix(end)
+
     def release_prompt(self) -> None:
-        """Drop the prompt once the request is done; ``prompt_len`` and ``outputs`` stay."""
+        """Drop the prompt and its key once the request is done; ``prompt_len`` and ``outputs`` stay."""
         self.prompt = ()
+        self.key = None

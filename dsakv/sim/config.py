@@ -30,8 +30,8 @@ from dsakv.planner.deployment import (
     GpuSetting,
 )
 from dsakv.planner.variants import Variant, variant_capacity
-from dsakv.scheduler.admission import SchedulerConfig
-from dsakv.scheduler.preemption import check_mode
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.policies import check_mode
 from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, gpu_perf
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec

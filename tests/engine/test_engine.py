@@ -10,7 +10,7 @@ import dsakv
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.engine.readback import read_request_cache, request_slots
 from dsakv.errors import DsakvError
-from dsakv.scheduler.admission import SchedulerConfig
+from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Status
 
 PAGE = 16

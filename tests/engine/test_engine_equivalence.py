@@ -17,7 +17,8 @@ import dsakv.planner.workspaces
 from dsakv.cli.demo import chat_workload, compare, run_workload
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.model.tiny_dsa import TinyDsaModel
-from dsakv.scheduler.admission import SchedulerConfig, pages_for
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.pages import pages_for
 from dsakv.spec.model_spec import ModelSpec
 
 PAGE = 16

@@ -9,7 +9,8 @@ import pytest
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
-from dsakv.scheduler.admission import SchedulerConfig, pages_for
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.pages import pages_for
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.scheduler import Scheduler
 
@@ -271,7 +272,7 @@ def test_finished_request_drops_its_prompt_and_keeps_accounting():
     st = r.stats
     assert st.outcome == "finished" and st.admit_step == 0 and st.first_token_step is not None
     assert st.finish_step >= st.first_token_step and st.computed_tokens == 300 + 4
-    assert r.id not in s._live
+    assert r.id not in s.live and r.key is None
 
 
 def test_numpy_prompts_work_like_lists():
@@ -291,3 +292,39 @@ def test_eos_stops_generation_and_max_running_caps_the_batch():
     s.update(plan, [[3] for _ in plan.items])  # both emit EOS as their first token
     drive(s)
     assert [len(r.outputs) for r in reqs[:2]] == [1, 1] and all(len(r.outputs) == 10 for r in reqs[2:])
+
+
+def test_admission_records_an_estimate_and_takes_only_the_first_chunks_pages():
+    # The estimate (the whole prompt + max_new_tokens at ratio 1) is a soft budget, not a reservation: pages
+    # are taken as they are written, the first chunk's right after admission, and eviction frees only that
+    # chunk's shortfall.
+    s = make(num_pages=16, chunk_tokens=4 * PS, max_batched_tokens=4 * PS, new_token_ratio=1.0)
+    s.add_request(prompt(14 * PS + 1, base=50), 1)
+    drive(s)
+    assert s.radix.evictable_tokens == 14 * PS and s.allocator.num_free == 2
+    r = s.add_request(prompt(10 * PS, base=300), 10)
+    plan = s.step()
+    assert plan.admitted == [r] and r.estimated_pages == pages_for(10 * PS + 10, PS) == 11
+    assert len(r.pages) == plan.allocated_pages == 4 and plan.evicted_tokens == (4 - 2) * PS
+    assert s.allocator.num_free == 0 and s.radix.evictable_tokens == 12 * PS
+
+
+def test_check_integrity_runs_the_allocator_and_radix_checks_once_each(monkeypatch):
+    s = make()
+    s.add_request(prompt(200), 5)
+    s.update(s.step(), [[1]])
+    calls = []
+    monkeypatch.setattr(s.allocator, "check_integrity", lambda: calls.append("allocator"))
+    monkeypatch.setattr(s.radix, "check_integrity", lambda **kw: calls.append("radix"))
+    s.check_integrity()
+    assert sorted(calls) == ["allocator", "radix"]
+
+
+def test_check_integrity_catches_a_page_held_by_no_one():
+    s = make(cache=False)
+    s.add_request(prompt(100), 5)
+    s.update(s.step(), [[1]])
+    s.check_integrity()
+    s.allocator.alloc(1)  # allocated, but neither in the tree nor in a page table: a leak
+    with pytest.raises(AssertionError, match=r"free \d+ \+ cached 0 \+ request-held 2 != total 32"):
+        s.check_integrity()

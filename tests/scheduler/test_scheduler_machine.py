@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
-from dsakv.scheduler.admission import SchedulerConfig
+from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.scheduler import Scheduler
 

@@ -10,8 +10,8 @@ from test_scheduler import PS, drive, make, prompt  # the metadata-only driver b
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
-from dsakv.scheduler.admission import SchedulerConfig
-from dsakv.scheduler.preemption import PREEMPTION_MODES, VICTIM_ORDERS
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.policies import PREEMPTION_MODES, VICTIM_ORDERS
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.scheduler import Scheduler
 

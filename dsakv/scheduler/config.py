@@ -1,0 +1,53 @@
+"""``SchedulerConfig``: the scheduler's knobs, validated once when the config is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsakv.errors import DsakvError
+from dsakv.scheduler.policies import check_mode, check_victim_order
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DsakvError(f"{name} = {value!r}: must be a positive integer")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler knobs. ``chunk_tokens`` must be a multiple of the page size (``check_page_size``, called by
+    the scheduler once it knows the allocator)."""
+
+    max_batched_tokens: int = 2048  # tokens computed per step, prefill chunks and decodes together
+    chunk_tokens: int = 512  # largest prefill chunk of one request in one step
+    max_running: int = 256  # requests holding pages at once
+    max_context: int | None = None  # context limit in tokens (prompt + max_new_tokens); None: the pool decides
+    new_token_ratio: float = 0.7  # share of the remaining max_new_tokens in the admission estimate
+    preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
+    victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified per decode step
+
+    def __post_init__(self) -> None:
+        _positive_int("max_batched_tokens", self.max_batched_tokens)
+        _positive_int("chunk_tokens", self.chunk_tokens)
+        _positive_int("max_running", self.max_running)
+        if self.max_context is not None:
+            _positive_int("max_context", self.max_context)
+        ratio = self.new_token_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0.0 <= ratio <= 1.0:
+            raise DsakvError(f"new_token_ratio = {ratio!r}: must be a number in [0, 1]")
+        check_mode(self.preemption)
+        check_victim_order(self.victim_order)
+        k = self.num_draft_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise DsakvError(f"num_draft_tokens = {k!r}: must be an integer >= 0")
+        if self.max_batched_tokens < 1 + k:
+            raise DsakvError(
+                f"max_batched_tokens = {self.max_batched_tokens}: must be >= 1 + num_draft_tokens ({1 + k})"
+            )
+
+    def check_page_size(self, page_size: int) -> None:
+        if self.chunk_tokens % page_size:
+            raise DsakvError(f"chunk_tokens = {self.chunk_tokens}: must be a multiple of the page size {page_size}")
+        if self.max_batched_tokens < page_size:
+            raise DsakvError(f"max_batched_tokens = {self.max_batched_tokens}: must be >= the page size {page_size}")

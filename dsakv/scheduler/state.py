@@ -1,0 +1,97 @@
+"""``SchedulerState``: everything a scheduler holds, and nothing it does.
+
+The allocator and the radix tree (the page owners), the validated config, the queues, the live and done
+maps, the plan in flight and the totals. The step's helpers (``admission``, ``preemption``, ``checks``)
+take this state, never the ``Scheduler`` that drives them, so the package's imports point one way (the
+layers contract in ``pyproject.toml``; ``a | b``: same floor, neither imports the other)::
+
+    scheduler
+    admission | checks
+    preemption
+    state | rollback
+    batch
+    config
+    policies | pages
+    request
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.radix import RadixCache
+from dsakv.errors import DsakvError
+from dsakv.scheduler.batch import BatchPlan, HostCopy
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.request import Request, Status
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Totals over the scheduler's life."""
+
+    steps: int = 0
+    arrived: int = 0
+    admitted: int = 0
+    rejected: int = 0
+    finished: int = 0
+    aborted: int = 0
+    preemptions: int = 0
+    evicted_tokens: int = 0
+    offloaded_pages: int = 0
+    restored_pages: int = 0
+
+
+class SchedulerState:
+    """The scheduler's fields. Built from the page owners and the config (checked against each other here).
+
+    ``radix`` is a ``RadixCache`` over the same allocator, or None for no prefix cache. ``on_finish`` and
+    ``on_offload`` are the executor's hooks (see ``Scheduler``).
+
+    * ``waiting``: WAITING and OFFLOADED requests, front first; ``running``: RUNNING ones, oldest first;
+    * ``live``: request id -> every queued request; ``done``: request id -> the final status of those that
+      left (finished, rejected, aborted; their prompts are released);
+    * ``in_flight``: the plan between ``step`` and ``update`` (None otherwise); ``pending``: what
+      ``preempt``/``abort`` did between steps (offloads, freed pages), handed out with the next plan.
+    """
+
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        radix: RadixCache | None = None,
+        config: SchedulerConfig | None = None,
+        on_finish: Callable[[Request], None] | None = None,
+        on_offload: Callable[[HostCopy], None] | None = None,
+    ) -> None:
+        config = config or SchedulerConfig()
+        config.check_page_size(allocator.page_size)
+        if radix is not None and radix.page_size != allocator.page_size:
+            raise DsakvError(
+                f"radix.page_size = {radix.page_size}: must equal allocator.page_size {allocator.page_size}"
+            )
+        self.allocator = allocator
+        self.radix = radix
+        self.config = config
+        self.on_finish = on_finish
+        self.on_offload = on_offload
+        self.page_size = allocator.page_size
+        self.insert_as_written = radix is not None and radix.insert_mode == "allocate"
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self.live: dict[Hashable, Request] = {}
+        self.done: dict[Hashable, Status] = {}
+        self.in_flight: BatchPlan | None = None
+        self.pending = BatchPlan(step=-1)
+        self._ids = itertools.count()
+
+    def new_request_id(self) -> int:
+        """The next integer id that no live or done request has."""
+        request_id = next(self._ids)
+        while request_id in self.live or request_id in self.done:
+            request_id = next(self._ids)
+        return request_id
