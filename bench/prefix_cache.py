@@ -86,7 +86,8 @@ def replay(requests: Iterable, cache: RadixCache, batch: int) -> dict:
     capacity = alloc.num_pages * ps
     leak_ok = cache.protected_tokens == 0 and alloc.num_free * ps + cache.evictable_tokens == capacity
     try:
-        cache.check_integrity(0)
+        alloc.check_integrity()
+        cache.check_integrity()
     except AssertionError:
         leak_ok = False
     return {

@@ -27,7 +27,6 @@ This module is the contract only: the state it keeps is ``state.RadixState``, th
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -272,19 +271,11 @@ class RadixCache(RadixState):
         if self.event_sink is not None:
             self.event_sink(AllCleared())
 
-    def check_integrity(self, request_held_pages: int | None = None) -> None:
+    def check_integrity(self) -> None:
         """Raise ``AssertionError`` unless every invariant of the cache holds (see ``dsakv.cache.check``).
 
         Checks the cache's own state only: not the allocator (``allocator.check_integrity()``) and not the
-        page balance ``free + tree + request-held == total`` (the driver's; the scheduler checks it).
-        ``request_held_pages`` is deprecated and ignored: it fed that balance."""
-        if request_held_pages is not None:
-            warnings.warn(
-                "RadixCache.check_integrity(request_held_pages=...) is ignored: the page balance is the "
-                "scheduler's check; call check_integrity() and allocator.check_integrity()",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+        page balance ``free + tree + request-held == total`` (the driver's; the scheduler checks it)."""
         check_radix(self)
 
 

@@ -78,7 +78,7 @@ def check_scheduler(state: SchedulerState) -> None:
         if radix.total_tokens % ps:
             raise AssertionError(f"radix holds {radix.total_tokens} tokens, not whole pages")
         tree_pages = radix.total_tokens // ps
-        radix.check_integrity(request_held_pages=held)
+        radix.check_integrity()
         if radix.outstanding_locks != locks:
             raise AssertionError(f"radix holds {radix.outstanding_locks} locks; running requests hold {locks}")
         if not state.running and radix.protected_tokens:

@@ -96,5 +96,5 @@ def test_radix_check_leaves_the_allocator_and_the_page_balance_to_their_owners()
     alloc._free.append(alloc._free[-1])  # the allocator's own corruption
     alloc.alloc(1)  # and a leak
     cache.check_integrity()
-    with pytest.warns(DeprecationWarning, match="request_held_pages"):
-        cache.check_integrity(request_held_pages=0)
+    with pytest.raises(AssertionError):
+        alloc.check_integrity()

@@ -39,4 +39,6 @@ def test_evicted_page_is_freed_in_the_main_and_the_indexer_cache_together() -> N
     assert alloc.alloc(1) == [page]  # reused whole: both caches writable again
     pool.store_main(full, slots, latent, rope)
     pool.store_indexer(full, slots, key)
-    cache.check_integrity(request_held_pages=1)
+    alloc.check_integrity()
+    cache.check_integrity()
+    assert alloc.num_free + cache.total_tokens // alloc.page_size + 1 == alloc.num_pages
