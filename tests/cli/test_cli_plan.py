@@ -58,10 +58,14 @@ def test_available_bytes_sizes_the_pool_directly(capsys):
     assert d["pool_pages"] == 100 and d["pool_source"] == "available bytes"
 
 
-def test_context_cached_and_explain(capsys):
+def test_context_and_cached_flags_price_the_request_and_its_whole_cached_pages(capsys):
     d = run_json(capsys, "--available-bytes", "40GB", "--context", "100000", "--cached", "50000")
-    assert d["request"]["pages"] == 1_563 and d["prefix_savings"]["cached_pages"] == 781
-    logged = d["pool_tokens"]
+    assert d["request"]["pages"] == 1_563 == -(-100_000 // 64)
+    assert d["prefix_savings"]["cached_pages"] == 781 == 50_000 // 64  # a partial page is not a hit
+
+
+def test_explain_tokens_of_the_planned_pool_finds_no_gap(capsys):
+    logged = run_json(capsys, "--available-bytes", "40GB")["pool_tokens"]
     d = run_json(capsys, "--available-bytes", "40GB", "--explain-tokens", str(logged))
     assert d["explain_tokens"]["gap_tokens"] == 0
 

@@ -137,11 +137,15 @@ def test_small_pool_evicts_cached_prefixes(chat):
     assert res.summary["evicted_tokens"] > 0 and res.summary["finished"] == len(chat)
 
 
-def test_allocate_mode_and_no_prefix_cache(chat):
+def test_insert_at_allocation_finishes_everything_with_prefix_hits(chat):
     alloc = simulate(SimConfig(insert_mode="allocate"), chat, check_every=50).summary
+    assert alloc["finished"] == len(chat) and alloc["hit_tokens"] > 0
+
+
+def test_without_a_prefix_cache_everything_finishes_and_nothing_hits(chat):
     off = simulate(SimConfig(prefix_cache=False), chat).summary
-    assert alloc["finished"] == off["finished"] == len(chat)
-    assert off["hit_tokens"] == 0 and alloc["hit_tokens"] > 0
+    assert off["finished"] == len(chat) and off["hit_tokens"] == 0
+    assert off["evicted_tokens"] == 0 and off["hit_rate_requests"] == 0
 
 
 def _pool_tokens(cfg: SimConfig) -> int:
