@@ -4,10 +4,10 @@ configuration. Building a setup reads no trace and changes nothing.
 
 The pool comes from the planner (``dsakv.planner.variants.variant_capacity`` over
 ``dsakv.planner.budget.pool_capacity``) for the nested GPU setting (``SimConfig.gpu``, a ``GpuSetting``:
-default GLM-5.3 on 8 x H200, TP8), or from
-``available_bytes``, unless ``pool_tokens`` overrides it. For the configured layout this is exactly the pool
-``dsakv plan`` prints for the same flags; layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
-base checkpoint's weights, like the planner's what-if table.
+default GLM-5.3 on 8 x H200, TP8), or from ``available_bytes``, unless ``pool_tokens`` overrides it. For the
+configured layout this is exactly the pool ``dsakv plan`` prints for the same flags; layout what-ifs (indexer
+schedule, MTP, KV dtype, DCP) keep the base checkpoint's weights, like the planner's what-if table. The
+simulator's allocator hands out page ids from the planner's ``PoolCapacity.scratch_pages`` on.
 
 Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention group each (under DCP the
 group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the

@@ -140,9 +140,6 @@ class Counters:
     dp_attention: int = 1  # attention-DP groups; the loop simulates group 0
     other_group_requests: int = 0  # requests routed to the other groups
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
 
 @dataclass
 class Timeline:

@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
-from dsakv.cli import main
+from dsakv.cli import build_parser, main
+from dsakv.cli.plan import build_plan
+from dsakv.planner.deployment import GpuSetting
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
 
 
 def run_json(capsys, *argv: str) -> dict:
@@ -51,6 +55,11 @@ def test_json_carries_the_required_figures(capsys):
 )
 def test_variant_flags_change_the_cell(capsys, argv, cell):
     assert run_json(capsys, *argv)["cell_bytes"] == cell
+
+
+def test_flag_defaults_are_the_layout_and_gpu_setting_defaults():
+    p = build_plan(build_parser().parse_args(["plan"]))
+    assert p.layout == CacheLayout(ModelSpec.preset("glm-5.3")) and p.setting == GpuSetting()
 
 
 def test_available_bytes_sizes_the_pool_directly(capsys):
