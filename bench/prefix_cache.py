@@ -30,6 +30,7 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, RadixCache, RadixKey
 from dsakv.errors import DsakvError, OutOfPagesError
+from dsakv.spec.layout import ceil_div
 
 
 def replay(requests: Iterable, cache: RadixCache, batch: int) -> dict:
@@ -53,7 +54,7 @@ def replay(requests: Iterable, cache: RadixCache, batch: int) -> dict:
             m = match(key)
             node = m.node
             lock(node)
-            need = -(-n // ps) - len(m.pages)
+            need = ceil_div(n, ps) - len(m.pages)
             short = need - alloc.num_free
             if short > 0 and cache.evictable_tokens:
                 evict(short * ps)

@@ -15,16 +15,12 @@ import argparse
 import re
 
 from dsakv.errors import DsakvError
-from dsakv.planner.deployment import (
-    DEFAULT_ACTIVATION_BYTES,
-    DEFAULT_MAX_BATCHED_TOKENS,
-    DEFAULT_MEM_FRACTION,
-    GpuSetting,
-)
+from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 UNITS["tib"] = 2**40
+DEFAULT = GpuSetting()  # the flags' defaults
 
 
 def parse_int(flag: str, text: str | None, minimum: int = 1) -> int | None:
@@ -59,35 +55,44 @@ def parse_bytes(flag: str, text: str | None, minimum: int = 1) -> int | None:
     return value
 
 
-def parse_fraction(flag: str, text: str) -> float:
+def parse_float(flag: str, text: str, *, maximum: float | None = None) -> float:
+    """A finite number in (0, maximum] (> 0 without ``maximum``)."""
+    allowed = "a positive number" if maximum is None else f"a number in (0, {maximum:g}]"
     try:
         value = float(text)
     except ValueError:
-        raise DsakvError(f"{flag} = {text!r}: must be a number in (0, 1]") from None
-    if not 0 < value <= 1:
-        raise DsakvError(f"{flag} = {value}: must be in (0, 1]")
+        raise DsakvError(f"{flag} = {text!r}: must be {allowed}") from None
+    if not 0 < value < float("inf") or (maximum is not None and value > maximum):
+        raise DsakvError(f"{flag} = {text!r}: must be {allowed}")
     return value
+
+
+def parse_fraction(flag: str, text: str) -> float:
+    """A number in (0, 1]."""
+    return parse_float(flag, text, maximum=1)
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser, *, batched_help: str = "sizes the top-k buffer") -> None:
     """Add the "GPU setting (per rank)" group: device, parallelism, memory knobs, ``--available-bytes``."""
     g = parser.add_argument_group("GPU setting (per rank)")
-    g.add_argument("--gpu", default="H200", help=f"GPU kind: {', '.join(GPU_KINDS)} (default H200)")
+    g.add_argument("--gpu", default=DEFAULT.gpu, help=f"GPU kind: {', '.join(GPU_KINDS)} (default {DEFAULT.gpu})")
     g.add_argument("--gpu-memory", help="bytes per GPU (overrides --gpu); units GB/GiB accepted")
-    g.add_argument("--gpus", default="8", help="number of GPUs (default 8)")
+    g.add_argument("--gpus", default=str(DEFAULT.num_gpus), help=f"number of GPUs (default {DEFAULT.num_gpus})")
     g.add_argument("--tp", help="tensor-parallel size (default: --gpus)")
-    g.add_argument("--dp-attention", default="1", help="attention data-parallel groups (divides --tp)")
-    g.add_argument("--dcp", default="1", help="decode-context-parallel size (indexer K replicated)")
-    g.add_argument("--mem-fraction-static", default=str(DEFAULT_MEM_FRACTION), help="fraction in (0, 1]")
+    g.add_argument(
+        "--dp-attention", default=str(DEFAULT.dp_attention), help="attention data-parallel groups (divides --tp)"
+    )
+    g.add_argument("--dcp", default=str(DEFAULT.dcp), help="decode-context-parallel size (indexer K replicated)")
+    g.add_argument("--mem-fraction-static", default=str(DEFAULT.mem_fraction_static), help="fraction in (0, 1]")
     g.add_argument("--weights-bytes", help="weights per rank (default: computed from the config)")
     g.add_argument("--weight-dtype", help="weight dtype for the computed weights (default: the config's)")
     g.add_argument(
-        "--activation-bytes", default=str(DEFAULT_ACTIVATION_BYTES), help="reserve inside the static fraction"
+        "--activation-bytes", default=str(DEFAULT.activation_bytes), help="reserve inside the static fraction"
     )
     g.add_argument(
         "--max-batched-tokens",
-        default=str(DEFAULT_MAX_BATCHED_TOKENS),
-        help=f"tokens per step (default {DEFAULT_MAX_BATCHED_TOKENS}): {batched_help}",
+        default=str(DEFAULT.max_batched_tokens),
+        help=f"tokens per step (default {DEFAULT.max_batched_tokens}): {batched_help}",
     )
     g.add_argument("--available-bytes", help="bytes for the pool on one rank (skips the memory split)")
 
@@ -113,4 +118,13 @@ def available_bytes(args: argparse.Namespace) -> int | None:
     return parse_bytes("--available-bytes", args.available_bytes)
 
 
-__all__ = ["UNITS", "add_gpu_arguments", "available_bytes", "gpu_setting", "parse_bytes", "parse_fraction", "parse_int"]
+__all__ = [
+    "UNITS",
+    "add_gpu_arguments",
+    "available_bytes",
+    "gpu_setting",
+    "parse_bytes",
+    "parse_float",
+    "parse_fraction",
+    "parse_int",
+]

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from rich.console import Console
 
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
 from dsakv.cli.plan_render import render
 from dsakv.planner.plan import Plan, plan
-from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.layout import CUDA_PAGE_SIZE, KV_DTYPES, CacheLayout
 from dsakv.spec.model_spec import PRESETS, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
 CAPTION = "B = exact bytes; GB = 10^9 B; GiB = 2^30 B; MiB = 2^20 B"
+LAYOUT_DEFAULTS = {f.name: f.default for f in fields(CacheLayout) if f.name != "spec"}  # the flags' defaults
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -30,10 +32,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--indexer-patterns-file", help="IndexCache pattern JSON (default: ../shared/data/indexcache/)")
     m.add_argument("--indexer-all-layers", action="store_true", help="keep indexer K on every layer")
     c = p.add_argument_group("cache layout")
-    c.add_argument("--kv-dtype", default="fp8_ds_mla", help=f"main KV format: {', '.join(KV_DTYPES)}")
-    c.add_argument("--mtp-layers", default="0", help="MTP/draft cache layers (each: main row + full indexer)")
-    c.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens")
-    c.add_argument("--page-size", default="64", help="tokens per page (64 for CUDA kernels)")
+    c.add_argument("--kv-dtype", default=LAYOUT_DEFAULTS["kv_dtype"], help=f"main KV format: {', '.join(KV_DTYPES)}")
+    c.add_argument(
+        "--mtp-layers",
+        default=str(LAYOUT_DEFAULTS["mtp_layers"]),
+        help="MTP/draft cache layers (each: main row + full indexer)",
+    )
+    c.add_argument(
+        "--kpool", default=str(LAYOUT_DEFAULTS["index_kpool"]), help="index_kpool: one indexer state per N tokens"
+    )
+    c.add_argument(
+        "--page-size",
+        default=str(LAYOUT_DEFAULTS["page_size"]),
+        help=f"tokens per page ({CUDA_PAGE_SIZE} for CUDA kernels)",
+    )
     c.add_argument("--allow-non-cuda-page-size", action="store_true", help="permit page sizes CUDA kernels cannot read")
     add_gpu_arguments(p)
     r = p.add_argument_group("request and diagnostics")

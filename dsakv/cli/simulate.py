@@ -17,7 +17,7 @@ from rich.console import Console
 
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
-from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_fraction, parse_int
+from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_float, parse_fraction, parse_int
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError
@@ -26,9 +26,11 @@ from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 from dsakv.sim.sweep import run_sweep
-from dsakv.spec.layout import KV_DTYPES
+from dsakv.spec.layout import KV_DTYPES, ceil_div
 from dsakv.spec.model_spec import PRESETS
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS
+
+DEFAULT, DEFAULT_SOURCE = SimConfig(), Source()  # the flags' defaults
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -38,33 +40,41 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument(
         "--scenario", help=f"synthetic scenario: {', '.join(SCENARIOS)} (default: {DEFAULT_SCENARIO}, embedded)"
     )
-    w.add_argument("--scale", default="1", help="scenario size multiplier (sessions)")
-    w.add_argument("--seed", default="0", help="seed of the scenario and of MTP draft acceptance")
+    w.add_argument("--scale", default=f"{DEFAULT_SOURCE.scale:g}", help="scenario size multiplier (sessions)")
+    w.add_argument("--seed", default=str(DEFAULT.seed), help="seed of the scenario and of MTP draft acceptance")
     w.add_argument("--skip-bad", action="store_true", help="skip malformed trace lines (counted in the summary)")
-    w.add_argument("--time-scale", default="1", help="multiply arrival times (2 = replay twice as slowly)")
+    w.add_argument(
+        "--time-scale", default=f"{DEFAULT.time_scale:g}", help="multiply arrival times (2 = replay twice as slowly)"
+    )
     m = p.add_argument_group("model and cache layout")
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
     m.add_argument("--indexer", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name")
-    m.add_argument("--kv-dtype", default="fp8_ds_mla", help=f"main KV format: {', '.join(KV_DTYPES)}")
-    m.add_argument("--mtp", default="0", help="MTP draft tokens per decode (0 = off)")
-    m.add_argument("--mtp-accept", default="0.8", help="acceptance probability of each draft token")
+    m.add_argument("--kv-dtype", default=DEFAULT.kv_dtype, help=f"main KV format: {', '.join(KV_DTYPES)}")
+    m.add_argument("--mtp", default=str(DEFAULT.mtp), help="MTP draft tokens per decode (0 = off)")
+    m.add_argument("--mtp-accept", default=str(DEFAULT.mtp_accept), help="acceptance probability of each draft token")
     add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
     s = p.add_argument_group("cache and scheduler")
     s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
-    s.add_argument("--eviction-policy", "--policy", default="lru", help=f"eviction policy: {', '.join(POLICIES)}")
+    s.add_argument(
+        "--eviction-policy", "--policy", default=DEFAULT.eviction_policy, help=f"eviction policy: {', '.join(POLICIES)}"
+    )
     s.add_argument(
         "--insert-mode",
         "--mode",
-        default="finish",
+        default=DEFAULT.insert_mode,
         choices=INSERT_MODES,
         help="insert into the prefix cache at finish or allocation",
     )
     s.add_argument("--no-prefix-cache", action="store_true", help="run without a prefix cache")
-    s.add_argument("--preemption", default="recompute", help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
-    s.add_argument("--chunk-tokens", default="8192", help="largest prefill chunk of one request per step")
-    s.add_argument("--max-running", default="256", help="requests holding pages at once")
-    s.add_argument("--step-model", default="roofline", choices=STEP_MODELS, help="step-time model (docs/steptime.md)")
+    s.add_argument("--preemption", default=DEFAULT.preemption, help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
+    s.add_argument(
+        "--chunk-tokens", default=str(DEFAULT.chunk_tokens), help="largest prefill chunk of one request per step"
+    )
+    s.add_argument("--max-running", default=str(DEFAULT.max_running), help="requests holding pages at once")
+    s.add_argument(
+        "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -76,32 +86,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _float(flag: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DsakvError(f"{flag} = {text!r}: must be a positive number") from None
-    if not value > 0 or value == float("inf"):
-        raise DsakvError(f"{flag} = {text!r}: must be a positive number")
-    return value
-
-
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
-    st = gpu_setting(args)  # the same flags and checks as dsakv plan
     cfg = SimConfig(
         model=args.model,
         config=args.config,
-        gpu=st.gpu,
-        gpu_memory_bytes=st.gpu_memory_bytes,
-        num_gpus=st.num_gpus,
-        tp=st.tp,
-        dp_attention=st.dp_attention,
-        dcp=st.dcp,
-        mem_fraction_static=st.mem_fraction_static,
-        weights_bytes=st.weights_bytes,
-        weight_dtype=st.weight_dtype,
-        activation_bytes=st.activation_bytes,
-        max_batched_tokens=st.max_batched_tokens,
+        gpu=gpu_setting(args),  # the same flags and checks as dsakv plan
         available_bytes=available_bytes(args),
         kv_dtype=args.kv_dtype,
         mtp=parse_int("--mtp", args.mtp, 0),
@@ -114,14 +103,14 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         preemption=args.preemption,
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
         max_running=parse_int("--max-running", args.max_running),
-        time_scale=_float("--time-scale", args.time_scale),
+        time_scale=parse_float("--time-scale", args.time_scale),
         step_model=args.step_model,
         seed=parse_int("--seed", args.seed, 0),
     )
     source = Source(
         trace=args.trace,
         scenario=args.scenario,
-        scale=_float("--scale", args.scale),
+        scale=parse_float("--scale", args.scale),
         seed=cfg.seed,
         skip_bad=args.skip_bad,
     )
@@ -179,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     opened = open_source(source)
     for note in opened.warnings:
         print(f"dsakv: warning: {note}", file=sys.stderr)
-    total = -(-opened.num_requests // cfg.dp_attention)  # DP attention: group 0 gets every d-th request
+    total = ceil_div(opened.num_requests, cfg.gpu.dp_attention)  # DP attention: group 0 gets every d-th request
     bar, tick = _progress(show_bar and total >= 200, total, "requests")
     if bar:
         bar.start()

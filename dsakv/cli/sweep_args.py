@@ -1,4 +1,5 @@
-"""``--sweep`` flags of ``dsakv simulate``: parsing ``KEY=V1,V2`` into field overrides of ``SimConfig`` and the
+"""``--sweep`` flags of ``dsakv simulate``: parsing ``KEY=V1,V2`` into overrides of ``SimConfig`` fields (or of its
+nested ``GpuSetting``: ``dcp``, ``dp_attention``, ``gpu_memory_bytes``, ``max_batched_tokens`` ...) and the
 columns of the comparison table. The sweep itself (worker processes, the ``what-if`` preset) is ``dsakv.sim.sweep``."""
 
 from __future__ import annotations

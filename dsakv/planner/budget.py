@@ -1,7 +1,7 @@
 """The budget: what one token, one page and one request cost per rank, and how many pages a rank's
 memory holds. Pure functions over a ``CacheLayout``; nothing here allocates or mutates anything.
 
-API the scheduler and simulator reuse::
+API (used by ``dsakv plan``, the simulator and the engine's ``TwinPool``)::
 
     cell = RankCell(layout, dcp=1)                 # bytes per token / per page on one rank
     cap = pool_capacity(layout, GpuSetting(...))   # -> PoolCapacity: .pages, .tokens, .page_bytes, .memory
@@ -10,9 +10,9 @@ API the scheduler and simulator reuse::
     fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
 
 Pool size (DESIGN.md §3): ``physical_pages = available // page_bytes`` (whole pages only) and
-``pages = physical_pages - 1``: the pool keeps page 0 as a scratch page for padded writes
-(``PageAllocator(first_page=1)``), so it costs memory but is never handed out. ``tokens = pages x
-tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
+``pages = physical_pages - scratch_pages``: the pool keeps page 0 as a scratch page for padded writes
+(``PageAllocator(first_page=capacity.scratch_pages)``), so it costs memory but is never handed out.
+``tokens = pages x tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
 rank - activation reserve - top-k index buffer`` (docs/planner.md).
 
 DCP (decode context parallelism, size d): the main latent of the group's tokens is split over the d
@@ -42,7 +42,10 @@ CONTEXT_LENGTHS = (8_192, 131_072, 524_288, 1_048_576)
 
 @dataclass(frozen=True)
 class RankCell:
-    """Per-rank bytes of one token and one page, with the DCP split applied."""
+    """The layout's bytes as one rank of a DCP group of size ``dcp`` holds them. Built from the
+    ``CacheLayout``, which stays the one home of the per-token figures: a rank page stands for
+    ``page_size x dcp`` tokens, holds ``page_size`` main rows (the group's main latent is split over the
+    ranks) and the indexer K of all its tokens (replicated). At ``dcp = 1`` every figure is the layout's."""
 
     layout: CacheLayout
     dcp: int = 1
@@ -69,11 +72,13 @@ class RankCell:
 
     @property
     def main_bytes_per_token(self) -> float | int:
-        return exact_div(self.main_page_bytes, self.tokens_per_page)
+        """The layout's main bytes per token, split over the DCP ranks."""
+        return exact_div(self.layout.main_bytes_per_token, self.dcp)
 
     @property
     def indexer_bytes_per_token(self) -> float | int:
-        return exact_div(self.indexer_page_bytes, self.tokens_per_page)
+        """The layout's indexer bytes per token: every DCP rank holds the indexer K of every token."""
+        return self.layout.indexer_bytes_per_token
 
     @property
     def cell_bytes(self) -> float | int:
@@ -89,6 +94,7 @@ class RankCell:
         return states * self.layout.indexer_row_bytes * self.layout.num_indexer_layers
 
     def pages_for_tokens(self, tokens: int) -> int:
+        """Rank pages that hold ``tokens`` tokens of the group (``layout.pages_for_tokens`` at dcp 1)."""
         return ceil_div(tokens, self.tokens_per_page)
 
     def to_dict(self) -> dict:
@@ -106,7 +112,8 @@ class RankCell:
 
 @dataclass(frozen=True)
 class PoolCapacity:
-    """Pages and tokens of one rank's pool. ``pages`` excludes the scratch page."""
+    """Pages and tokens of one rank's pool. ``pages`` excludes the ``scratch_pages`` (ids
+    ``0 .. scratch_pages - 1``), which the allocator never hands out: ``PageAllocator(pages, first_page=scratch_pages)``."""
 
     available_bytes: int
     page_bytes: int
@@ -115,11 +122,11 @@ class PoolCapacity:
     pages: int
     tokens: int
     pool_bytes: int
+    scratch_pages: int = SCRATCH_PAGES
     memory: RankMemory | None = None
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "memory"}
-        out["scratch_pages"] = SCRATCH_PAGES
         if self.memory is not None:
             out["memory"] = self.memory.to_dict()
         return out
@@ -156,6 +163,7 @@ def pool_capacity(
         pages=pages,
         tokens=pages * cell.tokens_per_page,
         pool_bytes=physical * cell.page_bytes,
+        scratch_pages=SCRATCH_PAGES,
         memory=memory,
     )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError
+from dsakv.spec.layout import ceil_div
 from dsakv.spec.model_spec import ModelSpec
 
 WEIGHT_DTYPE_BYTES = {"fp8": 1, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4}
@@ -71,7 +72,7 @@ def matrix_bytes(out_dim: int, in_dim: int, dtype: str) -> int:
     """Bytes of one ``[out, in]`` linear weight in ``dtype`` (fp8 adds its 128 x 128 block scales)."""
     size = out_dim * in_dim * _dtype_bytes(dtype)
     if dtype == "fp8" and size:
-        size += -(-out_dim // FP8_BLOCK) * -(-in_dim // FP8_BLOCK) * 4
+        size += ceil_div(out_dim, FP8_BLOCK) * ceil_div(in_dim, FP8_BLOCK) * 4
     return size
 
 
@@ -146,7 +147,7 @@ def weights_per_rank(
     dtype = dtype or spec.weight_dtype
     parts = weight_parts(spec, mtp_layers, dtype)
     divisor = {"tp": tp, "attn_tp": tp // dp_attention, "ep": tp, "replicated": 1}
-    rank = sum(-(-p.bytes // divisor[p.shard]) for p in parts)
+    rank = sum(ceil_div(p.bytes, divisor[p.shard]) for p in parts)
     return WeightPlan(
         parts=parts,
         dtype=dtype,

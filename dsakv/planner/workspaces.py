@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from dsakv.spec.layout import ceil_div
+
 INDEX_BYTES = 4  # int32 top-k index
 LOGIT_BYTES = 4  # fp32 logit
 LOGITS_COL_ALIGN = 256
@@ -41,7 +43,7 @@ def logits_budget_bytes(total_bytes: int, mem_fraction_static: float, free_bytes
 
 def chunk_rows(budget_bytes: int, cols: int) -> int:
     """Query rows per chunk: ``budget // (ceil(cols / 256) x 256 x 4)`` (0 means not even one row fits)."""
-    padded = -(-cols // LOGITS_COL_ALIGN) * LOGITS_COL_ALIGN
+    padded = ceil_div(cols, LOGITS_COL_ALIGN) * LOGITS_COL_ALIGN
     return budget_bytes // (padded * LOGIT_BYTES)
 
 
@@ -67,7 +69,7 @@ def logits_plan(rows: int, cols: int, budget_bytes: int) -> LogitsPlan:
         rows if not checked or elements * LOGIT_BYTES <= budget_bytes else max(chunk_rows(budget_bytes, cols), 1)
     )
     per_chunk = min(per_chunk, rows) if rows else 0
-    chunks = -(-rows // per_chunk) if per_chunk else 0
+    chunks = ceil_div(rows, per_chunk) if per_chunk else 0
     return LogitsPlan(rows, cols, elements, elements * LOGIT_BYTES, budget_bytes, checked, per_chunk, chunks)
 
 

@@ -1,12 +1,13 @@
 """Configuration of one simulation (``SimConfig``, frozen, picklable for sweep workers) and what it
-resolves to (``Setup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
+resolves to (``SimSetup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
 configuration. Building a setup reads no trace and changes nothing.
 
-The pool comes from the planner (``dsakv.planner.variants.variant_capacity`` over ``dsakv.planner.budget.pool_capacity``)
-for the GPU setting, every field of ``GpuSetting`` included (default GLM-5.3 on 8 x H200, TP8), or from
-``available_bytes``, unless ``pool_tokens`` overrides it. For the configured layout this is exactly the pool
-``dsakv plan`` prints for the same flags; layout what-ifs (indexer schedule, MTP, KV dtype, DCP) keep the
-base checkpoint's weights, like the planner's what-if table.
+The pool comes from the planner (``dsakv.planner.variants.variant_capacity`` over
+``dsakv.planner.budget.pool_capacity``) for the nested GPU setting (``SimConfig.gpu``, a ``GpuSetting``:
+default GLM-5.3 on 8 x H200, TP8), or from ``available_bytes``, unless ``pool_tokens`` overrides it. For the
+configured layout this is exactly the pool ``dsakv plan`` prints for the same flags; layout what-ifs (indexer
+schedule, MTP, KV dtype, DCP) keep the base checkpoint's weights, like the planner's what-if table. The
+simulator's allocator hands out page ids from the planner's ``PoolCapacity.scratch_pages`` on.
 
 Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention group each (under DCP the
 group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the
@@ -17,22 +18,18 @@ pool and prefix cache); ``dsakv.sim.loop`` routes requests to the groups round-r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from dsakv.cache.eviction import get_policy
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.budget import PoolCapacity, RankCell
-from dsakv.planner.deployment import (
-    DEFAULT_ACTIVATION_BYTES,
-    DEFAULT_MAX_BATCHED_TOKENS,
-    DEFAULT_MEM_FRACTION,
-    GpuSetting,
-)
+from dsakv.planner.deployment import GpuSetting
+from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.policies import check_mode
-from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, gpu_perf
+from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
@@ -42,23 +39,14 @@ STEP_MODELS = ("roofline", "constant")
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Knobs of one run. The GPU-setting fields are those of ``GpuSetting`` (``gpu_setting()``);
-    ``max_batched_tokens`` is also the scheduler's token budget per step. ``indexer``: None (as configured),
-    ``all``, a full-layer count, an F/S string or an IndexCache pattern name. ``mtp``: draft tokens per
-    decode (0 = off; on, one MTP cache layer)."""
+    """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
+    DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
+    ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
+    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer)."""
 
     model: str | None = None
     config: str | None = None
-    gpu: str = "H200"
-    gpu_memory_bytes: int | None = None
-    num_gpus: int = 8
-    tp: int | None = None
-    dp_attention: int = 1
-    dcp: int = 1
-    mem_fraction_static: float = DEFAULT_MEM_FRACTION
-    weights_bytes: int | None = None
-    weight_dtype: str | None = None
-    activation_bytes: int = DEFAULT_ACTIVATION_BYTES
+    gpu: GpuSetting = field(default_factory=GpuSetting)
     available_bytes: int | None = None
     kv_dtype: str = "fp8_ds_mla"
     mtp: int = 0
@@ -69,7 +57,6 @@ class SimConfig:
     insert_mode: str = "finish"
     prefix_cache: bool = True
     preemption: str = "recompute"
-    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     chunk_tokens: int = 8192
     max_running: int = 256
     time_scale: float = 1.0
@@ -77,6 +64,8 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.gpu, GpuSetting):
+            raise DsakvError(f"gpu = {self.gpu!r}: must be a GpuSetting")
         get_policy(self.eviction_policy)
         check_mode(self.preemption)
         check_choice("insert_mode", self.insert_mode, INSERT_MODES)
@@ -91,40 +80,21 @@ class SimConfig:
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
 
-    def gpu_setting(self) -> GpuSetting:
-        """The deployment (validated: ``DsakvError`` names the field)."""
-        return GpuSetting(
-            gpu=self.gpu,
-            gpu_memory_bytes=self.gpu_memory_bytes,
-            num_gpus=self.num_gpus,
-            tp=self.tp,
-            dp_attention=self.dp_attention,
-            dcp=self.dcp,
-            mem_fraction_static=self.mem_fraction_static,
-            weights_bytes=self.weights_bytes,
-            weight_dtype=self.weight_dtype,
-            activation_bytes=self.activation_bytes,
-            max_batched_tokens=self.max_batched_tokens,
-        )
-
-    def label(self, base: SimConfig | None = None) -> str:
-        """The fields that differ from ``base`` (all non-default fields without one), as k=v."""
-        ref = asdict(base or SimConfig())
-        diff = [f"{k}={v}" for k, v in asdict(self).items() if ref[k] != v]
-        return ", ".join(diff) or "base"
-
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass(frozen=True)
-class Setup:
+class SimSetup:
+    """What a ``SimConfig`` resolves to: the spec and cache layout, the planner's pool, the step-time model
+    and the scheduler configuration. ``pages`` are rank pages of ``page_tokens`` (page_size x dcp) tokens."""
+
     spec: ModelSpec
     layout: CacheLayout
     setting: GpuSetting
     capacity: PoolCapacity
     cell: RankCell
-    pages: int  # pool pages (rank pages: page_tokens tokens of the group each)
+    pages: int  # pool pages handed out (the planner's scratch pages come on top: capacity.scratch_pages)
     page_tokens: int  # page_size x dcp
     pool_source: str
     step_time: RooflineStepTime | ConstantStepTime
@@ -154,26 +124,26 @@ def _apply_indexer(spec: ModelSpec, indexer: str | None) -> ModelSpec:
     return apply_indexer_pattern(spec, indexer, indexer_patterns())
 
 
-def build_setup(cfg: SimConfig) -> Setup:
+def build_setup(cfg: SimConfig) -> SimSetup:
     """Resolve a config; an impossible one (no pool page, bad sizes) raises ``DsakvError`` with the reason."""
     base_spec = load_spec(cfg.model, cfg.config)
     spec = _apply_indexer(base_spec, cfg.indexer)
     mtp_layers = 1 if cfg.mtp else 0
     layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers)
-    setting = cfg.gpu_setting()
+    setting = cfg.gpu
     base = CacheLayout(base_spec)
-    variant = Variant("sim", layout, cfg.dcp)
+    variant = Variant("sim", layout, setting.dcp)
     if cfg.available_bytes is not None:
         capacity = variant_capacity(base, variant, None, cfg.available_bytes)
     else:
         capacity = variant_capacity(base, variant, setting, None)
-    tpp = capacity.tokens_per_page
+    tokens_per_page = capacity.tokens_per_page
     if cfg.pool_tokens is not None:
-        pages, source = cfg.pool_tokens // tpp, "--pool-tokens"
+        pages, source = cfg.pool_tokens // tokens_per_page, "--pool-tokens"
         if pages < 1:
             raise DsakvError(
-                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {tpp} tokens"
-                + (f" (page_size {layout.page_size} x dcp {cfg.dcp})" if cfg.dcp > 1 else "")
+                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {tokens_per_page} tokens"
+                + (f" (page_size {layout.page_size} x dcp {setting.dcp})" if setting.dcp > 1 else "")
             )
     else:
         pages = capacity.pages
@@ -191,21 +161,21 @@ def build_setup(cfg: SimConfig) -> Setup:
     else:
         step_time = RooflineStepTime(
             layout,
-            gpu_perf(cfg.gpu),
+            gpu_kind(setting.gpu),
             tp=setting.tensor_parallel,
             dp_attention=setting.dp_attention,
-            dcp=cfg.dcp,
+            dcp=setting.dcp,
             mtp_draft=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
         )
-    chunk = max(tpp, cfg.chunk_tokens // tpp * tpp)
+    chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
     sched = SchedulerConfig(
-        max_batched_tokens=max(cfg.max_batched_tokens, tpp),
+        max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_draft_tokens=cfg.mtp,
     )
-    cell = RankCell(layout, cfg.dcp)
-    return Setup(spec, layout, setting, capacity, cell, pages, tpp, source, step_time, sched)
+    cell = RankCell(layout, setting.dcp)
+    return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched)

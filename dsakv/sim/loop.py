@@ -1,14 +1,14 @@
 """The discrete-event loop: trace requests arrive over simulated time and the real ``Scheduler`` (with the
 real ``PageAllocator`` and ``RadixCache``, no pool) serves them; a step-time model stands in for the GPU.
 
-One iteration::
+One iteration (``Simulation.run``)::
 
-    add every request whose arrival time <= now        (token ids created here, dropped at finish)
-    idle?  -> jump the clock to the next arrival
-    plan = scheduler.step()                             (admission, chunked prefill, decode, eviction, preemption)
-    dt   = step_time(prefill chunks, decode contexts) + host copies of offload/restore
-    report one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
-    now += dt; finished requests become ``RequestRecord``s
+    arrive:  add every request whose arrival time <= now      (token ids created here, dropped at finish)
+    idle?    jump the clock to the next arrival
+    plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
+    sample:  one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
+    price:   dt = step_time(prefill chunks, decode contexts) + host copies of offload/restore
+    now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
@@ -17,175 +17,249 @@ loop simulates group 0 with every ``d``-th request and every figure is that grou
 
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
-prompt. Deterministic: the same config, trace and seed give the same records.
+prompt (the trace reader keeps prompt ids below ``2**31``). Deterministic: the same config, trace and seed
+give the same records.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
-from dsakv.errors import DsakvError
+from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
-from dsakv.scheduler.scheduler import Scheduler
-from dsakv.sim.config import Setup, SimConfig, build_setup
-from dsakv.sim.report import RequestRecord, SimResult, Timeline, make_record, summarize
-from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, mooncake_tokens
+from dsakv.sim.config import SimConfig, SimSetup, build_setup
+from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_record, summarize
+from dsakv.workloads.traces import TraceRequest, mooncake_tokens
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
 OUTPUT_TOKEN_TOP = 2**32 - 1  # radix keys are uint32 token ids
-MAX_PROMPT_TOKEN = 2**31  # prompt ids stay below the output ids
-MAX_HASH_ID = MAX_PROMPT_TOKEN // MOONCAKE_BLOCK
+PROGRESS_EVERY_STEPS = 256
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    """A request between its arrival and its record: its trace line and the times it passed each milestone."""
+
+    line: int
+    arrival_s: float
+    output_ids: tuple[int]  # its one output token id; a sampled item reports it once per token it yields
+    admit_s: float | None = None
+    first_token_s: float | None = None
+
+
+class Simulation:
+    """One run: a fresh allocator, radix tree and scheduler sized by ``setup``, fed ``requests`` in arrival
+    order. ``run()`` drives it to the end and returns the ``SimResult``; the steps it is made of
+    (``arrive``, ``sample``, ``price``, ``leave``) change only this object."""
+
+    def __init__(
+        self, cfg: SimConfig, setup: SimSetup, requests: Iterable[TraceRequest], counters: Counters | None = None
+    ) -> None:
+        self.cfg, self.setup = cfg, setup
+        self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
+        self.radix = None
+        if cfg.prefix_cache:
+            # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
+            # hidden state of the token before a match break), so a hit drops its last matched page.
+            self.radix = RadixCache(
+                self.allocator,
+                eviction_policy=cfg.eviction_policy,
+                insert_mode=cfg.insert_mode,
+                speculative=cfg.mtp > 0,
+            )
+        self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler)
+        self.counters = replace(counters or Counters(), dp_attention=setup.setting.dp_attention)
+        self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
+        self.records: list[RequestRecord] = []
+        self.timeline = Timeline()
+        self._ms_to_s = cfg.time_scale / 1000.0
+        self._rng = random.Random(cfg.seed)
+        self._arrivals = self._route(requests)
+        self._pending = next(self._arrivals, None)
+        self._serial = 0
+
+    # ----- arrivals -------------------------------------------------------------------------------
+    def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
+        """DP attention: request ``i`` goes to group ``i mod d``; group 0's are simulated, the others counted."""
+        dp = self.counters.dp_attention
+        if dp == 1:
+            yield from requests
+            return
+        for i, r in enumerate(requests):
+            if i % dp == 0:
+                yield r
+            else:
+                self.counters.other_group_requests += 1
+
+    def next_arrival_s(self) -> float | None:
+        return None if self._pending is None else self._pending.timestamp_ms * self._ms_to_s
+
+    def arrive(self, now: float) -> None:
+        """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
+        while self._pending is not None and self._pending.timestamp_ms * self._ms_to_s <= now:
+            trace_req, arrival_s = self._pending, self._pending.timestamp_ms * self._ms_to_s
+            prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
+            req = self.scheduler.add_request(prompt, trace_req.output_length, request_id=self._serial)
+            self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
+            self._serial += 1
+            if req.status is Status.REJECTED:
+                self.leave(req, None, "rejected")
+            elif req.status is Status.FINISHED:
+                tracker = self.live[req.id]
+                tracker.admit_s = tracker.first_token_s = arrival_s
+                self.leave(req, arrival_s, "finished")
+            self._pending = next(self._arrivals, None)
+
+    # ----- one step -------------------------------------------------------------------------------
+    def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
+        """The tokens each item reports: none unless it samples; with MTP drafts, 1 + the accepted drafts."""
+        live, rng, accept = self.live, self._rng, self.cfg.mtp_accept
+        drafts_on = self.cfg.mtp > 0
+        sampled: list[tuple[int, ...]] = []
+        for item in plan.items:
+            if not item.sample:
+                sampled.append(())
+                continue
+            token = live[item.request.id].output_ids
+            if drafts_on and item.num_draft:
+                accepted = 0
+                while accepted < item.num_draft and rng.random() < accept:
+                    accepted += 1
+                sampled.append(token * (accepted + 1))
+            else:
+                sampled.append(token)
+        return sampled
+
+    def price(self, plan: BatchPlan) -> float:
+        """Seconds the step takes: the step-time model over its chunks and decodes, plus host copies."""
+        prefill: list[tuple[int, int]] = []  # (new tokens, context before them) per chunk
+        decode: list[int] = []  # context length per decode
+        for item in plan.items:
+            if item.end - item.start > 1:
+                prefill.append((item.end - item.start, item.start))
+            else:
+                decode.append(item.end)
+        seconds = self.setup.step_time.step_seconds(prefill, decode)
+        host_pages = sum(len(h.pages) for h in plan.offloads) + sum(len(h.pages) for h in plan.restores)
+        if host_pages:
+            seconds += host_pages * self.setup.cell.page_bytes / HOST_COPY_BYTES_PER_S
+        return seconds
+
+    def run_step(self, plan: BatchPlan, now: float) -> float:
+        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends."""
+        sampled = self.sample(plan)
+        end = now + self.price(plan)
+        live, counters = self.live, self.counters
+        for req in plan.admitted:
+            tracker = live[req.id]
+            if tracker.admit_s is None:
+                tracker.admit_s = now
+        if plan.preempted:
+            counters.preemptions += len(plan.preempted)
+            self.timeline.preempt_time_s.extend([now] * len(plan.preempted))
+        counters.offloaded_pages += sum(len(h.pages) for h in plan.offloads)
+        if plan.evicted_tokens:
+            counters.evicted_tokens += plan.evicted_tokens
+            counters.eviction_steps += 1
+        for item in plan.items:
+            if item.sample:
+                tracker = live[item.request.id]
+                if tracker.first_token_s is None:
+                    tracker.first_token_s = end
+        for req in self.scheduler.update(plan, sampled):
+            self.leave(req, end, "finished")
+        counters.steps += 1
+        self._observe(end)
+        return end
+
+    def _observe(self, now: float) -> None:
+        timeline = self.timeline
+        timeline.time_s.append(now)
+        timeline.used_pages.append(self.allocator.num_allocated)
+        cached = self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
+        timeline.cache_only_pages.append(cached)
+        timeline.running.append(len(self.scheduler.running))
+
+    def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
+        """The request leaves the simulation: its tracker becomes a ``RequestRecord``."""
+        tracker = self.live.pop(req.id)
+        record = make_record(
+            req,
+            self.setup.cell,
+            line=tracker.line,
+            arrival_s=tracker.arrival_s,
+            admit_s=tracker.admit_s,
+            first_token_s=tracker.first_token_s,
+            finish_s=finish_s,
+            outcome=outcome,
+        )
+        self.records.append(record)
+
+    # ----- the whole run --------------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
+        """Step until every request has left or no step can make progress and nothing more will arrive."""
+        scheduler, now = self.scheduler, 0.0
+        while True:
+            self.arrive(now)
+            plan = None if scheduler.is_idle else scheduler.step()
+            if plan is None or not plan.items:
+                if plan is not None:
+                    scheduler.update(plan, [])  # nothing could run this step
+                next_s = self.next_arrival_s()
+                if next_s is None:
+                    break  # idle, or stalled with nothing more to come: what remains is unfinished
+                now = max(now, next_s)
+                continue
+            now = self.run_step(plan, now)
+            steps = self.counters.steps
+            if check_every and steps % check_every == 0:
+                scheduler.check_integrity()
+            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+                progress(len(self.records))
+        for req in list(scheduler.running) + list(scheduler.waiting):
+            req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
+            self.leave(req, None, "unfinished")
+        if check_every:
+            scheduler.check_integrity()
+        if progress is not None:
+            progress(len(self.records))
+        return self.result()
+
+    def result(self) -> SimResult:
+        self.records.sort(key=lambda r: r.id)
+        setup = self.setup
+        result = SimResult(
+            config=self.cfg.to_dict(),
+            layout=setup.layout,
+            cell=setup.cell,
+            capacity=setup.capacity,
+            capacity_pages=setup.pages,
+            records=self.records,
+            timeline=self.timeline,
+            counters=self.counters,
+        )
+        summarize(result)
+        return result
 
 
 def simulate(
     cfg: SimConfig,
     requests: Iterable[TraceRequest],
     *,
-    setup: Setup | None = None,
-    counters: dict | None = None,
+    setup: SimSetup | None = None,
+    counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
 
-    ``counters`` seeds the loop's counters (e.g. ``skipped_lines`` from the trace reader). ``progress``
-    is called with the number of requests that left the simulation so far, every few hundred steps.
-    ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and radix too) every n steps.
+    ``counters`` seeds the run's counts (the trace reader's ``skipped_lines``, ``reordered_lines``; it is
+    copied, not changed). ``progress`` is called with the number of requests that left the simulation so
+    far, every few hundred steps. ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and
+    radix too) every n steps.
     """
-    setup = setup or build_setup(cfg)
-    layout, cell, ps = setup.layout, setup.cell, setup.page_tokens
-    alloc = PageAllocator(setup.pages, ps, first_page=1)
-    radix = None
-    if cfg.prefix_cache:
-        # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
-        # hidden state of the token before a match break), so a hit drops its last matched page.
-        radix = RadixCache(
-            alloc, eviction_policy=cfg.eviction_policy, insert_mode=cfg.insert_mode, speculative=cfg.mtp > 0
-        )
-    sched = Scheduler(alloc, radix, setup.scheduler)
-    step_seconds = setup.step_time.step_seconds
-    rng = random.Random(cfg.seed)
-    accept, drafts_on = cfg.mtp_accept, cfg.mtp > 0
-    scale = cfg.time_scale / 1000.0
-    page_bytes = setup.cell.page_bytes  # one rank page, both caches
-    info: dict[int, list] = {}  # live request id -> [line, arrival_s, admit_s, first_token_s, token]
-    records: list[RequestRecord] = []
-    tl = Timeline()
-    c = {"steps": 0, "evicted_tokens": 0, "eviction_steps": 0, "preemptions": 0, "offloaded_pages": 0}
-    c.update(counters or {})
-    dp = setup.setting.dp_attention
-    c["dp_attention"], c["other_group_requests"] = dp, 0
-
-    def leave(req, now: float, outcome: str) -> None:
-        line, arrival, admit, first, _ = info.pop(req.id)
-        records.append(make_record(req, layout, cell, line, arrival, (admit, first, now), outcome))
-
-    def group_zero(reqs: Iterable[TraceRequest]) -> Iterable[TraceRequest]:
-        for i, r in enumerate(reqs):
-            if i % dp == 0:
-                yield r
-            else:
-                c["other_group_requests"] += 1
-
-    arrivals = iter(requests) if dp == 1 else group_zero(requests)
-    pending = next(arrivals, None)
-    serial, now = 0, 0.0
-    while True:
-        while pending is not None and pending.timestamp_ms * scale <= now:
-            arrival = pending.timestamp_ms * scale
-            if pending.hash_ids and max(pending.hash_ids) >= MAX_HASH_ID:
-                raise DsakvError(f"trace line {pending.line}: hash id {max(pending.hash_ids)} >= {MAX_HASH_ID}")
-            prompt = mooncake_tokens(pending.hash_ids, pending.input_length)
-            req = sched.add_request(prompt, pending.output_length, request_id=serial)
-            info[serial] = [pending.line, arrival, None, None, (OUTPUT_TOKEN_TOP - serial,)]
-            serial += 1
-            if req.status is Status.REJECTED:
-                leave(req, None, "rejected")
-            elif req.status is Status.FINISHED:
-                info[req.id][2] = info[req.id][3] = arrival
-                leave(req, arrival, "finished")
-            pending = next(arrivals, None)
-        if sched.is_idle:
-            if pending is None:
-                break
-            now = max(now, pending.timestamp_ms * scale)
-            continue
-        plan = sched.step()
-        if not plan.items:
-            sched.update(plan, [])
-            if pending is None:
-                break  # cannot make progress and nothing will arrive: remaining requests are unfinished
-            now = max(now, pending.timestamp_ms * scale)
-            continue
-        prefill, decode, sampled = [], [], []
-        for item in plan.items:
-            if item.end - item.start > 1:
-                prefill.append((item.end - item.start, item.start))
-            else:
-                decode.append(item.end)
-            if not item.sample:
-                sampled.append(())
-                continue
-            tok = info[item.request.id][4]
-            if drafts_on and item.num_draft:
-                n = 0
-                while n < item.num_draft and rng.random() < accept:
-                    n += 1
-                sampled.append(tok * (n + 1))
-            else:
-                sampled.append(tok)
-        dt = step_seconds(prefill, decode)
-        host = sum(len(h.pages) for h in plan.offloads) + sum(len(h.pages) for h in plan.restores)
-        if host:
-            dt += host * page_bytes / HOST_COPY_BYTES_PER_S
-        for req in plan.admitted:
-            entry = info[req.id]
-            if entry[2] is None:
-                entry[2] = now
-        if plan.preempted:
-            c["preemptions"] += len(plan.preempted)
-            tl.preempt_time_s.extend([now] * len(plan.preempted))
-        c["offloaded_pages"] += sum(len(h.pages) for h in plan.offloads)
-        if plan.evicted_tokens:
-            c["evicted_tokens"] += plan.evicted_tokens
-            c["eviction_steps"] += 1
-        now += dt
-        for item in plan.items:
-            if item.sample:
-                entry = info[item.request.id]
-                if entry[3] is None:
-                    entry[3] = now
-        for req in sched.update(plan, sampled):
-            leave(req, now, "finished")
-        c["steps"] += 1
-        tl.time_s.append(now)
-        tl.used_pages.append(alloc.num_allocated)
-        tl.cache_only_pages.append(radix.evictable_tokens // ps if radix is not None else 0)
-        tl.running.append(len(sched.running))
-        if check_every and c["steps"] % check_every == 0:
-            sched.check_integrity()
-        if progress is not None and c["steps"] % 256 == 0:
-            progress(len(records))
-    for req in list(sched.running) + list(sched.waiting):
-        req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
-        leave(req, None, "unfinished")
-    if check_every:
-        sched.check_integrity()
-    if progress is not None:
-        progress(len(records))
-    records.sort(key=lambda r: r.id)
-    result = SimResult(
-        config=cfg.to_dict(),
-        layout=layout,
-        cell=cell,
-        capacity=setup.capacity,
-        capacity_pages=setup.pages,
-        records=records,
-        timeline=tl,
-        counters=c,
-    )
-    summarize(result)
-    return result
+    return Simulation(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)

@@ -4,7 +4,8 @@ Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per
 (``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are the planner's rank
 pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FLOPs are of the lightning indexer over all indexer layers
 (``dsakv.planner.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
-never change afterwards.
+never change afterwards; the loop's own counts (steps, evictions, preemptions, DP routing) and the trace
+reader's (skipped and reordered lines) travel in ``Counters``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class RequestRecord:
     id: int
     line: int
     arrival_s: float
-    input_tokens: int  # L
+    input_tokens: int  # L, the prompt
     output_tokens: int  # tokens generated (the trace's output_length when finished)
     hit_tokens: int  # P, cached prefix at first admission (whole pages)
     suffix_tokens: int  # S = L - P
@@ -73,19 +74,31 @@ class RequestRecord:
 
 
 def make_record(
-    req: Request, layout: CacheLayout, cell: RankCell, line: int, arrival_s: float, times: tuple, outcome: str
+    req: Request,
+    cell: RankCell,
+    *,
+    line: int,
+    arrival_s: float,
+    admit_s: float | None,
+    first_token_s: float | None,
+    finish_s: float | None,
+    outcome: str,
 ) -> RequestRecord:
-    """Build the record of a request that left the scheduler (or never entered: ``outcome`` rejected)."""
+    """Build the record of a request that left the scheduler (or never entered: ``outcome`` rejected).
+
+    ``cell`` prices the bytes per rank (its layout, the pairs and FLOPs); the times are those the loop saw
+    (None where the request never got that far)."""
     st = req.stats
-    L, P = req.prompt_len, st.hit_tokens
-    sav = prefix_savings(layout, L, P)
-    total = L + len(req.outputs)
+    prompt_tokens, hit_tokens = req.prompt_len, st.hit_tokens
+    sav = prefix_savings(cell.layout, prompt_tokens, hit_tokens)
+    total = prompt_tokens + len(req.outputs)
     tail = (-total) % cell.tokens_per_page if outcome == "finished" else 0
+    admitted = st.admit_step is not None
     return RequestRecord(
         id=req.id,
         line=line,
         arrival_s=arrival_s,
-        input_tokens=L,
+        input_tokens=prompt_tokens,
         output_tokens=len(req.outputs),
         hit_tokens=sav.cached_tokens,
         suffix_tokens=sav.computed_tokens,
@@ -94,22 +107,38 @@ def make_record(
         pages_saved=sav.cached_tokens // cell.tokens_per_page,
         main_bytes_written=cell.main_bytes(st.computed_tokens) if st.computed_tokens else 0,
         indexer_bytes_written=cell.indexer_bytes(st.computed_tokens) if st.computed_tokens else 0,
-        main_bytes_saved=cell.main_bytes(sav.cached_tokens) if P else 0,
-        indexer_bytes_saved=cell.indexer_bytes(sav.cached_tokens) if P else 0,
-        indexer_pairs_saved=sav.pairs_saved if st.admit_step is not None else 0,
-        indexer_pairs_paid=sav.pairs_paid if st.admit_step is not None else 0,
-        indexer_cross_pairs_paid=sav.cross_pairs_paid if st.admit_step is not None else 0,
-        indexer_flops_saved=sav.flops_saved if st.admit_step is not None else 0,
-        indexer_flops_paid=sav.flops_paid if st.admit_step is not None else 0,
+        main_bytes_saved=cell.main_bytes(sav.cached_tokens) if hit_tokens else 0,
+        indexer_bytes_saved=cell.indexer_bytes(sav.cached_tokens) if hit_tokens else 0,
+        indexer_pairs_saved=sav.pairs_saved if admitted else 0,
+        indexer_pairs_paid=sav.pairs_paid if admitted else 0,
+        indexer_cross_pairs_paid=sav.cross_pairs_paid if admitted else 0,
+        indexer_flops_saved=sav.flops_saved if admitted else 0,
+        indexer_flops_paid=sav.flops_paid if admitted else 0,
         outcome=outcome,
         reason=st.reason,
         preemptions=st.preemptions,
         tail_waste_tokens=tail,
         tail_waste_bytes=tail * cell.cell_bytes,
-        admit_s=times[0],
-        first_token_s=times[1],
-        finish_s=times[2],
+        admit_s=admit_s,
+        first_token_s=first_token_s,
+        finish_s=finish_s,
     )
+
+
+@dataclass
+class Counters:
+    """Counts the records cannot give: the loop's (steps, evictions, preemptions, offloads, DP routing) and
+    the trace reader's (``skipped_lines``, ``reordered_lines``). ``docs/metrics.md`` defines each one."""
+
+    steps: int = 0
+    evicted_tokens: int = 0
+    eviction_steps: int = 0  # steps that evicted (the summary's ``evictions``)
+    preemptions: int = 0
+    offloaded_pages: int = 0
+    skipped_lines: int = 0
+    reordered_lines: int = 0
+    dp_attention: int = 1  # attention-DP groups; the loop simulates group 0
+    other_group_requests: int = 0  # requests routed to the other groups
 
 
 @dataclass
@@ -134,7 +163,7 @@ class SimResult:
     capacity_pages: int
     records: list[RequestRecord]
     timeline: Timeline
-    counters: dict
+    counters: Counters
     summary: dict = field(default_factory=dict)
 
     @property
@@ -167,13 +196,13 @@ def _time_weighted(t: np.ndarray, v: np.ndarray) -> float:
 
 def summarize(result: SimResult) -> dict:
     """Summary figures (``docs/metrics.md``) from the records, the timeline and the loop's counters."""
-    recs, tl, c = result.records, result.timeline, result.counters
+    recs, timeline, counts = result.records, result.timeline, result.counters
     admitted = [r for r in recs if r.admit_s is not None]
     finished = [r for r in recs if r.outcome == "finished"]
     rejected = [r for r in recs if r.outcome == "rejected"]
     input_adm = sum(r.input_tokens for r in admitted)
     hit = sum(r.hit_tokens for r in admitted)
-    t, used = np.asarray(tl.time_s), np.asarray(tl.used_pages, dtype=np.float64)
+    t, used = np.asarray(timeline.time_s), np.asarray(timeline.used_pages, dtype=np.float64)
     makespan = float(t[-1]) if t.size else 0.0
     page_main, page_idx = result.page_main_bytes, result.page_indexer_bytes
     out_tokens = sum(r.output_tokens for r in recs)
@@ -184,10 +213,10 @@ def summarize(result: SimResult) -> dict:
         "rejected": len(rejected),
         "rejected_reasons": dict(Counter(_reason_kind(r.reason) for r in rejected)),
         "unfinished": len(recs) - len(finished) - len(rejected),
-        "skipped_lines": c.get("skipped_lines", 0),
-        "reordered_lines": c.get("reordered_lines", 0),
-        "dp_attention": c.get("dp_attention", 1),
-        "other_group_requests": c.get("other_group_requests", 0),
+        "skipped_lines": counts.skipped_lines,
+        "reordered_lines": counts.reordered_lines,
+        "dp_attention": counts.dp_attention,
+        "other_group_requests": counts.other_group_requests,
         "input_tokens": sum(r.input_tokens for r in recs),
         "admitted_input_tokens": input_adm,
         "rejected_input_tokens": sum(r.input_tokens for r in rejected),
@@ -207,10 +236,10 @@ def summarize(result: SimResult) -> dict:
         "indexer_cross_pairs_paid": sum(r.indexer_cross_pairs_paid for r in recs),
         "indexer_flops_saved": sum(r.indexer_flops_saved for r in recs),
         "indexer_flops_paid": sum(r.indexer_flops_paid for r in recs),
-        "evicted_tokens": c.get("evicted_tokens", 0),
-        "evictions": c.get("eviction_steps", 0),
-        "preemptions": c.get("preemptions", 0),
-        "offloaded_pages": c.get("offloaded_pages", 0),
+        "evicted_tokens": counts.evicted_tokens,
+        "evictions": counts.eviction_steps,
+        "preemptions": counts.preemptions,
+        "offloaded_pages": counts.offloaded_pages,
         "tail_waste_tokens_mean": float(np.mean([r.tail_waste_tokens for r in finished])) if finished else 0.0,
         "tail_waste_bytes_mean": float(np.mean([r.tail_waste_bytes for r in finished])) if finished else 0.0,
         "pool_pages": result.capacity_pages,
@@ -225,7 +254,7 @@ def summarize(result: SimResult) -> dict:
         "mean_indexer_bytes": _time_weighted(t, used) * page_idx,
         "peak_pool_use": float(used.max()) / result.capacity_pages if used.size and result.capacity_pages else 0.0,
         "mean_pool_use": _time_weighted(t, used) / result.capacity_pages if result.capacity_pages else 0.0,
-        "steps": c.get("steps", 0),
+        "steps": counts.steps,
         "makespan_s": makespan,
         "ttft_s": _pct([r.ttft_s for r in finished if r.ttft_s is not None]),
         "tpot_s": _pct([r.tpot_s for r in finished if r.tpot_s is not None]),

@@ -1,8 +1,8 @@
 """Where the requests of a run come from: a Mooncake trace file or a named synthetic scenario.
 
 A ``Source`` is a small frozen description (picklable, so sweep workers re-open it themselves instead of
-receiving every request); ``open_source`` turns it into an iterable of ``TraceRequest`` in arrival order
-plus the reader's counters (skipped and reordered lines). Opening a trace validates it first.
+receiving every request); ``open_source`` turns it into an ``OpenedSource``: an iterable of ``TraceRequest``
+in arrival order plus the reader's counts (skipped and reordered lines). Opening a trace validates it first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError, check_choice
+from dsakv.sim.report import Counters
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS, generate_scenario
 from dsakv.workloads.traces import MooncakeTrace, TraceOrderWarning, TraceRequest
 
@@ -49,18 +50,21 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Opened:
+class OpenedSource:
+    """The requests of a source, ready to replay: how many, the reader's counts (seed of the loop's
+    ``Counters``) and the notes to show the user (out-of-order or skipped lines, an empty trace)."""
+
     requests: Iterable[TraceRequest]
     num_requests: int
-    counters: dict
+    counters: Counters
     warnings: tuple[str, ...] = ()
 
 
-def open_source(source: Source) -> Opened:
+def open_source(source: Source) -> OpenedSource:
     """Validate and open the source; a trace's out-of-order warning is returned, not printed."""
     if source.trace is None:
         reqs = generate_scenario(source.scenario or DEFAULT_SCENARIO, seed=source.seed, scale=source.scale)
-        return Opened(reqs, len(reqs), {"skipped_lines": 0, "reordered_lines": 0})
+        return OpenedSource(reqs, len(reqs), Counters())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceOrderWarning)
         trace = MooncakeTrace(source.trace, skip_bad=source.skip_bad)
@@ -69,5 +73,5 @@ def open_source(source: Source) -> Opened:
         notes += (f"skipped {trace.skipped} bad lines (first: {trace.first_error})",)
     if len(trace) == 0:
         notes += (f"trace {source.trace!r} holds no request: nothing to simulate",)
-    counters = {"skipped_lines": trace.skipped, "reordered_lines": trace.out_of_order}
-    return Opened(trace, len(trace), counters, notes)
+    counters = Counters(skipped_lines=trace.skipped, reordered_lines=trace.out_of_order)
+    return OpenedSource(trace, len(trace), counters, notes)

@@ -1,11 +1,12 @@
 """Step-time models: how long one scheduler step (one forward pass over a batch) takes on a GPU group.
 
 A model sees only the shape of the step: the prefill chunks (new tokens, context before them) and the
-decodes (context length each), and returns seconds. ``STEP_TIME_MODELS`` names the choices:
+decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODELS`` names the choices:
 
 * ``roofline`` (default): an analytic roofline per component, from the spec, the cache layout, the
-  planner's weight breakdown and a GPU description (``GPU_PERF``); every constant and assumption is in
-  ``docs/steptime.md``. Per rank of one TP group::
+  planner's weight breakdown and the GPU's peak speeds (the planner's GPU catalogue,
+  ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
+  group::
 
       t = overhead + sum over components c of max(flops_c / (peak_c * compute_eff), bytes_c / (hbm_bw * bw_eff))
           + allreduce_bytes / (link_bw * link_eff)
@@ -15,6 +16,8 @@ decodes (context length each), and returns seconds. ``STEP_TIME_MODELS`` names t
   full layers, fp8), and the cache writes of both caches.
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
+Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
+``decode``: the context length, including the new token, per decoding request) and ``to_dict()``.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
 
@@ -22,52 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from dsakv.errors import DsakvError
+from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.spec.layout import CacheLayout
-
-TERA = 1e12
-
-
-@dataclass(frozen=True)
-class GpuPerf:
-    """Dense peak throughput of one GPU (vendor datasheets, no sparsity) and its link bandwidth."""
-
-    name: str
-    bf16_flops: float
-    fp8_flops: float
-    hbm_bytes_per_s: float
-    link_bytes_per_s: float  # per-GPU one-direction NVLink / Infinity Fabric bandwidth
-    source: str
-
-
-GPU_PERF: dict[str, GpuPerf] = {
-    g.name: g
-    for g in (
-        GpuPerf("H100", 989.4 * TERA, 1978.9 * TERA, 3.35 * TERA, 450e9, "NVIDIA H100 SXM datasheet"),
-        GpuPerf("H200", 989.4 * TERA, 1978.9 * TERA, 4.8 * TERA, 450e9, "NVIDIA H200 SXM datasheet"),
-        GpuPerf("B200", 2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B200 datasheet (dense)"),
-        GpuPerf("MI300X", 1307.4 * TERA, 2614.9 * TERA, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet"),
-    )
-}
-
-
-def gpu_perf(name: str) -> GpuPerf:
-    for g in GPU_PERF.values():
-        if g.name.lower() == str(name).lower():
-            return g
-    raise DsakvError(f"gpu = {name!r}: the step-time model knows {', '.join(GPU_PERF)}")
-
-
-class StepTimeModel(Protocol):
-    """``step_seconds(prefill, decode)``: ``prefill`` is ``(new_tokens, context_before)`` per chunk,
-    ``decode`` the context length (including the new token) per decoding request."""
-
-    def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float: ...
-
-    def to_dict(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -112,7 +74,7 @@ class RooflineStepTime:
     """
 
     layout: CacheLayout
-    gpu: GpuPerf = field(default_factory=lambda: GPU_PERF["H200"])
+    gpu: GpuKind = field(default_factory=lambda: gpu_kind("H200"))
     tp: int = 8
     dp_attention: int = 1
     dcp: int = 1
@@ -248,9 +210,3 @@ def _sparse_pairs(n: int, ctx: int, topk: int) -> int:
     below = min(hi, topk - 1)  # queries seeing fewer than topk keys: lo..below
     ramp = (lo + below) * (below - lo + 1) // 2
     return ramp + (hi - below) * topk
-
-
-STEP_TIME_MODELS = {
-    "roofline": "analytic roofline from the spec, the layout and a GPU description (default)",
-    "constant": "a fixed time per step plus a time per token",
-}

@@ -6,6 +6,9 @@ policy, indexer schedule 39 / 78 full layers and an IndexCache pattern when the 
 MTP, DCP, KV dtype, insertion mode, half and double pool). Each point re-opens the source in its worker (a
 trace is re-read and validated there; a scenario is regenerated from its seed), so no request crosses a
 process boundary. A point whose setting is impossible becomes a row with the error, not a crash.
+
+A point is a dict of overrides keyed by ``SimConfig`` field names or by ``GpuSetting`` field names (``dcp``,
+``dp_attention``, ``gpu_memory_bytes``, ``max_batched_tokens``, ...), which change the nested ``SimConfig.gpu``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 
 from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
@@ -31,6 +35,10 @@ class SweepRow:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "config": self.config.to_dict(), "summary": self.summary, "error": self.error}
+
+
+SIM_KEYS = tuple(f.name for f in fields(SimConfig) if f.name != "gpu")
+GPU_KEYS = tuple(f.name for f in fields(GpuSetting))  # "gpu" among them: the GPU kind's name
 
 
 def what_if_points(base: SimConfig) -> list[dict]:
@@ -55,9 +63,31 @@ def what_if_points(base: SimConfig) -> list[dict]:
     return points
 
 
-def _run_point(job: tuple[str, SimConfig, Source]) -> SweepRow:
-    label, cfg, source = job
+def _split(overrides: dict) -> tuple[dict, dict]:
+    """(SimConfig overrides, GpuSetting overrides); an unknown key raises ``DsakvError`` with the known ones."""
+    bad = set(overrides) - set(SIM_KEYS) - set(GPU_KEYS)
+    if bad:
+        known = ", ".join(sorted(SIM_KEYS + GPU_KEYS))
+        raise DsakvError(f"sweep key {sorted(bad)[0]!r}: must be a SimConfig or GpuSetting field ({known})")
+    return (
+        {k: v for k, v in overrides.items() if k in SIM_KEYS},
+        {k: v for k, v in overrides.items() if k in GPU_KEYS},
+    )
+
+
+def apply_point(base: SimConfig, overrides: dict) -> SimConfig:
+    """``base`` with the overrides; keys naming a ``GpuSetting`` field change the nested ``base.gpu``
+    (validated: an impossible value raises ``DsakvError`` naming the field)."""
+    sim, gpu = _split(overrides)
+    return replace(base, **sim, **({"gpu": replace(base.gpu, **gpu)} if gpu else {}))
+
+
+def _run_point(job: tuple[str, SimConfig, dict, Source]) -> SweepRow:
+    label, base, overrides, source = job
+    sim, _ = _split(overrides)
+    cfg = replace(base, **sim)  # checked by run_sweep
     try:
+        cfg = apply_point(base, overrides)
         setup = build_setup(cfg)
         opened = open_source(source)
         result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
@@ -73,15 +103,16 @@ def run_sweep(
     workers: int | None = None,
     on_done: Callable[[SweepRow], None] | None = None,
 ) -> list[SweepRow]:
-    """Run every point (base with the overrides) and return rows in the order of ``points``."""
-    names = {f.name for f in fields(SimConfig)}
+    """Run every point (base with the overrides) and return rows in the order of ``points``.
+
+    An unknown key or a bad ``SimConfig`` value (an unknown policy, say) raises ``DsakvError`` before
+    anything runs; an impossible GPU setting or pool (a DP-attention size that does not divide TP, no room
+    for one page) becomes that point's row with the error."""
     jobs = []
     for over in points:
-        bad = set(over) - names
-        if bad:
-            raise DsakvError(f"sweep key {sorted(bad)[0]!r}: must be a SimConfig field ({', '.join(sorted(names))})")
-        cfg = replace(base, **over)
-        jobs.append((", ".join(f"{k}={v}" for k, v in over.items()) or "base", cfg, source))
+        sim, _ = _split(over)
+        replace(base, **sim)  # bad input raises here
+        jobs.append((", ".join(f"{k}={v}" for k, v in over.items()) or "base", base, over, source))
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     if workers == 1:
         rows = []

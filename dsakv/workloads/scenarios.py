@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsakv.errors import DsakvError, check_choice
+from dsakv.spec.layout import ceil_div
 from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest
 
 
@@ -50,7 +51,7 @@ class _Context:
 
     def extend(self, n: int) -> None:
         self.length += int(n)
-        need = -(-self.length // MOONCAKE_BLOCK)
+        need = ceil_div(self.length, MOONCAKE_BLOCK)
         if need > len(self.blocks):
             self.blocks.extend(self.ids.take(need - len(self.blocks)))
 

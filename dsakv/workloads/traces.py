@@ -8,6 +8,8 @@ One row per request::
 the prompt, the last block partial, so ``len(hash_ids) == ceil(input_length / 512)``. Two requests that
 share a hash-id prefix share those prompt tokens. ``mooncake_tokens`` turns hash ids into concrete token
 ids (block ``h`` -> ids ``h*512 .. h*512+511``) so the radix tree sees exactly the sharing the trace states.
+Hash ids are range-checked here, at the edge: prompt token ids stay below ``PROMPT_TOKEN_LIMIT`` (2**31), so
+the ids above it are free for outputs (the simulator's count down from 2**32 - 1) and never match a prompt.
 
 Reading is two passes over the file: the first validates every line (so a bad line is reported, with its
 line number, before anything is simulated) and checks the timestamp order; the second yields the requests
@@ -27,8 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from dsakv.errors import DsakvError
+from dsakv.spec.layout import ceil_div
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces
+PROMPT_TOKEN_LIMIT = 2**31  # prompt token ids lie below it; the ids above are left to outputs
 
 
 class TraceOrderWarning(UserWarning):
@@ -93,10 +97,14 @@ def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> 
     hash_ids = row["hash_ids"]
     if not isinstance(hash_ids, list):
         raise DsakvError(f"trace line {lineno}: field 'hash_ids' must be a list of integers >= 0")
+    limit = PROMPT_TOKEN_LIMIT // block
     for h in hash_ids:
-        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise DsakvError(f"trace line {lineno}: field 'hash_ids' contains {h!r}: must be integers >= 0")
-    expected = -(-input_length // block)
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < limit:
+            raise DsakvError(
+                f"trace line {lineno}: field 'hash_ids' contains {h!r}: must be integers in 0..{limit - 1} "
+                f"(prompt token ids stay below 2**31)"
+            )
+    expected = ceil_div(input_length, block)
     if len(hash_ids) != expected:
         raise DsakvError(
             f"trace line {lineno}: {len(hash_ids)} hash_ids for input_length = {input_length}: "

@@ -21,11 +21,18 @@ def run_json(bench, capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_bench_json_has_the_fields_and_no_leak(bench, capsys) -> None:
+def test_bench_json_figures_follow_the_workload_and_nothing_leaks(bench, capsys) -> None:
     out = run_json(bench, capsys, "--workload", "synthetic", "--n", "300", "--pool-tokens", "65536")
-    for field in ("requests_per_s", "hit_tokens", "total_tokens", "evicted_tokens", "rejected", "leak_ok"):
-        assert field in out
-    assert out["leak_ok"] and out["requests"] == 300 and out["evicted_tokens"] > 0
+    run = {k: out[k] for k in ("workload", "insert_mode", "eviction_policy", "batch", "pool_tokens")}
+    assert run == {"workload": "synthetic", "insert_mode": "finish", "eviction_policy": "lru", "batch": 16,
+                   "pool_tokens": 65536}  # fmt: skip
+    assert out["requests"] == 300 and out["total_tokens"] == sum(len(r) for r in workloads.synthetic(300, 0))
+    assert 0 < out["hit_tokens"] < out["total_tokens"] and out["hit_tokens"] % 64 == 0  # whole pages only
+    assert out["hit_rate"] == out["hit_tokens"] / out["total_tokens"]
+    assert out["requests_per_s"] == pytest.approx(out["requests"] / out["wall_s"])
+    assert 0 < out["cpu_s"] and 0 < out["wall_s"]
+    assert out["evicted_tokens"] > 0 and out["evicted_tokens"] % 64 == 0 and out["rejected"] == 0
+    assert out["leak_ok"]
 
 
 def test_cache_at_allocation_hits_at_least_as_often_as_insert_on_finish(bench, capsys) -> None:

@@ -8,7 +8,11 @@ import sys
 
 import pytest
 
-from dsakv.cli import main
+from dsakv.cli import build_parser, main
+from dsakv.cli.plan import build_plan
+from dsakv.planner.deployment import GpuSetting
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
 
 
 def run_json(capsys, *argv: str) -> dict:
@@ -53,15 +57,24 @@ def test_variant_flags_change_the_cell(capsys, argv, cell):
     assert run_json(capsys, *argv)["cell_bytes"] == cell
 
 
+def test_flag_defaults_are_the_layout_and_gpu_setting_defaults():
+    p = build_plan(build_parser().parse_args(["plan"]))
+    assert p.layout == CacheLayout(ModelSpec.preset("glm-5.3")) and p.setting == GpuSetting()
+
+
 def test_available_bytes_sizes_the_pool_directly(capsys):
     d = run_json(capsys, "--available-bytes", str(101 * 3_452_160))
     assert d["pool_pages"] == 100 and d["pool_source"] == "available bytes"
 
 
-def test_context_cached_and_explain(capsys):
+def test_context_and_cached_flags_price_the_request_and_its_whole_cached_pages(capsys):
     d = run_json(capsys, "--available-bytes", "40GB", "--context", "100000", "--cached", "50000")
-    assert d["request"]["pages"] == 1_563 and d["prefix_savings"]["cached_pages"] == 781
-    logged = d["pool_tokens"]
+    assert d["request"]["pages"] == 1_563 == -(-100_000 // 64)
+    assert d["prefix_savings"]["cached_pages"] == 781 == 50_000 // 64  # a partial page is not a hit
+
+
+def test_explain_tokens_of_the_planned_pool_finds_no_gap(capsys):
+    logged = run_json(capsys, "--available-bytes", "40GB")["pool_tokens"]
     d = run_json(capsys, "--available-bytes", "40GB", "--explain-tokens", str(logged))
     assert d["explain_tokens"]["gap_tokens"] == 0
 

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from dsakv.cli import main
+from dsakv.cli import build_parser, main
+from dsakv.cli.gpu_args import gpu_setting, parse_float, parse_fraction
+from dsakv.cli.simulate import build_config
+from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.config import SimConfig
+from dsakv.sim.source import Source
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import write_mooncake
 
@@ -103,3 +109,31 @@ def test_out_of_order_trace_is_sorted_with_a_warning(tmp_path, capsys):
     d = json.loads(captured.out)
     assert "out of order" in captured.err and d["reordered_lines"] == 2  # two lines lie below an earlier timestamp
     assert d["finished"] == 3
+
+
+def test_flag_defaults_are_the_config_defaults():
+    # One home for every default: no flag repeats a number of SimConfig, GpuSetting or Source.
+    for argv in (["simulate"], ["simulate", "--policy", "lru", "--mode", "finish"]):
+        cfg, source = build_config(build_parser().parse_args(argv))
+        assert cfg == SimConfig() and source == Source()
+    assert gpu_setting(build_parser().parse_args(["plan"])) == GpuSetting()
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "allowed"),
+    [
+        (parse_float, "0", "a positive number"),
+        (parse_float, "-1", "a positive number"),
+        (parse_float, "inf", "a positive number"),
+        (parse_float, "nan", "a positive number"),
+        (parse_float, "x", "a positive number"),
+        (parse_fraction, "1.5", "a number in (0, 1]"),
+        (parse_fraction, "0", "a number in (0, 1]"),
+        (parse_fraction, "half", "a number in (0, 1]"),
+    ],
+)
+def test_number_flags_name_the_flag_the_text_and_the_range(parse, text, allowed):
+    with pytest.raises(DsakvError) as exc:
+        parse("--knob", text)
+    assert str(exc.value) == f"--knob = {text!r}: must be {allowed}"
+    assert parse("--knob", "0.5") == 0.5

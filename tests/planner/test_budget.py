@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from dsakv.errors import DsakvError
@@ -147,3 +149,30 @@ def test_pool_capacity_needs_exactly_one_source(layout):
         pool_capacity(layout)
     with pytest.raises(DsakvError, match="available bytes"):
         pool_capacity(layout, available_bytes=0)
+
+
+@pytest.mark.parametrize(
+    "layout_kwargs",
+    [{}, {"kv_dtype": "bf16"}, {"kv_dtype": "fp8"}, {"index_kpool": 4}, {"mtp_layers": 1}],
+    ids=["fp8_ds_mla", "bf16", "fp8", "kpool4", "mtp1"],
+)
+@pytest.mark.parametrize("dcp", [1, 2, 3, 8])
+def test_rank_cell_per_token_figures_are_the_layouts_with_the_dcp_split(layout_kwargs, dcp):
+    lay = CacheLayout(ModelSpec.preset("glm-5.3"), **layout_kwargs)
+    cell = RankCell(lay, dcp)
+    # exact figures: an int when the split divides, else the correctly rounded float of the fraction
+    assert cell.main_bytes_per_token == float(Fraction(lay.main_bytes_per_token, dcp))
+    assert isinstance(cell.main_bytes_per_token, int) == (lay.main_bytes_per_token % dcp == 0)
+    assert cell.indexer_bytes_per_token == lay.indexer_bytes_per_token  # replicated on every DCP rank
+    assert cell.page_bytes == lay.main_page_bytes + dcp * lay.indexer_page_bytes
+    assert cell.cell_bytes == float(Fraction(cell.page_bytes, cell.tokens_per_page))
+    if dcp == 1:
+        figures = ("main_bytes_per_token", "indexer_bytes_per_token", "cell_bytes", "main_page_bytes", "page_bytes")
+        assert {f: getattr(cell, f) for f in figures} == {f: getattr(lay, f) for f in figures}
+        assert [cell.pages_for_tokens(n) for n in (1, 64, 65)] == [lay.pages_for_tokens(n) for n in (1, 64, 65)]
+
+
+def test_pool_capacity_keeps_its_scratch_pages_out_of_the_pool(layout):
+    cap = pool_capacity(layout, available_bytes=101 * layout.page_bytes)
+    assert cap.scratch_pages == 1 and cap.physical_pages - cap.pages == cap.scratch_pages
+    assert cap.to_dict()["scratch_pages"] == cap.scratch_pages

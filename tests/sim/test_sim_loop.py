@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
 
 from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.savings import prefix_savings
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
+from dsakv.sim.loop import Simulation, simulate
+from dsakv.sim.report import Counters
+from dsakv.sim.source import Source, open_source
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 from dsakv.workloads.scenarios import generate_scenario
@@ -91,10 +95,18 @@ def test_request_larger_than_pool_is_rejected_not_crashed():
     assert "whole pool" in res.records[0].reason
 
 
-def test_hash_id_beyond_the_token_id_range_names_the_line():
-    big = TraceRequest(0, 10, 1, (2**31,), line=7)
+def test_hash_id_beyond_the_token_id_range_names_the_line(tmp_path):
+    # The trace reader is the edge that range-checks ids: the simulator's source refuses line 7 before any run.
+    lines = [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [h]} for h in [1] * 6 + [2**22]]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in lines))  # 2**22 blocks of 512 = 2**31 tokens
     with pytest.raises(DsakvError, match="trace line 7"):
-        simulate(SimConfig(**CONST), [big])
+        open_source(Source(trace=str(path)))
+
+
+def test_generated_request_beyond_the_token_id_range_is_refused_by_the_scheduler():
+    with pytest.raises(DsakvError, match="prompt token ids"):
+        simulate(SimConfig(**CONST), [TraceRequest(0, 10, 1, (2**31,), line=7)])
 
 
 def test_pool_smaller_than_one_page_is_reported():
@@ -104,7 +116,7 @@ def test_pool_smaller_than_one_page_is_reported():
 
 def test_gpu_memory_too_small_for_weights_is_reported():
     with pytest.raises(DsakvError, match="less than one page"):
-        build_setup(SimConfig(gpu_memory_bytes=10**9))
+        build_setup(SimConfig(gpu=GpuSetting(gpu_memory_bytes=10**9)))
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "offload"])
@@ -125,11 +137,15 @@ def test_small_pool_evicts_cached_prefixes(chat):
     assert res.summary["evicted_tokens"] > 0 and res.summary["finished"] == len(chat)
 
 
-def test_allocate_mode_and_no_prefix_cache(chat):
+def test_insert_at_allocation_finishes_everything_with_prefix_hits(chat):
     alloc = simulate(SimConfig(insert_mode="allocate"), chat, check_every=50).summary
+    assert alloc["finished"] == len(chat) and alloc["hit_tokens"] > 0
+
+
+def test_without_a_prefix_cache_everything_finishes_and_nothing_hits(chat):
     off = simulate(SimConfig(prefix_cache=False), chat).summary
-    assert alloc["finished"] == off["finished"] == len(chat)
-    assert off["hit_tokens"] == 0 and alloc["hit_tokens"] > 0
+    assert off["finished"] == len(chat) and off["hit_tokens"] == 0
+    assert off["evicted_tokens"] == 0 and off["hit_rate_requests"] == 0
 
 
 def _pool_tokens(cfg: SimConfig) -> int:
@@ -142,7 +158,7 @@ def test_what_if_layouts_change_pool_capacity():
     assert _pool_tokens(SimConfig(indexer="78")) < base
     assert _pool_tokens(SimConfig(kv_dtype="bf16")) < base
     assert _pool_tokens(SimConfig(mtp=1)) < base
-    assert _pool_tokens(SimConfig(dcp=2)) > base
+    assert _pool_tokens(SimConfig(gpu=GpuSetting(dcp=2))) > base
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"Mooncake trace not present at {DATA} (shared data absent)")
@@ -156,3 +172,19 @@ def test_mtp_drafts_leak_no_page_at_finish(mode):
     reqs = [_req(0, [1], 100, out=2), _req(10, [1, 2], 700, out=30), _req(20, [1, 2], 700, out=9)]
     res = simulate(SimConfig(mtp=2, insert_mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
     assert res.summary["finished"] == 3
+
+
+def test_allocator_keeps_the_planner_scratch_pages_out_of_the_pool():
+    cfg = SimConfig(**CONST)
+    setup = build_setup(cfg)
+    sim = Simulation(cfg, setup, [])
+    assert sim.allocator.first_page == setup.capacity.scratch_pages == 1
+    assert sim.allocator.num_pages == setup.pages == setup.capacity.pages
+
+
+def test_seeded_counters_are_copied_and_reach_the_summary():
+    seed = Counters(skipped_lines=3, reordered_lines=2)
+    res = simulate(SimConfig(**CONST), [_req(0, [1], 100, out=4)], counters=seed)
+    # one prefill step samples the first token, three decode steps the rest
+    assert (res.summary["skipped_lines"], res.summary["reordered_lines"], res.summary["steps"]) == (3, 2, 4)
+    assert seed == Counters(skipped_lines=3, reordered_lines=2)  # the caller's object is left alone

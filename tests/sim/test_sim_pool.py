@@ -8,6 +8,7 @@ import json
 import pytest
 
 from dsakv.cli import main
+from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.workloads.traces import TraceRequest
@@ -50,7 +51,7 @@ def _req(ts_ms, ids, n, out=4):
 
 
 def test_dcp_pages_hold_page_size_times_dcp_tokens_and_hits_follow_them():
-    cfg = SimConfig(dcp=2, step_model="constant", pool_tokens=100_000)
+    cfg = SimConfig(gpu=GpuSetting(dcp=2), step_model="constant", pool_tokens=100_000)
     setup = build_setup(cfg)
     assert setup.page_tokens == 128 and setup.pages == 100_000 // 128
     res = simulate(cfg, [_req(0, [1, 2, 3], 1300), _req(60_000, [1, 2, 3], 1300)])
@@ -67,7 +68,7 @@ def test_dcp_pages_hold_page_size_times_dcp_tokens_and_hits_follow_them():
 
 def test_dp_attention_simulates_group_zero_with_every_dth_request():
     reqs = [_req(i * 1000, [i], 100) for i in range(10)]
-    res = simulate(SimConfig(tp=8, dp_attention=4, step_model="constant"), reqs)
+    res = simulate(SimConfig(gpu=GpuSetting(tp=8, dp_attention=4), step_model="constant"), reqs)
     assert [r.line for r in res.records] == [0, 0, 0] and res.summary["requests"] == 3
     assert [r.arrival_s for r in res.records] == [0.0, 4.0, 8.0]
     assert res.summary["dp_attention"] == 4 and res.summary["other_group_requests"] == 7
@@ -75,7 +76,9 @@ def test_dp_attention_simulates_group_zero_with_every_dth_request():
 
 def test_rejected_input_tokens_are_reported_beside_the_hit_rate():
     too_long = 2 * 4096
-    cfg = SimConfig(model="tiny", num_gpus=4, tp=4, step_model="constant", pool_tokens=64 * 400)  # 4 heads
+    cfg = SimConfig(
+        model="tiny", gpu=GpuSetting(num_gpus=4, tp=4), step_model="constant", pool_tokens=64 * 400
+    )  # 4 heads
     res = simulate(cfg, [_req(0, range(16), too_long), _req(1, [99], 100)])
     s = res.summary
     assert s["rejected"] == 1 and s["rejected_input_tokens"] == too_long

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dsakv.errors import DsakvError
-from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _sparse_pairs, gpu_perf
+from dsakv.planner.deployment import GpuSetting
+from dsakv.planner.gpus import GPU_KINDS, gpu_kind
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _sparse_pairs
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -64,6 +67,31 @@ def test_constant_model_and_validation():
     with pytest.raises(DsakvError):
         ConstantStepTime(-1)
     with pytest.raises(DsakvError):
-        gpu_perf("TPU")
+        gpu_kind("TPU")
     with pytest.raises(DsakvError):
         RooflineStepTime(CacheLayout(ModelSpec.preset("glm-5.3")), compute_eff=0)
+
+
+def test_roofline_prices_with_the_planner_gpu_catalogue():
+    # One catalogue: the GPU kind that sizes the pool is the one whose speeds price the step.
+    setup = build_setup(SimConfig(gpu=GpuSetting(gpu="b200")))
+    assert setup.step_time.gpu is GPU_KINDS["B200"] is gpu_kind(setup.setting.gpu)
+    assert setup.step_time.to_dict()["hbm_bytes_per_s"] == GPU_KINDS["B200"].hbm_bytes_per_s == 8e12
+    assert setup.capacity.memory.total_bytes == GPU_KINDS["B200"].memory_bytes
+
+
+@pytest.mark.parametrize("name", sorted(GPU_KINDS))
+def test_every_gpu_kind_has_memory_and_speeds(name):
+    kind = gpu_kind(name.lower())
+    assert kind.name == name and kind.memory_bytes > 50 * 2**30
+    assert 0 < kind.bf16_flops < kind.fp8_flops and kind.hbm_bytes_per_s > 1e12 and kind.link_bytes_per_s > 1e11
+
+
+def test_unknown_gpu_has_one_wording_in_the_planner_and_the_step_time():
+    wording = "gpu = 'A100': must be one of H100, H200, B200, MI300X"
+    with pytest.raises(DsakvError) as planner_error:
+        GpuSetting(gpu="A100")
+    # A memory figure lets the planner run, but the roofline still needs the kind's speeds.
+    with pytest.raises(DsakvError) as step_time_error:
+        build_setup(SimConfig(gpu=GpuSetting(gpu="A100", gpu_memory_bytes=200 * 2**30)))
+    assert str(planner_error.value) == str(step_time_error.value) == wording

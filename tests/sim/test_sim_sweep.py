@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dsakv.cli.sweep_args import parse_sweep, row_figures
 from dsakv.errors import DsakvError
 from dsakv.sim.config import SimConfig
 from dsakv.sim.source import Source
-from dsakv.sim.sweep import run_sweep, what_if_points
+from dsakv.sim.sweep import apply_point, run_sweep, what_if_points
 
 
 def test_several_sweep_flags_give_their_product():
@@ -43,3 +45,27 @@ def test_sweep_runs_points_in_workers_and_reports_impossible_ones():
 def test_unknown_policy_in_sweep_is_bad_input():
     with pytest.raises(DsakvError, match="policy"):
         run_sweep(SimConfig(), [{"eviction_policy": "random"}], Source(scenario="chat", scale=0.05))
+
+
+def test_gpu_sweep_keys_change_the_nested_gpu_setting():
+    base = SimConfig()
+    flags = ["dp=1,2", "gpu_memory=141GB", "max_batched_tokens=8192", "mem_fraction_static=0.9", "dcp=2"]
+    points = parse_sweep(flags, base)
+    assert len(points) == 2
+    cfgs = [apply_point(base, p) for p in points]
+    assert [c.gpu.dp_attention for c in cfgs] == [1, 2]
+    assert all(c.gpu.gpu_memory_bytes == 141 * 10**9 and c.gpu.max_batched_tokens == 8192 for c in cfgs)
+    assert all(c.gpu.mem_fraction_static == 0.9 and c.gpu.dcp == 2 for c in cfgs)
+    assert all(c.gpu.gpu == base.gpu.gpu and c.eviction_policy == base.eviction_policy for c in cfgs)
+    assert apply_point(base, {"gpu": "B200", "mtp": 1}).gpu.gpu == "B200"
+
+
+def test_impossible_gpu_setting_in_a_sweep_is_a_row_not_a_crash():
+    base = SimConfig(step_model="constant")
+    src = Source(scenario="chat", scale=0.02)
+    rows = run_sweep(base, [{"dp_attention": 3, "eviction_policy": "fifo"}, {"dp_attention": 2}], src, workers=1)
+    assert rows[0].summary is None and "dp_attention = 3: must divide tp = 8" in rows[0].error
+    assert rows[0].config == replace(base, eviction_policy="fifo")  # the base with the overrides that apply
+    assert rows[1].error is None and rows[1].config.gpu.dp_attention == 2 and rows[1].summary["dp_attention"] == 2
+    with pytest.raises(DsakvError, match="sweep key 'colour'"):
+        run_sweep(base, [{"colour": "red"}], src, workers=1)

@@ -57,10 +57,18 @@ def test_mtp_layer_adds_a_main_row_and_a_full_indexer(glm53):
     assert lay.indexer_layers[-1] == 78
 
 
-def test_indexer_on_all_layers_and_deepseek_cells(glm53):
-    assert CacheLayout(glm53.with_all_indexers_full()).cell_bytes == 61_464
-    assert CacheLayout(glm53.with_full_indexer_count(39)).cell_bytes == 56_316
-    assert CacheLayout(ModelSpec.preset("deepseek-v3.2")).cell_bytes == 48_068
+def test_indexer_on_all_78_layers_costs_61464_bytes_per_token(glm53):
+    assert CacheLayout(glm53.with_all_indexers_full()).cell_bytes == 61_464 == 656 * 78 + 132 * 78
+
+
+def test_39_full_indexer_layers_cost_56316_bytes_per_token(glm53):
+    assert CacheLayout(glm53.with_full_indexer_count(39)).cell_bytes == 56_316 == 656 * 78 + 132 * 39
+
+
+def test_deepseek_v32_keeps_indexer_k_on_all_61_layers_48068_bytes_per_token():
+    lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"))
+    assert lay.num_indexer_layers == lay.num_attention_layers == 61
+    assert lay.cell_bytes == 48_068 == 656 * 61 + 132 * 61
 
 
 def test_kpool_keeps_one_indexer_state_per_n_tokens(glm53):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dsakv.errors import DsakvError
+from dsakv.spec.layout import ceil_div
 from dsakv.workloads.scenarios import SCENARIOS, generate_scenario
 from dsakv.workloads.traces import MOONCAKE_BLOCK, mooncake_tokens
 
@@ -22,7 +23,7 @@ def test_scenario_rows_satisfy_the_mooncake_invariants(name):
     assert reqs and [r.timestamp_ms for r in reqs] == sorted(r.timestamp_ms for r in reqs)
     for r in reqs:
         assert r.input_length >= 1 and r.output_length >= 1
-        assert len(r.hash_ids) == -(-r.input_length // MOONCAKE_BLOCK)
+        assert len(r.hash_ids) == ceil_div(r.input_length, MOONCAKE_BLOCK)
 
 
 def test_chat_turns_resend_the_previous_prompt():

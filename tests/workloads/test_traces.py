@@ -131,3 +131,13 @@ def test_mooncake_conversation_trace_counts():
     assert len(trace) == 12031
     assert trace.input_tokens == 144_793_823
     assert trace.skipped == 0 and trace.out_of_order == 0
+
+
+def test_hash_ids_keep_prompt_token_ids_below_2_to_the_31(tmp_path):
+    # Block h holds ids h*512 .. h*512+511: the last allowed block ends at 2**31 - 1; the next is refused
+    # with its line, so the simulator's output ids (counted down from 2**32 - 1) never meet a prompt id.
+    last = 2**31 // 512 - 1
+    ok = MooncakeTrace(_write(tmp_path / "ok.jsonl", [_row(n=512, ids=[last])]))
+    assert int(mooncake_tokens(next(iter(ok)).hash_ids, 512)[-1]) == 2**31 - 1
+    with pytest.raises(DsakvError, match=r"trace line 2: field 'hash_ids' contains 4194304"):
+        MooncakeTrace(_write(tmp_path / "big.jsonl", [_row(), _row(n=512, ids=[last + 1])]))

@@ -1,0 +1,54 @@
+"""Weights per rank: fp8 block scales, published parameter counts, TP / DP-attention sharding (docs/planner.md §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.planner.weights import matrix_bytes, weight_parts, weights_per_rank
+from dsakv.spec.model_spec import ModelSpec
+
+
+def test_fp8_matrix_adds_one_fp32_scale_per_128_block():
+    assert matrix_bytes(256, 256, "fp8") == 256 * 256 + 4 * 4
+    assert matrix_bytes(256, 256, "bfloat16") == 2 * 256 * 256
+
+
+def test_glm5_parameter_count_is_about_744_billion():
+    params = sum(p.params for p in weight_parts(ModelSpec.preset("glm-5"), mtp_layers=0))
+    assert 740e9 < params < 748e9  # GLM-5 is published as 744B parameters
+
+
+def test_deepseek_v32_parameter_count_is_about_671_billion():
+    params = sum(p.params for p in weight_parts(ModelSpec.preset("deepseek-v3.2"), mtp_layers=0))
+    assert 668e9 < params < 675e9
+
+
+def test_weights_per_rank_shard_over_tp_and_replicate_the_rest(glm53):
+    one = weights_per_rank(glm53, tp=1)
+    eight = weights_per_rank(glm53, tp=8)
+    replicated = sum(p.bytes for p in eight.parts if p.shard == "replicated")
+    assert one.rank_bytes == one.total_bytes
+    assert (
+        replicated + (one.total_bytes - replicated) / 8
+        <= eight.rank_bytes
+        < replicated + (one.total_bytes - replicated) / 8 + 16
+    )
+    dp = weights_per_rank(glm53, tp=8, dp_attention=8)
+    assert dp.rank_bytes > eight.rank_bytes  # attention projections replicated under full DP-attention
+    assert weights_per_rank(glm53, tp=8, mtp_layers=1).rank_bytes > eight.rank_bytes
+
+
+def test_bf16_weights_are_about_twice_fp8(glm53):
+    fp8 = weights_per_rank(glm53, tp=8).total_bytes
+    bf16 = weights_per_rank(glm53, tp=8, dtype="bfloat16").total_bytes
+    assert 1.9 < bf16 / fp8 < 2.0
+
+
+def test_tensor_parallel_size_that_splits_a_head_is_refused():
+    # 64 heads cannot be split over 3 ranks; engines shard whole heads, so the planner refuses the setting.
+    glm = ModelSpec.preset("glm-5.3")
+    with pytest.raises(DsakvError, match="must divide num_attention_heads = 64"):
+        weights_per_rank(glm, tp=3)
+    assert weights_per_rank(glm, tp=8).attn_tp == 8
+    assert weights_per_rank(glm, tp=16, dp_attention=2).attn_tp == 8
