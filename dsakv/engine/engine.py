@@ -22,63 +22,31 @@ greedy verification, adds the model's own next token, and the scheduler rolls th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
-from dsakv.cache.allocator import PageAllocator
-from dsakv.cache.eviction import POLICIES
-from dsakv.cache.radix import INSERT_MODES, RadixCache
-from dsakv.engine.pool import POOL_KINDS, TwinPool
-from dsakv.engine.readback import CacheReadback, read_request_cache, request_slots
-from dsakv.errors import DsakvError, check_choice
+from dsakv.cache.radix import RadixCache
+from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
+from dsakv.engine.offload import HostPages
+from dsakv.engine.pool import TwinPool
+from dsakv.engine.readback import CacheReadback, read_request_cache
+from dsakv.errors import DsakvError
+from dsakv.model.inputs import request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
-from dsakv.scheduler.config import SchedulerConfig
-from dsakv.scheduler.request import Request, RequestStats
+from dsakv.scheduler.request import Request, RequestStats, check_prompt
 from dsakv.scheduler.scheduler import Scheduler
-from dsakv.spec.layout import KV_DTYPES, CacheLayout
+from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
-SCRATCH_SEQS = 8  # sequences whose padding rows fit the scratch pages at once (more: another forward)
+__all__ = ["SCRATCH_SEQS", "Drafter", "Engine", "EngineConfig", "EngineTotals", "GenerationResult"]
 
 Drafter = Callable[[Request, int], Sequence[int]]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    num_pages: int = 256  # pages the allocator hands out (the pool adds scratch pages for padding rows)
-    page_size: int = 64
-    pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
-    kv_dtype: str = "fp8_ds_mla"
-    prefix_cache: bool = True
-    insert_mode: str = "finish"  # radix insertion: "finish" or "allocate"
-    eviction_policy: str = "lru"
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    logits_budget_bytes: int | None = None  # indexer logits budget (row chunking); None: the default rule
-    batch_invariant: bool = True
-    min_rows: int = 16
-    capture_cache: bool = False  # keep each finished request's cache read-back
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("num_pages", "page_size", "min_rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DsakvError(f"{name} = {value!r}: must be a positive integer")
-        if not isinstance(self.scheduler, SchedulerConfig):
-            raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
-        names = {
-            "pool_kind": POOL_KINDS,
-            "kv_dtype": KV_DTYPES,
-            "insert_mode": INSERT_MODES,
-            "eviction_policy": POLICIES,
-        }
-        for name, allowed in names.items():
-            check_choice(name, getattr(self, name), allowed)
 
 
 @dataclass
@@ -123,10 +91,11 @@ class Engine:
             spec, kv_dtype=config.kv_dtype, page_size=config.page_size, allow_any_page_size=config.page_size != 64
         )
         # Scratch pages 0 .. first_page - 1 take the padding rows; the allocator never hands them out.
-        scratch_pages = -(-SCRATCH_SEQS * config.min_rows // config.page_size)
-        self._scratch_slots = scratch_pages * config.page_size
-        self.allocator = PageAllocator(config.num_pages, config.page_size, first_page=scratch_pages)
-        self.pool = TwinPool(self.layout, self.allocator, kind=config.pool_kind)
+        self.pool = TwinPool.for_pages(
+            self.layout, config.num_pages, padding_slots=config.padding_slots, kind=config.pool_kind
+        )
+        self.allocator = self.pool.allocator
+        self._scratch_slots = self.allocator.first_page * config.page_size
         self.radix = (
             RadixCache(self.allocator, eviction_policy=config.eviction_policy, insert_mode=config.insert_mode)
             if config.prefix_cache
@@ -139,20 +108,20 @@ class Engine:
         self.drafter = drafter
         self.totals = EngineTotals()
         self.caches: dict[Any, CacheReadback] = {}
-        self._host: dict[Any, Any] = {}
+        self._host: dict[Any, HostPages] = {}
 
     # ----- requests -----------------------------------------------------------------------------
     def add_request(
         self, prompt: Sequence[int], max_new_tokens: int, *, request_id: Any = None, eos_token_id: int | None = None
     ) -> Request:
-        """Queue a prompt (token ids in ``0 .. vocab_size - 1``); raises ``DsakvError`` and queues nothing if not."""
-        self._check_prompt(prompt)
-        if eos_token_id is not None and not 0 <= eos_token_id < self.vocab_size:
-            raise DsakvError(f"eos_token_id = {eos_token_id!r}: must lie in 0..{self.vocab_size - 1}")
-        ids = np.asarray(prompt)
-        return self.scheduler.add_request(
-            [int(t) for t in ids], max_new_tokens, request_id=request_id, eos_token_id=eos_token_id
-        )
+        """Queue a prompt (token ids in ``0 .. vocab_size - 1``); raises ``DsakvError`` and queues nothing if not.
+
+        The engine checks what only it knows (ids within the model's vocabulary, ``eos_token_id`` too); the
+        scheduler, where every request enters, checks the rest (``Scheduler.add_request``).
+        """
+        self._check_eos(eos_token_id)
+        ids = self._token_ids(prompt)
+        return self.scheduler.add_request(ids, max_new_tokens, request_id=request_id, eos_token_id=eos_token_id)
 
     def abort(self, request_id: Any) -> Request:
         req = self.scheduler.abort(request_id)
@@ -164,18 +133,45 @@ class Engine:
     ) -> list[GenerationResult]:
         """Greedy generation for every prompt; results in prompt order (rejected ones with their reason).
 
-        Every prompt is validated before any is queued: a bad one raises ``DsakvError`` and changes nothing.
+        Every prompt is validated before any is queued: a bad one raises ``DsakvError`` and changes nothing
+        (a bad ``max_new_tokens`` is the scheduler's to refuse, with the first prompt, before it is queued).
         """
+        self._check_eos(eos_token_id)
+        ids = []
         for i, prompt in enumerate(prompts):
             try:
-                self._check_prompt(prompt)
+                ids.append(self._token_ids(prompt))
             except DsakvError as exc:
                 raise DsakvError(f"prompts[{i}]: {exc}") from None
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
-        reqs = [self.add_request(p, max_new_tokens, eos_token_id=eos_token_id) for p in prompts]
+        reqs = [self.scheduler.add_request(p, max_new_tokens, eos_token_id=eos_token_id) for p in ids]
         self.run_until_idle()
         return [GenerationResult(r.id, list(r.outputs), r.stats, self.caches.get(r.id)) for r in reqs]
+
+    def _token_ids(self, prompt: Sequence[int]) -> Sequence[int]:
+        """The prompt as a list of ints, once its ids are known to index the model's vocabulary.
+
+        Anything but a 1-D integer sequence goes through the scheduler's own check (``check_prompt``) here, so
+        ``generate`` refuses a malformed prompt before queueing any; an empty one passes (the scheduler rejects
+        it with a reason, like every request that can never run).
+        """
+        ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            check_prompt(prompt)
+            return prompt
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise DsakvError(
+                f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{self.vocab_size - 1}"
+            )
+        return ids.tolist()
+
+    def _check_eos(self, eos_token_id: int | None) -> None:
+        if eos_token_id is not None and not 0 <= eos_token_id < self.vocab_size:
+            raise DsakvError(f"eos_token_id = {eos_token_id!r}: must lie in 0..{self.vocab_size - 1}")
+
+    @property
+    def host_copies(self) -> Mapping[Any, HostPages]:
+        """Read-only view: request id -> host copy of both caches of an offloaded request's pages."""
+        return MappingProxyType(self._host)
 
     def run_until_idle(self, max_steps: int | None = None) -> None:
         steps = 0
@@ -281,15 +277,6 @@ class Engine:
         if self.config.capture_cache:
             n = min(req.num_computed, req.num_tokens - 1)
             self.caches[req.id] = read_request_cache(self.pool, req.pages, n)
-
-    def _check_prompt(self, prompt: Sequence[int]) -> None:
-        ids = np.asarray(prompt)
-        if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-            raise DsakvError(f"prompt: shape {list(ids.shape)} dtype {ids.dtype}: must be a 1-D sequence of token ids")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise DsakvError(
-                f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{self.vocab_size - 1}"
-            )
 
     # ----- checks -------------------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -10,16 +10,17 @@ Two layouts, same per-layer views (kernels see strides, never the layout)::
                      0          ^ packed_main_offset(l)        ^ main_page_bytes = packed_indexer_offset(f0)
 
 P = ``allocator.end_page`` physical pages, S = ``layout.indexer_states_per_page``. Page ids below
-``allocator.first_page`` (page 0 with ``first_page=1``) exist physically but are never handed out: they are
-scratch pages that accept padded writes. ``TwinPool.from_budget`` sizes pool and allocator with the planner's
-``dsakv.planner.budget.pool_capacity`` (one source of truth for pages per byte budget, scratch page included).
+``allocator.first_page`` exist physically but are never handed out: they are scratch pages that accept
+padded writes. ``TwinPool.for_pages`` builds the pool and its allocator with the one scratch-page rule,
+``dsakv.planner.budget.scratch_pages`` (the planner's ``pool_capacity`` counts the same pages).
 
 Mutation contract: ``store_*``, ``move_slots`` and ``restore_pages`` write only the addressed token rows /
 pages of the listed layers; ``read_*`` and ``offload_pages`` do not modify the pool. Every method checks all
 of its input (slots in range and in allocated or scratch pages, shapes, dtypes, layers) before writing and
-raises ``DsakvError`` with the pool unchanged. The pool never allocates or frees pages: the caller holds the
-allocator. Moves and offloads act on every layer of both caches at once; there is no per-cache variant.
-Not thread-safe: the caller serialises access (one engine step at a time).
+raises ``DsakvError`` with the pool unchanged -- except ``CheckedSlots``, which ``validate_batch`` checked
+once for a whole forward and which the pool trusts (the model's per-layer path). The pool never allocates or
+frees pages: the caller holds the allocator. Moves and offloads act on every layer of both caches at once;
+there is no per-cache variant. Not thread-safe: the caller serialises access (one engine step at a time).
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ from collections.abc import Sequence
 import torch
 
 from dsakv.cache.allocator import PageAllocator
+from dsakv.engine.config import POOL_KINDS
 from dsakv.engine.offload import HostPages, block_spans, host_buffer
 from dsakv.engine.pool_checks import SlotChecker, check_rows
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kernels import cache_ops
-from dsakv.planner.budget import SCRATCH_PAGES, pool_capacity
+from dsakv.kernels.common import last_per_key
+from dsakv.model.inputs import CheckedSlots, Slots
+from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, scratch_pages
 from dsakv.spec.layout import CacheLayout
 
-POOL_KINDS = ("slot", "packed")
+__all__ = ["POOL_KINDS", "TwinPool"]
 
 
 class TwinPool:
@@ -96,42 +100,34 @@ class TwinPool:
             ]
 
     @classmethod
-    def from_budget(
+    def for_pages(
         cls,
         layout: CacheLayout,
-        budget_bytes: int,
+        num_pages: int,
+        *,
+        padding_slots: int = CUDA_GRAPH_PADDING_SLOTS,
         kind: str = "slot",
         device: str | torch.device = "cpu",
         fp8_scale: float | Sequence[float] = 1.0,
     ) -> TwinPool:
-        """A pool and its allocator filling ``budget_bytes``: the planner's page count plus the scratch page(s).
+        """A pool and its allocator: ``num_pages`` pages to hand out after ``scratch_pages(page_size,
+        padding_slots)`` scratch pages (ids ``0 .. first_page - 1``).
 
-        The allocator hands out ``pages_for_budget(layout, budget_bytes)`` pages from id ``SCRATCH_PAGES`` on,
-        so ``nbytes == pool_capacity(layout, available_bytes=budget_bytes).pool_bytes``.
+        The default padding is a CUDA serving engine's, so ``for_pages(layout, pool_capacity(layout, ...).pages)``
+        holds exactly the planner's ``physical_pages`` and ``pool_bytes``; the engine passes its own padding.
         """
-        pages = cls.pages_for_budget(layout, budget_bytes)
-        return cls(layout, PageAllocator(pages, layout.page_size, first_page=SCRATCH_PAGES), kind, device, fp8_scale)
-
-    @staticmethod
-    def pages_for_budget(layout: CacheLayout, budget_bytes: int) -> int:
-        """Pages the allocator may hand out when ``budget_bytes`` must also hold the scratch page(s).
-
-        The planner's arithmetic (``dsakv.planner.budget.pool_capacity``), the one source of truth; raises when the
-        budget holds no page besides the scratch page(s).
-        """
-        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-            raise DsakvError(f"budget_bytes = {budget_bytes!r}: must be a positive integer")
-        pages = pool_capacity(layout, available_bytes=budget_bytes).pages
-        if pages < 1:
-            raise DsakvError(
-                f"budget_bytes = {budget_bytes}: holds {budget_bytes // layout.page_bytes} pages of "
-                f"{layout.page_bytes} B; need at least {SCRATCH_PAGES + 1} ({SCRATCH_PAGES} scratch)"
-            )
-        return pages
+        first = scratch_pages(layout.page_size, padding_slots)
+        return cls(layout, PageAllocator(num_pages, layout.page_size, first_page=first), kind, device, fp8_scale)
 
     def page_is_writable(self, page: int) -> bool:
         """True for allocated pages and scratch pages; the one rule every slot check of the pool uses."""
         return self._checker.page_is_writable(page)
+
+    def _slots(self, slots: Slots, name: str, distinct: bool = False) -> torch.Tensor:
+        """Checked int64 slots on the pool device; ``CheckedSlots`` (``validate_batch``'s) pass as they are."""
+        if isinstance(slots, CheckedSlots):
+            return slots.tensor
+        return self._checker.slots(slots, name, distinct=distinct)
 
     @property
     def nbytes(self) -> int:
@@ -152,50 +148,50 @@ class TwinPool:
         return self._index[self._checker.layer(layer)]
 
     # ----- store / read --------------------------------------------------------------------------
-    def store_main(self, layer: int, slots, latent: torch.Tensor, rope: torch.Tensor) -> None:
+    def store_main(self, layer: int, slots: Slots, latent: torch.Tensor, rope: torch.Tensor) -> None:
         """Quantize and write the main-KV row of each slot in ``layer``. Slots must be distinct."""
         layer = self._checker.layer(layer)
-        s = self._checker.slots(slots, "slots", distinct=True)
+        s = self._slots(slots, "slots", distinct=True)
         spec = self.layout.spec
         latent = check_rows(latent, "latent", len(s), spec.kv_lora_rank, self.device)
         rope = check_rows(rope, "rope", len(s), spec.qk_rope_head_dim, self.device)
         if len(s):
             cache_ops.store_main(self._main[layer], s, latent, rope, self.layout.kv_dtype, self.fp8_scales[layer])
 
-    def read_main(self, layer: int, slots) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_main(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized (latent fp32 ``[n, kv_lora_rank]``, rope fp32 ``[n, rope_dim]``). Does not modify the pool."""
         layer = self._checker.layer(layer)
-        s = self._checker.slots(slots, "slots")
+        s = self._slots(slots, "slots")
         spec = self.layout.spec
         return cache_ops.gather_main(
             self._main[layer], s, self.layout.kv_dtype, spec.kv_lora_rank, spec.qk_rope_head_dim, self.fp8_scales[layer]
         )
 
-    def store_indexer(self, layer: int, slots, key: torch.Tensor) -> None:
+    def store_indexer(self, layer: int, slots: Slots, key: torch.Tensor) -> None:
         """Quantize each key to fp8 + one fp32 scale into its page's key and scale areas (full layers only).
 
         With ``index_kpool`` N > 1 the state of a group of N tokens holds the last stored token's key.
         """
         layer = self._checker.indexer_layer(layer)
-        s = self._checker.slots(slots, "slots", distinct=True)
+        s = self._slots(slots, "slots", distinct=True)
         key = check_rows(key, "key", len(s), self.layout.spec.index_head_dim, self.device)
         if len(s):
             cache_ops.store_indexer(self._index[layer], s, key, self.layout.page_size, self.layout.index_kpool)
 
-    def read_indexer(self, layer: int, slots) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_indexer(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw (fp8 key ``[n, index_head_dim]``, fp32 scale ``[n]``) of each slot. Does not modify the pool."""
         layer = self._checker.indexer_layer(layer)
-        s = self._checker.slots(slots, "slots")
+        s = self._slots(slots, "slots")
         lay = self.layout
         return cache_ops.gather_indexer(self._index[layer], s, lay.page_size, lay.spec.index_head_dim, lay.index_kpool)
 
-    def read_indexer_dequant(self, layer: int, slots) -> torch.Tensor:
+    def read_indexer_dequant(self, layer: int, slots: Slots) -> torch.Tensor:
         """fp32 keys ``[n, index_head_dim]`` (fp8 key x scale). Does not modify the pool."""
         key, scale = self.read_indexer(layer, slots)
         return key.float() * scale.unsqueeze(1)
 
     # ----- lockstep moves ------------------------------------------------------------------------
-    def move_slots(self, src_slots, dst_slots) -> None:
+    def move_slots(self, src_slots: Sequence[int] | torch.Tensor, dst_slots: Sequence[int] | torch.Tensor) -> None:
         """Copy token ``src[i]`` to ``dst[i]`` in every layer of both caches (main row, indexer key, scale).
 
         All sources are read before any destination is written, so overlapping ranges shift correctly.
@@ -217,7 +213,7 @@ class TwinPool:
             m[dp, do] = r
         sst, dst_state = so // lay.index_kpool, do // lay.index_kpool
         if lay.index_kpool > 1:
-            keep = cache_ops.last_per_key(dp * lay.indexer_states_per_page + dst_state)
+            keep = last_per_key(dp * lay.indexer_states_per_page + dst_state)
             sp, sst, dp, dst_state = sp[keep], sst[keep], dp[keep], dst_state[keep]
         key_dim = lay.indexer_key_bytes
         src_cols = torch.cat(cache_ops.indexer_columns(sst, lay.indexer_states_per_page, key_dim), dim=1)

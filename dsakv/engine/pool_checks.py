@@ -36,7 +36,7 @@ class SlotChecker:
             raise DsakvError(f"layer = {layer}: a shared indexer layer holds no indexer K; full layers: {full}")
         return layer
 
-    def _ids(self, values, name: str) -> torch.Tensor:
+    def _ids(self, values: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
         t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values, dtype=torch.long)
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() != 1:
             raise DsakvError(f"{name}: dtype {t.dtype} shape {tuple(t.shape)}; must be a 1-D integer tensor or list")
@@ -46,7 +46,8 @@ class SlotChecker:
         """A page takes token writes when it is allocated or is a scratch page (below ``first_page``)."""
         return 0 <= page < self.allocator.first_page or self.allocator.is_allocated(page)
 
-    def slots(self, values, name: str, distinct: bool = False) -> torch.Tensor:
+    def slots(self, values: Sequence[int] | torch.Tensor, name: str, distinct: bool = False) -> torch.Tensor:
+        """Validated int64 slots on the pool device: in range, in writable pages, distinct if asked."""
         s = self._ids(values, name)
         if s.numel() == 0:
             return s.to(self.device)
@@ -62,7 +63,8 @@ class SlotChecker:
             raise DsakvError(f"{name}: a slot appears twice; each slot may be written once per call")
         return s.to(self.device)
 
-    def pages(self, values: Sequence[int], name: str) -> torch.Tensor:
+    def pages(self, values: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
+        """Validated int64 page ids on the pool device: allocated (never scratch), distinct."""
         p = self._ids(values, name)
         for page in p.tolist():
             if not self.allocator.is_allocated(page):

@@ -14,12 +14,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-
-def request_slots(pages: Sequence[int], num_tokens: int, page_size: int) -> torch.Tensor:
-    """Slot ``page * page_size + offset`` of each position ``0 .. num_tokens - 1``."""
-    pos = torch.arange(num_tokens)
-    table = torch.as_tensor(list(pages), dtype=torch.int64)
-    return table[pos // page_size] * page_size + pos % page_size
+from dsakv.model.inputs import PagedCache, request_slots
 
 
 @dataclass(frozen=True)
@@ -43,8 +38,11 @@ class CacheReadback:
         return h.hexdigest()
 
 
-def read_request_cache(pool, pages: Sequence[int], num_tokens: int) -> CacheReadback:
-    """Both caches of the first ``num_tokens`` positions of a page table. Does not modify the pool."""
+def read_request_cache(pool: PagedCache, pages: Sequence[int], num_tokens: int) -> CacheReadback:
+    """Both caches of the first ``num_tokens`` positions of a page table. Does not modify the pool.
+
+    The slots are a plain tensor, so the pool checks them (allocated or scratch pages).
+    """
     layout = pool.layout
     slots = request_slots(pages, num_tokens, layout.page_size)
     main = []

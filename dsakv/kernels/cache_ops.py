@@ -1,4 +1,8 @@
-"""Quantize-and-store and gather-and-dequantize for both caches (plain-torch references + dispatcher).
+"""Quantize-and-store and gather-and-dequantize for both caches: plain-torch references and dispatchers.
+
+The Triton variants (same signatures) sit in ``dsakv.kernels.cache_ops_triton``; what both share (the fp8
+dtype, the last-writer rule) sits in ``dsakv.kernels.common``. ``store_main`` / ``gather_main`` /
+``store_indexer`` / ``gather_indexer`` pick Triton on CUDA (or with ``DSAKV_KERNELS=triton``).
 
 Every function takes per-layer *views* of the pool (``TwinPool.main_view`` / ``indexer_view``), so the
 ``slot`` and ``packed`` layouts differ only in strides, never in kernel code:
@@ -29,10 +33,24 @@ from __future__ import annotations
 import torch
 
 from dsakv.kernels import use_triton
-from dsakv.spec.layout import FP8_E4M3_MAX, QUANT_TILE
+from dsakv.kernels.common import FP8, last_per_key
+from dsakv.spec.layout import FP8_E4M3_MAX, INDEXER_SCALE_BYTES, QUANT_TILE
 
-FP8 = torch.float8_e4m3fn
-INDEXER_SCALE_BYTES = 4
+__all__ = [
+    "decode_main_rows",
+    "encode_main_rows",
+    "gather_indexer",
+    "gather_indexer_torch",
+    "gather_main",
+    "gather_main_torch",
+    "indexer_columns",
+    "quantize_tiles",
+    "slot_states",
+    "store_indexer",
+    "store_indexer_torch",
+    "store_main",
+    "store_main_torch",
+]
 
 
 def quantize_tiles(x: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +65,6 @@ def quantize_tiles(x: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tens
 
 def _split_slots(slots: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.div(slots, page_size, rounding_mode="floor"), slots % page_size
-
-
-def last_per_key(keys: torch.Tensor) -> torch.Tensor:
-    """Positions ``i`` such that ``keys[i]`` does not occur again later (the last writer of each key)."""
-    order = torch.arange(keys.numel(), device=keys.device)
-    last = torch.full((int(keys.max()) + 1,), -1, dtype=torch.long, device=keys.device)
-    last.scatter_reduce_(0, keys, order, reduce="amax")
-    return order[last[keys] == order]
 
 
 # ----- main KV ---------------------------------------------------------------------------------------
@@ -181,25 +191,51 @@ def gather_indexer_torch(
 
 
 # ----- dispatch --------------------------------------------------------------------------------------
-def _impl(name: str, device: torch.device):
-    if use_triton(device):
-        from dsakv.kernels import cache_ops_triton
+# Triton is an optional extra: its wrappers are imported where they are picked, not at module import.
+def store_main(
+    main: torch.Tensor,
+    slots: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    kv_dtype: str,
+    fp8_scale: float = 1.0,
+) -> None:
+    """Dispatcher of :func:`store_main_torch` / ``cache_ops_triton.store_main_triton``."""
+    if use_triton(main.device):
+        from dsakv.kernels.cache_ops_triton import store_main_triton
 
-        return getattr(cache_ops_triton, name + "_triton")
-    return globals()[name + "_torch"]
-
-
-def store_main(main, slots, latent, rope, kv_dtype: str, fp8_scale: float = 1.0) -> None:
-    _impl("store_main", main.device)(main, slots, latent, rope, kv_dtype, fp8_scale)
-
-
-def gather_main(main, slots, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0):
-    return _impl("gather_main", main.device)(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
-
-
-def store_indexer(index, slots, key, page_size: int, kpool: int = 1) -> None:
-    _impl("store_indexer", index.device)(index, slots, key, page_size, kpool)
+        store_main_triton(main, slots, latent, rope, kv_dtype, fp8_scale)
+    else:
+        store_main_torch(main, slots, latent, rope, kv_dtype, fp8_scale)
 
 
-def gather_indexer(index, slots, page_size: int, key_dim: int, kpool: int = 1):
-    return _impl("gather_indexer", index.device)(index, slots, page_size, key_dim, kpool)
+def gather_main(
+    main: torch.Tensor, slots: torch.Tensor, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatcher of :func:`gather_main_torch` / ``cache_ops_triton.gather_main_triton``."""
+    if use_triton(main.device):
+        from dsakv.kernels.cache_ops_triton import gather_main_triton
+
+        return gather_main_triton(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
+    return gather_main_torch(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
+
+
+def store_indexer(index: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, page_size: int, kpool: int = 1) -> None:
+    """Dispatcher of :func:`store_indexer_torch` / ``cache_ops_triton.store_indexer_triton``."""
+    if use_triton(index.device):
+        from dsakv.kernels.cache_ops_triton import store_indexer_triton
+
+        store_indexer_triton(index, slots, key, page_size, kpool)
+    else:
+        store_indexer_torch(index, slots, key, page_size, kpool)
+
+
+def gather_indexer(
+    index: torch.Tensor, slots: torch.Tensor, page_size: int, key_dim: int, kpool: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatcher of :func:`gather_indexer_torch` / ``cache_ops_triton.gather_indexer_triton``."""
+    if use_triton(index.device):
+        from dsakv.kernels.cache_ops_triton import gather_indexer_triton
+
+        return gather_indexer_triton(index, slots, page_size, key_dim, kpool)
+    return gather_indexer_torch(index, slots, page_size, key_dim, kpool)

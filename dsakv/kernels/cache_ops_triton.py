@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsakv.kernels.cache_ops import FP8, last_per_key
+from dsakv.kernels.common import FP8, last_per_key
 from dsakv.spec.layout import QUANT_TILE
 
 _KV_CODE = {"fp8_ds_mla": 0, "bf16": 1, "fp8": 2}
@@ -152,7 +152,14 @@ def _main_meta(main: torch.Tensor, kv_dtype: str, r: int, p: int) -> dict:
     )
 
 
-def store_main_triton(main, slots, latent, rope, kv_dtype: str, fp8_scale: float = 1.0) -> None:
+def store_main_triton(
+    main: torch.Tensor,
+    slots: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    kv_dtype: str,
+    fp8_scale: float = 1.0,
+) -> None:
     """Same contract as ``cache_ops.store_main_torch``."""
     n, r = latent.shape
     meta = _main_meta(main, kv_dtype, r, rope.shape[1])
@@ -162,7 +169,9 @@ def store_main_triton(main, slots, latent, rope, kv_dtype: str, fp8_scale: float
     )
 
 
-def gather_main_triton(main, slots, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0):
+def gather_main_triton(
+    main: torch.Tensor, slots: torch.Tensor, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``cache_ops.gather_main_torch``."""
     n = slots.numel()
     latent = torch.empty((n, kv_lora_rank), dtype=torch.float32, device=main.device)
@@ -182,7 +191,9 @@ def gather_main_triton(main, slots, kv_dtype: str, kv_lora_rank: int, rope_dim: 
     return latent, rope
 
 
-def store_indexer_triton(index, slots, key, page_size: int, kpool: int = 1) -> None:
+def store_indexer_triton(
+    index: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, page_size: int, kpool: int = 1
+) -> None:
     """Same contract as ``cache_ops.store_indexer_torch`` (a group's last token in slot order wins)."""
     if kpool > 1:
         s = page_size // kpool
@@ -195,7 +206,9 @@ def store_indexer_triton(index, slots, key, page_size: int, kpool: int = 1) -> N
     )  # fmt: skip
 
 
-def gather_indexer_triton(index, slots, page_size: int, key_dim: int, kpool: int = 1):
+def gather_indexer_triton(
+    index: torch.Tensor, slots: torch.Tensor, page_size: int, key_dim: int, kpool: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``cache_ops.gather_indexer_torch``."""
     n = slots.numel()
     key = torch.empty((n, key_dim), dtype=FP8, device=index.device)

@@ -1,22 +1,93 @@
-"""What the engine hands the tiny model for one forward step, and its validation.
+"""What the engine hands the tiny model for one forward step, the paged cache the model reads and writes, and
+the validation of both.
 
 A ``SeqInput`` names one sequence's new tokens and where its context lives in the pool; see the
 ``dsakv.model.tiny_dsa`` docstring for the contract. ``validate_batch`` checks a whole batch against the spec and
-the pool *before* the model writes anything, so bad input never leaves a partial write behind.
+the pool *before* the model writes anything, so bad input never leaves a partial write behind, and hands back
+its slots as ``CheckedSlots``: the pool stores and reads those without checking them again, so a forward
+checks each slot once, not once per layer.
+
+``PagedCache`` is the part of the pool the model uses (``dsakv.engine.TwinPool`` implements it); the model
+sits below the engine and never imports it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from dsakv.errors import DsakvError
+from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
 
-def _long_1d(name: str, value) -> torch.Tensor:
+def request_slots(pages: Sequence[int], num_tokens: int, page_size: int) -> torch.Tensor:
+    """Slot ``page * page_size + offset`` of each position ``0 .. num_tokens - 1`` of a page table (int64)."""
+    pos = torch.arange(num_tokens)
+    table = torch.as_tensor(list(pages), dtype=torch.int64)
+    return table[pos // page_size] * page_size + pos % page_size
+
+
+@dataclass(frozen=True)
+class CheckedSlots:
+    """Token slots that ``validate_batch`` proved usable in one pool for one forward call.
+
+    ``tensor`` is int64, 1-D, on the pool's device; every slot lies in a writable page of that pool
+    (allocated or scratch) and none appears twice. A ``PagedCache`` stores and reads them without checking
+    again; any other slots it is handed it checks. Only ``validate_batch`` builds them, and they are valid only
+    until the allocator changes (the end of the forward).
+    """
+
+    tensor: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tensor.numel()
+
+    def take(self, index: torch.Tensor) -> CheckedSlots:
+        """The slots at the distinct positions ``index`` (a subset of checked slots stays checked)."""
+        return CheckedSlots(self.tensor[index])
+
+
+Slots = CheckedSlots | torch.Tensor | Sequence[int]  # anything but CheckedSlots is checked by the cache
+
+
+@runtime_checkable
+class PagedCache(Protocol):
+    """The paged twin cache as the model uses it: one page id names both caches of ``layout.page_size`` tokens.
+
+    ``store_*`` write only the addressed token rows of one layer; ``read_*`` do not modify the cache.
+    ``CheckedSlots`` are trusted; any other slots are checked (range, writable page, distinct for stores)
+    and bad ones raise ``DsakvError`` before anything is written.
+    """
+
+    layout: CacheLayout
+    device: torch.device
+
+    def page_is_writable(self, page: int) -> bool:
+        """True for allocated pages and scratch pages (the pages a slot may address)."""
+        ...
+
+    def store_main(self, layer: int, slots: Slots, latent: torch.Tensor, rope: torch.Tensor) -> None:
+        """Quantize and write the main-KV row of each slot (``latent [n, kv_lora_rank]``, ``rope [n, rope]``)."""
+        ...
+
+    def store_indexer(self, layer: int, slots: Slots, key: torch.Tensor) -> None:
+        """Quantize and write the indexer key of each slot (``key [n, index_head_dim]``; full layers only)."""
+        ...
+
+    def read_main(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized (latent fp32 ``[n, kv_lora_rank]``, rope fp32 ``[n, rope]``) of each slot."""
+        ...
+
+    def read_indexer(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw (fp8 key ``[n, index_head_dim]``, fp32 scale ``[n]``) of each slot (full layers only)."""
+        ...
+
+
+def _long_1d(name: str, value: Sequence[int] | torch.Tensor) -> torch.Tensor:
     t = (
         value
         if isinstance(value, torch.Tensor)
@@ -66,17 +137,19 @@ class SeqInput:
 
 @dataclass(frozen=True)
 class Batch:
-    """A validated batch: per-sequence inputs, their concatenation, and each sequence's row range."""
+    """A validated batch: per-sequence inputs, their concatenation, each sequence's row range, and the checked
+    slots the pool trusts (``slots``: the new tokens of every sequence; ``context[i]``: sequence i's context)."""
 
     seqs: tuple[SeqInput, ...]
     token_ids: torch.Tensor
     positions: torch.Tensor
-    slots: torch.Tensor
+    slots: CheckedSlots
+    context: tuple[CheckedSlots, ...]
     rows: tuple[slice, ...]
     last_rows: torch.Tensor
 
 
-def check_pool(spec: ModelSpec, pool) -> None:
+def check_pool(spec: ModelSpec, pool: PagedCache) -> None:
     """The pool must hold this spec's cache shape, one indexer state per token, on the cpu."""
     lay = pool.layout
     for key in ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "indexer_types"):
@@ -92,8 +165,9 @@ def check_pool(spec: ModelSpec, pool) -> None:
         raise DsakvError(f"pool index_kpool = {lay.index_kpool}: the tiny model scores every token (must be 1)")
 
 
-def validate_batch(spec: ModelSpec, pool, seqs: Sequence[SeqInput]) -> Batch:
-    """Check a batch against the spec and the pool; returns it concatenated. Does not touch the pool."""
+def validate_batch(spec: ModelSpec, pool: PagedCache, seqs: Sequence[SeqInput]) -> Batch:
+    """Check a batch against the spec and the pool; returns it concatenated, its slots as ``CheckedSlots`` on
+    the pool's device. Does not touch the pool."""
     check_pool(spec, pool)
     if not isinstance(seqs, Sequence) or not seqs or not all(isinstance(s, SeqInput) for s in seqs):
         raise DsakvError(f"seqs: {type(seqs).__name__}: must be a non-empty list of SeqInput")
@@ -122,11 +196,13 @@ def validate_batch(spec: ModelSpec, pool, seqs: Sequence[SeqInput]) -> Batch:
         raise DsakvError("seqs: two new tokens of the batch share a slot; new slots must be distinct")
     bounds = torch.tensor([0] + [s.token_ids.numel() for s in seqs]).cumsum(0).tolist()
     rows = tuple(slice(a, b) for a, b in zip(bounds[:-1], bounds[1:]))
+    device = pool.device
     return Batch(
         seqs=tuple(seqs),
         token_ids=torch.cat([s.token_ids for s in seqs]),
         positions=torch.cat([s.positions for s in seqs]),
-        slots=slots,
+        slots=CheckedSlots(slots.to(device)),
+        context=tuple(CheckedSlots(s.context_slots.to(device)) for s in seqs),
         rows=rows,
         last_rows=torch.tensor(bounds[1:]) - 1,
     )

@@ -47,14 +47,25 @@ import torch
 from dsakv.errors import DsakvError
 from dsakv.kernels.cache_ops import decode_main_rows, encode_main_rows, quantize_tiles
 from dsakv.model.indexer import indexer_topk
-from dsakv.model.inputs import SeqInput, validate_batch
-from dsakv.model.lightning import IndexerLayer
-from dsakv.model.mla import MlaLayer
+from dsakv.model.inputs import Batch, PagedCache, SeqInput, validate_batch
+from dsakv.model.lightning import IndexerLayer, IndexerQuery
+from dsakv.model.mla import MlaLayer, MlaProjection
 from dsakv.model.nn import init_linear, init_norm, rms_norm
 from dsakv.model.sparse_mla import compact_selection, sparse_mla
-from dsakv.spec.model_spec import ModelSpec
+from dsakv.spec.model_spec import ARCH_FIELDS, ModelSpec
 
-__all__ = ["DenseOutput", "PagedOutput", "SeqInput", "TinyDsaModel"]
+__all__ = ["DENSE_ARCH_FIELDS", "DenseOutput", "PagedOutput", "SeqInput", "TinyDsaModel"]
+
+# The tiny model is dense (one SwiGLU MLP of ``intermediate_size`` per layer): it reads every architecture
+# field of the spec except the mixture-of-experts ones, and each of those must be positive.
+MOE_ARCH_FIELDS = (
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "first_k_dense_replace",
+)
+DENSE_ARCH_FIELDS = tuple(f for f in ARCH_FIELDS if f not in MOE_ARCH_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -99,16 +110,7 @@ class TinyDsaModel:
 
     def __init__(self, spec: ModelSpec | None = None, seed: int = 0, dtype: torch.dtype = torch.float64) -> None:
         spec = spec or ModelSpec.preset("tiny")
-        need = (
-            "hidden_size",
-            "vocab_size",
-            "num_attention_heads",
-            "q_lora_rank",
-            "qk_nope_head_dim",
-            "v_head_dim",
-            "intermediate_size",
-        )
-        for key in need:
+        for key in DENSE_ARCH_FIELDS:
             if spec.arch_value(key) < 1:
                 raise DsakvError(
                     f"spec arch field {key!r} = {spec.arch_value(key)}: the tiny model needs a positive value"
@@ -137,12 +139,18 @@ class TinyDsaModel:
 
     # ----- paged path ------------------------------------------------------------------------------------
     def forward_paged(
-        self, pool, seqs: Sequence[SeqInput], *, all_logits: bool = False, budget_bytes: int | None = None
+        self,
+        pool: PagedCache,
+        seqs: Sequence[SeqInput],
+        *,
+        all_logits: bool = False,
+        budget_bytes: int | None = None,
     ) -> PagedOutput:
         """Write the new tokens into both caches of ``pool`` and compute their logits from the pool.
 
         ``budget_bytes`` overrides the indexer logits budget (row chunking). Raises ``DsakvError`` before
-        writing anything on bad input (see the module docstring).
+        writing anything on bad input (see the module docstring). The batch is checked once, here; every
+        layer then hands the pool the same ``CheckedSlots``, which it does not check again.
         """
         batch = validate_batch(self.spec, pool, seqs)
         spec = self.spec
@@ -158,10 +166,8 @@ class TinyDsaModel:
                 pool.store_indexer(layer, batch.slots, self.indexer[layer].key(xn, batch.positions).float())
                 query = self.indexer[layer].query(xn, proj.qr, batch.positions)
             parts = [
-                self._attend(
-                    pool, layer, i, seq, batch.rows[i], proj, query if full else None, sel_by_layer, budget_bytes
-                )
-                for i, seq in enumerate(batch.seqs)
+                self._attend(pool, layer, batch, i, proj, query if full else None, sel_by_layer, budget_bytes)
+                for i in range(len(batch.seqs))
             ]
             sel_by_layer.append(tuple(p.chosen for p in parts))
             main_read.append(sum(p.main_rows for p in parts))
@@ -172,13 +178,24 @@ class TinyDsaModel:
             x = x[batch.last_rows]
         return PagedOutput(self._head(x), tuple(sel_by_layer), tuple(main_read), tuple(index_read))
 
-    def _attend(self, pool, layer, i, seq, rows, proj, query, sel_by_layer, budget_bytes) -> _SeqAttention:
-        """Sequence ``i`` of the batch (its rows ``rows``): select (full layer: from the pool's indexer K;
-        shared: the source layer's choice), read only the selected main rows, attend."""
+    def _attend(
+        self,
+        pool: PagedCache,
+        layer: int,
+        batch: Batch,
+        i: int,
+        proj: MlaProjection,
+        query: IndexerQuery | None,
+        sel_by_layer: list[tuple[torch.Tensor, ...]],
+        budget_bytes: int | None,
+    ) -> _SeqAttention:
+        """Sequence ``i`` of the batch: select (full layer: from the pool's indexer K; shared: the source
+        layer's choice), read only the selected main rows, attend."""
+        seq, context, rows = batch.seqs[i], batch.context[i], batch.rows[i]
         n_index = 0
         if query is not None:
-            k8, k_scale = pool.read_indexer(layer, seq.context_slots)
-            n_index = seq.context_slots.numel()
+            k8, k_scale = pool.read_indexer(layer, context)
+            n_index = len(context)
             sel = indexer_topk(
                 query.q[rows], query.weights[rows], k8, k_scale, seq.positions + 1, self.spec.index_topk,
                 budget_bytes=budget_bytes,
@@ -187,13 +204,15 @@ class TinyDsaModel:
         else:
             chosen = sel_by_layer[self.spec.indexer_source_layer[layer]][i]
         compact = compact_selection(chosen)
-        latent, rope = pool.read_main(layer, seq.context_slots[compact.positions])
+        latent, rope = pool.read_main(layer, context.take(compact.positions))
         scale = self.mla[layer].sm_scale
         out = sparse_mla(proj.q_latent[rows], proj.q_rope[rows], latent, rope, compact.local, scale)
         return _SeqAttention(out.to(self.dtype), chosen, compact.positions.numel(), n_index)
 
     # ----- dense reference -------------------------------------------------------------------------------
-    def forward_dense(self, token_ids, *, kv_dtype: str = "fp8_ds_mla", fp8_scale: float = 1.0) -> DenseOutput:
+    def forward_dense(
+        self, token_ids: Sequence[int] | torch.Tensor, *, kv_dtype: str = "fp8_ds_mla", fp8_scale: float = 1.0
+    ) -> DenseOutput:
         """Logits for every position of one sequence starting at position 0, without any cache.
 
         ``kv_dtype`` / ``fp8_scale`` pick the main-KV quantization to emulate (the pool's layout and scale).

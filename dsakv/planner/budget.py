@@ -10,9 +10,10 @@ API (used by ``dsakv plan``, the simulator and the engine's ``TwinPool``)::
     fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
 
 Pool size (DESIGN.md §3): ``physical_pages = available // page_bytes`` (whole pages only) and
-``pages = physical_pages - scratch_pages``: the pool keeps page 0 as a scratch page for padded writes
-(``PageAllocator(first_page=capacity.scratch_pages)``), so it costs memory but is never handed out.
-``tokens = pages x tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
+``pages = physical_pages - scratch_pages``: the pool keeps its first pages as scratch pages for padded
+writes (``PageAllocator(first_page=scratch_pages)``), so they cost memory but are never handed out; a CUDA
+serving engine needs one (``scratch_pages(page_size, CUDA_GRAPH_PADDING_SLOTS) == 1``). ``tokens = pages x
+tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
 rank - activation reserve - top-k index buffer`` (docs/planner.md).
 
 DCP (decode context parallelism, size d): the main latent of the group's tokens is split over the d
@@ -36,8 +37,22 @@ from dsakv.planner.deployment import (
 )
 from dsakv.spec.layout import CacheLayout, ceil_div, exact_div
 
-SCRATCH_PAGES = 1  # page 0: scratch for padded writes, never handed out
 CONTEXT_LENGTHS = (8_192, 131_072, 524_288, 1_048_576)
+
+# A CUDA serving engine points every padded row of a captured CUDA-graph batch at one dummy slot (SGLang:
+# slot 0, in page 0; vLLM skips padded writes), so one scratch page holds its padding whatever the batch.
+CUDA_GRAPH_PADDING_SLOTS = 1
+
+
+def scratch_pages(page_size: int, padding_slots: int) -> int:
+    """Pages kept below ``PageAllocator.first_page`` for throw-away padded writes: the fewest whole pages that
+    hold ``padding_slots`` distinct slots at once (at least one page). The one rule for the planner
+    (``CUDA_GRAPH_PADDING_SLOTS``: 1 page), the twin pool and the engine (which pads up to ``SCRATCH_SEQS``
+    sequences to ``min_rows`` rows each in one forward, each padding row in its own slot).
+    """
+    check_int("page_size", page_size, 1)
+    check_int("padding_slots", padding_slots, 1)
+    return ceil_div(padding_slots, page_size)
 
 
 @dataclass(frozen=True)
@@ -112,8 +127,8 @@ class RankCell:
 
 @dataclass(frozen=True)
 class PoolCapacity:
-    """Pages and tokens of one rank's pool. ``pages`` excludes the ``scratch_pages`` (ids
-    ``0 .. scratch_pages - 1``), which the allocator never hands out: ``PageAllocator(pages, first_page=scratch_pages)``."""
+    """Pages and tokens of one rank's pool. ``pages`` (handed out) excludes the ``scratch_pages`` kept for
+    padded writes; ``physical_pages = scratch_pages + pages`` whenever memory holds more than the scratch."""
 
     available_bytes: int
     page_bytes: int
@@ -122,7 +137,7 @@ class PoolCapacity:
     pages: int
     tokens: int
     pool_bytes: int
-    scratch_pages: int = SCRATCH_PAGES
+    scratch_pages: int
     memory: RankMemory | None = None
 
     def to_dict(self) -> dict:
@@ -154,7 +169,8 @@ def pool_capacity(
         raise DsakvError(f"available bytes = {available_bytes!r}: must be a positive integer")
     cell = RankCell(layout, dcp or 1)
     physical = max(available_bytes // cell.page_bytes, 0)
-    pages = max(physical - SCRATCH_PAGES, 0)
+    scratch = scratch_pages(layout.page_size, CUDA_GRAPH_PADDING_SLOTS)
+    pages = max(physical - scratch, 0)
     return PoolCapacity(
         available_bytes=available_bytes,
         page_bytes=cell.page_bytes,
@@ -163,7 +179,7 @@ def pool_capacity(
         pages=pages,
         tokens=pages * cell.tokens_per_page,
         pool_bytes=physical * cell.page_bytes,
-        scratch_pages=SCRATCH_PAGES,
+        scratch_pages=scratch,
         memory=memory,
     )
 
@@ -221,10 +237,10 @@ def mean_tail_waste_bytes(cell: RankCell) -> float | int:
 
 __all__ = [
     "CONTEXT_LENGTHS",
+    "CUDA_GRAPH_PADDING_SLOTS",
     "DEFAULT_ACTIVATION_BYTES",
     "DEFAULT_MAX_BATCHED_TOKENS",
     "DEFAULT_MEM_FRACTION",
-    "SCRATCH_PAGES",
     "ContextRow",
     "GpuSetting",
     "PoolCapacity",
@@ -236,4 +252,5 @@ __all__ = [
     "pool_capacity",
     "rank_memory",
     "request_fit",
+    "scratch_pages",
 ]

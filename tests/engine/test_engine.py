@@ -7,10 +7,13 @@ import pytest
 import torch
 
 import dsakv
+from dsakv.engine.config import SCRATCH_SEQS
 from dsakv.engine.engine import Engine, EngineConfig
-from dsakv.engine.readback import read_request_cache, request_slots
+from dsakv.engine.readback import read_request_cache
 from dsakv.errors import DsakvError
-from dsakv.scheduler.config import SchedulerConfig
+from dsakv.model.inputs import request_slots
+from dsakv.planner.budget import scratch_pages
+from dsakv.scheduler import SchedulerConfig
 from dsakv.scheduler.request import Status
 
 PAGE = 16
@@ -30,7 +33,7 @@ def prompt(n, base=0):
 
 def assert_no_leak(e: Engine) -> None:
     e.check_integrity()
-    assert e.scheduler.is_idle and e.radix.protected_tokens == 0 and not e._host
+    assert e.scheduler.is_idle and e.radix.protected_tokens == 0 and not e.host_copies
     assert e.allocator.num_free + e.radix.total_tokens // PAGE == e.allocator.num_pages
 
 
@@ -45,6 +48,24 @@ def test_out_of_vocab_token_raises_and_queues_nothing():
     with pytest.raises(DsakvError, match="0..511"):
         e.add_request([-1, 3], 3)
     assert e.scheduler.is_idle and e.scheduler.stats.arrived == 0
+
+
+@pytest.mark.parametrize("bad", [[[1, 2], [3, 4]], [1.5, 2.0], "abc", [True, False]])
+def test_malformed_prompt_is_refused_before_any_prompt_is_queued(bad):
+    e = engine()
+    with pytest.raises(DsakvError, match=r"prompts\[1\]: prompt"):
+        e.generate([prompt(20), bad], 3)
+    assert e.scheduler.is_idle and e.scheduler.stats.arrived == 0
+
+
+@pytest.mark.parametrize("page_size, min_rows", [(16, 16), (64, 16), (16, 3), (64, 100)])
+def test_engine_keeps_the_scratch_pages_its_padding_needs(page_size, min_rows):
+    # Up to SCRATCH_SEQS sequences padded to min_rows share one forward, each padding row in its own slot.
+    e = Engine(EngineConfig(num_pages=8, page_size=page_size, min_rows=min_rows))
+    need = scratch_pages(page_size, SCRATCH_SEQS * min_rows)
+    assert e.allocator.first_page == need >= SCRATCH_SEQS * min_rows / page_size
+    assert e.pool.num_physical_pages == need + 8 and e.allocator.num_pages == 8
+    assert all(e.pool.page_is_writable(p) and not e.allocator.is_allocated(p) for p in range(need))
 
 
 def test_negative_max_new_tokens_raises():
@@ -148,9 +169,9 @@ def test_aborting_an_offloaded_request_drops_its_host_copy():
     e.step()
     e.step()
     e.scheduler.preempt(a.id)
-    assert a.status is Status.OFFLOADED and a.id in e._host
+    assert a.status is Status.OFFLOADED and a.id in e.host_copies
     e.abort(a.id)
-    assert a.id not in e._host
+    assert a.id not in e.host_copies
     e.run_until_idle()
     assert b.status is Status.FINISHED
     assert_no_leak(e)

@@ -14,12 +14,12 @@ import torch
 
 import dsakv.model.indexer
 import dsakv.planner.workspaces
-from dsakv.cli.demo import chat_workload, compare, run_workload
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.model.tiny_dsa import TinyDsaModel
-from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler import SchedulerConfig
 from dsakv.scheduler.pages import pages_for
 from dsakv.spec.model_spec import ModelSpec
+from dsakv.workloads.chat import chat_workload, compare, run_workload
 
 PAGE = 16
 WORKLOAD = chat_workload(conversations=5, turns=2, system_prompts=2, system_tokens=72, max_new_tokens=8, seed=3)

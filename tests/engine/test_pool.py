@@ -9,10 +9,11 @@ import torch
 from dsakv.cache.allocator import PageAllocator
 from dsakv.engine.pool import TwinPool
 from dsakv.errors import DsakvError
-from dsakv.kernels.cache_ops import FP8, quantize_tiles
-from dsakv.planner.budget import SCRATCH_PAGES, pool_capacity
+from dsakv.kernels.cache_ops import quantize_tiles
+from dsakv.kernels.common import FP8
+from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, pool_capacity, scratch_pages
 from dsakv.spec.layout import FP8_E4M3_MAX, QUANT_TILE, CacheLayout
-from dsakv.spec.model_spec import ModelSpec
+from dsakv.spec.model_spec import PRESETS, ModelSpec
 
 TINY = ModelSpec.preset("tiny")
 KINDS = ("slot", "packed")
@@ -226,13 +227,27 @@ def test_scratch_page_accepts_padded_writes_but_is_never_allocated():
     ids=["fp8_ds_mla", "bf16", "kpool4"],
 )
 @pytest.mark.parametrize("extra_bytes", [0, 17, -1])
-def test_pool_from_a_budget_holds_exactly_the_planners_pages_plus_scratch(layout_kw, extra_bytes):
+def test_pool_for_the_planners_pages_holds_exactly_the_planners_pages_plus_scratch(layout_kw, extra_bytes):
     lay = CacheLayout(TINY, **layout_kw)
     budget = 10 * lay.page_bytes + extra_bytes
     cap = pool_capacity(lay, available_bytes=budget)
-    pool = TwinPool.from_budget(lay, budget, kind="packed")
-    assert TwinPool.pages_for_budget(lay, budget) == cap.pages == pool.allocator.num_pages
-    assert pool.allocator.first_page == SCRATCH_PAGES and pool.num_physical_pages == cap.physical_pages
+    pool = TwinPool.for_pages(lay, cap.pages, kind="packed")
+    assert cap.pages == pool.allocator.num_pages
+    assert pool.allocator.first_page == cap.scratch_pages == scratch_pages(lay.page_size, CUDA_GRAPH_PADDING_SLOTS)
+    assert pool.num_physical_pages == cap.physical_pages == cap.scratch_pages + cap.pages
     assert pool.nbytes == cap.pool_bytes <= budget
     assert pool.allocator.alloc(cap.pages) and pool.allocator.num_free == 0
     pool.check_integrity()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_one_scratch_page_rule_gives_the_planner_one_page_per_preset(preset):
+    # The planner sizes a CUDA engine's pool: its padded graph rows share one dummy slot, so one page.
+    layout = CacheLayout(ModelSpec.preset(preset))
+    cap = pool_capacity(layout, available_bytes=100 * layout.page_bytes)
+    assert cap.scratch_pages == scratch_pages(layout.page_size, 1) == 1 and cap.pages == 99
+    assert CUDA_GRAPH_PADDING_SLOTS == 1
+    # The engine's rule, same function: whole pages for every padding slot at once.
+    assert [scratch_pages(16, n) for n in (1, 16, 17, 128)] == [1, 1, 2, 8]
+    with pytest.raises(DsakvError, match="padding_slots"):
+        scratch_pages(64, 0)

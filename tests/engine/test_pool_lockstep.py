@@ -11,6 +11,7 @@ import torch
 from dsakv.cache.allocator import PageAllocator
 from dsakv.engine.pool import TwinPool
 from dsakv.errors import DsakvError
+from dsakv.planner.budget import pool_capacity
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -133,22 +134,143 @@ def test_restore_rejects_pages_stored_under_another_fp8_scale():
         other.restore_pages(pool.offload_pages(pool.allocator.alloc(1)), other.allocator.alloc(1))
 
 
-def test_no_public_method_moves_or_copies_one_cache_alone():
+# ----- the contract of every public operation, on bytes ---------------------------------------------
+# Every public TwinPool method is driven on random pages of pools full of random bytes, and may change:
+#   READS    nothing at all;
+#   STORES   one layer of one cache (main rows, or indexer entries) at the slots it is given, nothing else;
+#   COPIES   the destination tokens only, each receiving its source token's main row in *every* layer and
+#            indexer key and scale in *every* full layer: both caches together, never one alone.
+
+
+def pick(values: list[int], k: int, g: torch.Generator) -> list[int]:
+    return [values[i] for i in torch.randperm(len(values), generator=g)[:k].tolist()]
+
+
+def slots_of(pool: TwinPool, pages: list[int]) -> list[int]:
+    ps = pool.layout.page_size
+    return [p * ps + o for p in pages for o in range(ps)]
+
+
+def move(pool, held, target, target_held, g) -> list[tuple[int, int]]:
+    """Random sources (repeats allowed) to random distinct destinations, across the held pages."""
+    dst = pick(slots_of(pool, held), 40, g)
+    src = [slots_of(pool, held)[i] for i in torch.randint(0, len(held) * 64, (40,), generator=g).tolist()]
+    pool.move_slots(src, dst)
+    return list(zip(dst, src))
+
+
+def offload_restore(pool, held, target, target_held, g) -> list[tuple[int, int]]:
+    """Two random held pages to host, then back into two random other pages of ``target`` (free or held)."""
+    old = pick(held, 2, g)
+    spare = target.allocator.alloc(target.allocator.num_free)
+    new = pick(spare + [p for p in target_held if target is not pool or p not in old], 2, g)
+    target.restore_pages(pool.offload_pages(old), new)
+    ps = pool.layout.page_size
+    return [(n * ps + o, s * ps + o) for n, s in zip(new, old) for o in range(ps)]
+
+
+COPIES = {  # name -> (driver, restore into a pool of the other kind)
+    "move_slots": (move, False),
+    "restore_pages": (offload_restore, False),
+    "restore_pages into the other kind": (offload_restore, True),
+}
+
+
+def store_main(pool, held, g) -> tuple[str, int, list[int]]:
+    slots, layer = pick(slots_of(pool, held), 30, g), int(torch.randint(0, 4, (1,), generator=g))
+    pool.store_main(layer, slots, torch.randn(30, 512, generator=g) * 5, torch.randn(30, 64, generator=g) * 5)
+    return "main", layer, slots
+
+
+def store_indexer(pool, held, g) -> tuple[str, int, list[int]]:
+    slots, layer = pick(slots_of(pool, held), 30, g), pick(list(pool.layout.indexer_layers), 1, g)[0]
+    pool.store_indexer(layer, slots, torch.randn(30, 128, generator=g) * 9)
+    return "indexer", layer, slots
+
+
+STORES = {"store_main": store_main, "store_indexer": store_indexer}
+
+READS = {
+    "page_is_writable": lambda pool, held, g: pool.page_is_writable(held[0]),
+    "main_view": lambda pool, held, g: pool.main_view(1),
+    "indexer_view": lambda pool, held, g: pool.indexer_view(2),
+    "read_main": lambda pool, held, g: pool.read_main(3, pick(slots_of(pool, held), 20, g)),
+    "read_indexer": lambda pool, held, g: pool.read_indexer(0, pick(slots_of(pool, held), 20, g)),
+    "read_indexer_dequant": lambda pool, held, g: pool.read_indexer_dequant(2, pick(slots_of(pool, held), 20, g)),
+    "offload_pages": lambda pool, held, g: pool.offload_pages(pick(held, 2, g)),
+    "check_integrity": lambda pool, held, g: pool.check_integrity(),
+    "for_pages": lambda pool, held, g: TwinPool.for_pages(pool.layout, 2, kind=pool.kind),
+}
+
+
+def token_entries(snap: list[torch.Tensor], lay: CacheLayout, slot: int) -> torch.Tensor:
+    """Every byte of one token in both caches: its main row in every layer, key and scale in every full layer."""
+    n, ps, kb = lay.num_attention_layers, lay.page_size, lay.indexer_key_bytes
+    page, state = slot // ps, (slot % ps) // lay.index_kpool
+    parts = [snap[layer][page, slot % ps] for layer in range(n)]
+    for layer in lay.indexer_layers:
+        k, sc = lay.indexer_key_offset(state), lay.indexer_scale_offset_of(state)
+        parts += [snap[n + layer][page, k : k + kb], snap[n + layer][page, sc : sc + 4]]
+    return torch.cat(parts)
+
+
+def changed_tokens(before: list[torch.Tensor], after: list[torch.Tensor], lay: CacheLayout):
+    """{(cache, layer): slots whose bytes changed}. A main row is a token's whole row; an indexer page is keys
+    then scales, so together the token sets account for every byte of the pool."""
+    n, ps, kb, s = lay.num_attention_layers, lay.page_size, lay.indexer_key_bytes, lay.indexer_states_per_page
+    out = {}
+    for la in range(n):
+        out["main", la] = set((before[la] != after[la]).any(-1).flatten().nonzero().flatten().tolist())
+    for la in lay.indexer_layers:
+        diff = before[n + la] != after[n + la]
+        per_state = diff[:, : s * kb].reshape(-1, s, kb).any(-1) | diff[:, s * kb :].reshape(-1, s, 4).any(-1)
+        out["indexer", la] = {page * ps + state for page, state in per_state.nonzero().tolist()}
+    return out
+
+
+def test_every_public_pool_method_is_driven_by_the_contract_test():
     public = {name for name, _ in inspect.getmembers(TwinPool, callable) if not name.startswith("_")}
-    assert {name for name in public if any(w in name for w in ("move", "offload", "restore", "copy"))} == {
-        "move_slots",
-        "offload_pages",
-        "restore_pages",
-    }
-    for name in ("move_slots", "offload_pages", "restore_pages"):
-        params = set(inspect.signature(getattr(TwinPool, name)).parameters) - {"self"}
-        assert not params & {"layer", "cache", "layers"}
+    copies = {name.split()[0] for name in COPIES}
+    assert public == set(READS) | set(STORES) | copies, "classify the new method in READS, STORES or COPIES"
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op", sorted(READS) + sorted(STORES) + sorted(COPIES))
+def test_every_public_operation_moves_both_caches_together_or_neither(op, kind, seed):
+    pool, held = full_pool(kind)
+    lay, g = pool.layout, torch.Generator().manual_seed(seed)
+    before = snapshot(pool)
+    if op in READS:
+        READS[op](pool, held, g)
+        assert_same(snapshot(pool), before)
+        return
+    if op in STORES:
+        cache, layer, slots = STORES[op](pool, held, g)
+        changed = changed_tokens(before, snapshot(pool), lay)
+        assert changed.pop((cache, layer)) == set(slots)  # random values: every given slot changes
+        assert not any(changed.values())  # no other layer, no other cache
+        return
+    driver, other_kind = COPIES[op]
+    target, target_held = full_pool("packed" if kind == "slot" else "slot") if other_kind else (pool, held)
+    target_before = snapshot(target)
+    pairs = driver(pool, held, target, target_held, g)
+    if target is not pool:
+        assert_same(snapshot(pool), before)  # the source pool is only read
+    after = snapshot(target)
+    for dst, src in pairs:  # each destination carries its source's bytes, in both caches, in every layer
+        assert torch.equal(token_entries(after, lay, dst), token_entries(before, lay, src)), (dst, src)
+    changed = changed_tokens(target_before, after, lay)
+    destinations = {dst for dst, _ in pairs}
+    assert set().union(*changed.values()) <= destinations  # nothing but destinations changes
+    for dst in destinations:  # a token that changed changed in both caches and every layer at once
+        assert {key for key, slots in changed.items() if dst in slots} in (set(), set(changed)), dst
 
 
 def test_tiny_preset_end_to_end_prefill_decode_preempt_resume():
     """Prefill 150 tokens, decode 20, offload (preempt), free, restore into fresh pages, read back equal."""
     lay = CacheLayout(TINY)
-    pool = TwinPool.from_budget(lay, 8 * lay.page_bytes, "packed")
+    pool = TwinPool.for_pages(lay, pool_capacity(lay, available_bytes=8 * lay.page_bytes).pages, kind="packed")
     g = torch.Generator().manual_seed(21)
     pages = pool.allocator.alloc(lay.pages_for_tokens(150))
 

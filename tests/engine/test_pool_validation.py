@@ -10,7 +10,8 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
 from dsakv.errors import DsakvError
-from dsakv.kernels.cache_ops import FP8
+from dsakv.kernels.common import FP8
+from dsakv.planner.budget import pool_capacity
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -100,17 +101,19 @@ def test_pool_rejects_unknown_kind_and_bad_fp8_scale():
         TwinPool(lay, PageAllocator(2), fp8_scale=[1.0, 2.0])
 
 
-BAD_BUDGETS = {
-    "zero": lambda lay: 0,
-    "negative": lambda lay: -5,
-    "float": lambda lay: float(10 * lay.page_bytes),
-    "bool": lambda lay: True,
-    "scratch only": lambda lay: 2 * lay.page_bytes - 1,
+BAD_SIZES = {
+    "zero pages": lambda lay: dict(num_pages=0),
+    "negative pages": lambda lay: dict(num_pages=-5),
+    "float pages": lambda lay: dict(num_pages=10.0),
+    "bool pages": lambda lay: dict(num_pages=True),
+    "scratch only": lambda lay: dict(num_pages=pool_capacity(lay, available_bytes=2 * lay.page_bytes - 1).pages),
+    "zero padding": lambda lay: dict(num_pages=4, padding_slots=0),
+    "float padding": lambda lay: dict(num_pages=4, padding_slots=16.0),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_BUDGETS))
+@pytest.mark.parametrize("case", sorted(BAD_SIZES))
 def test_budget_without_room_beyond_the_scratch_page_is_rejected(case):
     lay = CacheLayout(TINY)
-    with pytest.raises(DsakvError, match="budget_bytes"):
-        TwinPool.from_budget(lay, BAD_BUDGETS[case](lay))
+    with pytest.raises(DsakvError, match="num_pages|padding_slots"):
+        TwinPool.for_pages(lay, **BAD_SIZES[case](lay))

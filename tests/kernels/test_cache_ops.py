@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dsakv.kernels import cache_ops
+from dsakv.kernels.common import last_per_key
 from dsakv.spec.layout import FP8_E4M3_MAX, QUANT_TILE, CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -74,4 +75,4 @@ def test_gathers_do_not_modify_the_buffers():
 
 def test_last_per_key_keeps_the_last_writer_of_each_key():
     keys = torch.tensor([3, 1, 3, 0, 1, 3])
-    assert cache_ops.last_per_key(keys).tolist() == [3, 4, 5]
+    assert last_per_key(keys).tolist() == [3, 4, 5]

@@ -9,13 +9,18 @@ are bit-identical, and the reference scorer accumulates exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from dsakv import CacheLayout, ModelSpec, PageAllocator
 from dsakv.engine.pool import TwinPool
+from dsakv.engine.pool_checks import SlotChecker
 from dsakv.errors import DsakvError
-from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
+from dsakv.model.inputs import CheckedSlots, PagedCache
+from dsakv.model.tiny_dsa import DENSE_ARCH_FIELDS, MOE_ARCH_FIELDS, SeqInput, TinyDsaModel
+from dsakv.spec.model_spec import ARCH_FIELDS
 
 SPEC = ModelSpec.preset("tiny")
 LOGIT_ATOL = 1e-9
@@ -255,3 +260,40 @@ def test_batched_decode_reads_each_sequences_selection(model):
         model.forward_paged(pool, [s.step(0, n - 1)])
     out = model.forward_paged(pool, [s.step(n - 1, n) for s, n in zip(seqs, lengths)])
     assert out.main_rows_read == (sum(min(TOPK, n) for n in lengths),) * SPEC.num_hidden_layers
+
+
+def test_a_forward_checks_each_slot_once_not_once_per_layer(model, monkeypatch):
+    # validate_batch checks the batch's slots; every layer then hands the pool the same CheckedSlots, which
+    # it trusts, so the pool's own slot check never runs on the model's path.
+    pool = make_pool()
+    seq = Seq(pool, 90, seed=16)
+    pool_checks = []
+    real = SlotChecker.slots
+    monkeypatch.setattr(SlotChecker, "slots", lambda self, *a, **kw: pool_checks.append(a) or real(self, *a, **kw))
+    handed = []
+    for name in ("store_main", "store_indexer", "read_main", "read_indexer"):
+        method = getattr(pool, name)
+        monkeypatch.setattr(
+            pool, name, lambda layer, slots, *rest, m=method: handed.append(slots) or m(layer, slots, *rest)
+        )
+    model.forward_paged(pool, [seq.step(0, 60)])
+    model.forward_paged(pool, [seq.step(60, 90)])
+    assert handed and all(isinstance(s, CheckedSlots) for s in handed)
+    assert pool_checks == []
+    with pytest.raises(DsakvError, match="not allocated"):  # a user's own call is still checked
+        pool.read_main(0, [pool.allocator.end_page * PAGE - 1])
+    assert len(pool_checks) == 1
+
+
+def test_the_twin_pool_is_the_paged_cache_the_model_uses():
+    assert isinstance(make_pool("slot"), PagedCache) and isinstance(make_pool("packed"), PagedCache)
+
+
+@pytest.mark.parametrize("field", DENSE_ARCH_FIELDS)
+def test_the_dense_tiny_model_needs_every_architecture_field_but_the_moe_ones(field):
+    assert set(DENSE_ARCH_FIELDS) | set(MOE_ARCH_FIELDS) == set(ARCH_FIELDS)
+    assert all(SPEC.arch_value(moe) == 0 for moe in MOE_ARCH_FIELDS if moe != "first_k_dense_replace")
+    TinyDsaModel(SPEC)  # a dense spec: no experts
+    broken = dataclasses.replace(SPEC, arch={**SPEC.arch, field: 0})
+    with pytest.raises(DsakvError, match=field):
+        TinyDsaModel(broken)

@@ -1,0 +1,53 @@
+"""``EngineConfig`` and the engine's name registries. No torch here: the CLI reads ``POOL_KINDS`` for its
+``--pool-kind`` choices without loading the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsakv.cache.eviction import POLICIES
+from dsakv.cache.radix import INSERT_MODES
+from dsakv.errors import DsakvError, check_choice
+from dsakv.scheduler.config import SchedulerConfig
+from dsakv.spec.layout import KV_DTYPES
+
+POOL_KINDS = ("slot", "packed")  # TwinPool layouts: one buffer per layer (SGLang) or one block per page (vLLM)
+SCRATCH_SEQS = 8  # sequences whose padding rows share the scratch pages in one forward (more: another forward)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_pages: int = 256  # pages the allocator hands out (the pool adds scratch pages for padding rows)
+    page_size: int = 64
+    pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
+    kv_dtype: str = "fp8_ds_mla"
+    prefix_cache: bool = True
+    insert_mode: str = "finish"  # radix insertion: "finish" or "allocate"
+    eviction_policy: str = "lru"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    logits_budget_bytes: int | None = None  # indexer logits budget (row chunking); None: the default rule
+    batch_invariant: bool = True
+    min_rows: int = 16  # batch invariance: each sequence's forward rows are padded to at least this many
+    capture_cache: bool = False  # keep each finished request's cache read-back
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_pages", "page_size", "min_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DsakvError(f"{name} = {value!r}: must be a positive integer")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
+        names = {
+            "pool_kind": POOL_KINDS,
+            "kv_dtype": KV_DTYPES,
+            "insert_mode": INSERT_MODES,
+            "eviction_policy": POLICIES,
+        }
+        for name, allowed in names.items():
+            check_choice(name, getattr(self, name), allowed)
+
+    @property
+    def padding_slots(self) -> int:
+        """Scratch slots the padding rows of one forward occupy at most (``SCRATCH_SEQS`` x ``min_rows``)."""
+        return SCRATCH_SEQS * self.min_rows
