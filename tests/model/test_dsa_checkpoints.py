@@ -132,3 +132,24 @@ def test_block_fp8_weights_are_dequantized_on_load(checkpoint, tmp_path):
     assert torch.equal(model.mla[0].o, expected["model.layers.0.self_attn.o_proj.weight"])
     err = (model.mla[0].o - tensors["model.layers.0.self_attn.o_proj.weight"]).abs().max()
     assert 0 < err < 0.1 * tensors["model.layers.0.self_attn.o_proj.weight"].abs().max()
+
+
+def test_cli_generate_json_prints_the_reference_tokens(checkpoint, capsys):
+    from dsakv.cli import main
+
+    _, model, folder = checkpoint
+    prompt = prompts()[0][:90]
+    args = ["generate", "--checkpoint", str(folder), "--prompt-ids", ",".join(map(str, prompt))]
+    assert main([*args, "--max-new-tokens", "6", "--exact", "--page-size", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == hf_greedy(model, prompt, 6)
+    assert out["kv_dtype"] == "fp32" and out["hit_tokens"] == 0
+
+
+def test_cli_demo_on_a_checkpoint_matches_its_reference(checkpoint, capsys):
+    from dsakv.cli import main
+
+    _, _, folder = checkpoint
+    assert main(["demo", "--checkpoint", str(folder), "--exact", "--conversations", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["outputs_match"] and out["hit_tokens"] > 0
