@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from dsakv.errors import DsakvError
 
-COMMANDS = ("plan", "demo", "simulate")
+COMMANDS = ("plan", "demo", "simulate", "generate")
 
 
 class _Parser(argparse.ArgumentParser):

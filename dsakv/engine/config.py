@@ -9,7 +9,7 @@ from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler.config import SchedulerConfig
-from dsakv.spec.layout import KV_DTYPES
+from dsakv.spec.layout import INDEXER_DTYPES, KV_DTYPES
 
 POOL_KINDS = ("slot", "packed")  # TwinPool layouts: one buffer per layer (SGLang) or one block per page (vLLM)
 SCRATCH_SEQS = 8  # sequences whose padding rows share the scratch pages in one forward (more: another forward)
@@ -21,6 +21,7 @@ class EngineConfig:
     page_size: int = 64
     pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
     kv_dtype: str = "fp8_ds_mla"
+    indexer_dtype: str = "fp8"  # "fp32" with kv_dtype "fp32": the exact cache mode (no rounding)
     prefix_cache: bool = True
     insert_mode: str = "finish"  # radix insertion: "finish" or "allocate"
     eviction_policy: str = "lru"
@@ -41,6 +42,7 @@ class EngineConfig:
         names = {
             "pool_kind": POOL_KINDS,
             "kv_dtype": KV_DTYPES,
+            "indexer_dtype": INDEXER_DTYPES,
             "insert_mode": INSERT_MODES,
             "eviction_policy": POLICIES,
         }

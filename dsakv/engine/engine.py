@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -36,6 +37,7 @@ from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache
 from dsakv.errors import DsakvError
+from dsakv.model.dsa_model import DsaModel
 from dsakv.model.inputs import request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
@@ -74,10 +76,15 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         spec: ModelSpec | None = None,
-        model: TinyDsaModel | None = None,
+        model: TinyDsaModel | DsaModel | None = None,
         drafter: Drafter | None = None,
+        checkpoint: str | Path | None = None,
     ) -> None:
         config = config or EngineConfig()
+        if checkpoint is not None:  # a GLM-MoE-DSA / DeepSeek-V3.2 folder (config.json + safetensors)
+            if model is not None:
+                raise DsakvError("give either model or checkpoint, not both")
+            model = DsaModel.from_checkpoint(checkpoint)
         spec = spec or (model.spec if model is not None else ModelSpec.preset("tiny"))
         sched_cfg = config.scheduler
         if sched_cfg.max_context is None:
@@ -88,7 +95,11 @@ class Engine:
         self.spec = spec
         self.vocab_size = spec.arch_value("vocab_size")
         self.layout = CacheLayout(
-            spec, kv_dtype=config.kv_dtype, page_size=config.page_size, allow_any_page_size=config.page_size != 64
+            spec,
+            kv_dtype=config.kv_dtype,
+            page_size=config.page_size,
+            allow_any_page_size=config.page_size != 64,
+            indexer_dtype=config.indexer_dtype,
         )
         # Scratch pages 0 .. first_page - 1 take the padding rows; the allocator never hands them out.
         self.pool = TwinPool.for_pages(

@@ -71,6 +71,7 @@ class TwinPool:
         self.kind = kind
         self.device = torch.device(device)
         self.fp8_scales = tuple(scales)
+        self._key_dtype = torch.float32 if layout.indexer_dtype == "fp32" else cache_ops.FP8
         self.num_physical_pages = allocator.end_page
         self._checker = SlotChecker(layout, allocator, self.device)
         P, ps, ipb = self.num_physical_pages, layout.page_size, layout.indexer_page_bytes_per_layer
@@ -176,14 +177,18 @@ class TwinPool:
         s = self._slots(slots, "slots", distinct=True)
         key = check_rows(key, "key", len(s), self.layout.spec.index_head_dim, self.device)
         if len(s):
-            cache_ops.store_indexer(self._index[layer], s, key, self.layout.page_size, self.layout.index_kpool)
+            cache_ops.store_indexer(
+                self._index[layer], s, key, self.layout.page_size, self.layout.index_kpool, self._key_dtype
+            )
 
     def read_indexer(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw (fp8 key ``[n, index_head_dim]``, fp32 scale ``[n]``) of each slot. Does not modify the pool."""
         layer = self._checker.indexer_layer(layer)
         s = self._slots(slots, "slots")
         lay = self.layout
-        return cache_ops.gather_indexer(self._index[layer], s, lay.page_size, lay.spec.index_head_dim, lay.index_kpool)
+        return cache_ops.gather_indexer(
+            self._index[layer], s, lay.page_size, lay.spec.index_head_dim, lay.index_kpool, self._key_dtype
+        )
 
     def read_indexer_dequant(self, layer: int, slots: Slots) -> torch.Tensor:
         """fp32 keys ``[n, index_head_dim]`` (fp8 key x scale). Does not modify the pool."""

@@ -83,6 +83,8 @@ def encode_main_rows(latent: torch.Tensor, rope: torch.Tensor, kv_dtype: str, fp
     elif kv_dtype == "fp8":
         both = torch.cat([latent.float(), rope.float()], dim=1) / fp8_scale
         parts = [both.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8).view(torch.uint8)]
+    elif kv_dtype == "fp32":
+        parts = [t.to(torch.float32).contiguous().view(torch.uint8) for t in (latent, rope)]
     else:
         raise ValueError(f"kv_dtype {kv_dtype!r}")
     return torch.cat([p.reshape(n, -1) for p in parts], dim=1)
@@ -106,6 +108,9 @@ def decode_main_rows(
         latent, rope = both[:, :r], both[:, r:]
     elif kv_dtype == "fp8":
         both = rows.view(FP8).float() * fp8_scale
+        latent, rope = both[:, :r], both[:, r:]
+    elif kv_dtype == "fp32":
+        both = rows.view(torch.float32)
         latent, rope = both[:, :r], both[:, r:]
     else:
         raise ValueError(f"kv_dtype {kv_dtype!r}")
@@ -163,29 +168,46 @@ def slot_states(slots: torch.Tensor, page_size: int, kpool: int) -> tuple[torch.
 
 
 def store_indexer_torch(
-    index: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, page_size: int, kpool: int = 1
+    index: torch.Tensor,
+    slots: torch.Tensor,
+    key: torch.Tensor,
+    page_size: int,
+    kpool: int = 1,
+    key_dtype: torch.dtype = FP8,
 ) -> None:
-    """Quantize each key to fp8 with one fp32 scale and write key and scale bytes (in place)."""
+    """Quantize each key to fp8 with one fp32 scale and write key and scale bytes (in place).
+
+    ``key_dtype=torch.float32`` (the exact mode) stores the key unrounded with scale 1.0."""
     states_per_page = page_size // kpool
     page, state = slot_states(slots, page_size, kpool)
     if kpool > 1:
         keep = last_per_key(page * states_per_page + state)
         page, state, key = page[keep], state[keep], key[keep]
-    q, scale = quantize_tiles(key, key.shape[1])
-    key_cols, scale_cols = indexer_columns(state, states_per_page, key.shape[1])
+    if key_dtype == torch.float32:
+        q, scale = key.float().contiguous(), torch.ones(key.shape[0], 1)
+    else:
+        q, scale = quantize_tiles(key, key.shape[1])
+    key_bytes = key.shape[1] * q.element_size()
+    key_cols, scale_cols = indexer_columns(state, states_per_page, key_bytes)
     rows = page.unsqueeze(1)
     index[rows, key_cols] = q.view(torch.uint8)
     index[rows, scale_cols] = scale.contiguous().view(torch.uint8)
 
 
 def gather_indexer_torch(
-    index: torch.Tensor, slots: torch.Tensor, page_size: int, key_dim: int, kpool: int = 1
+    index: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    key_dim: int,
+    kpool: int = 1,
+    key_dtype: torch.dtype = FP8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw fp8 keys ``[n, key_dim]`` and fp32 scales ``[n]`` of ``slots``; does not modify the pool."""
+    """Raw keys ``[n, key_dim]`` (fp8, or fp32 in the exact mode) and fp32 scales ``[n]`` of ``slots``; does
+    not modify the pool."""
     page, state = slot_states(slots, page_size, kpool)
-    key_cols, scale_cols = indexer_columns(state, page_size // kpool, key_dim)
+    key_cols, scale_cols = indexer_columns(state, page_size // kpool, key_dim * key_dtype.itemsize)
     rows = page.unsqueeze(1)
-    key = index[rows, key_cols].contiguous().view(FP8)
+    key = index[rows, key_cols].contiguous().view(key_dtype)
     scale = index[rows, scale_cols].contiguous().view(torch.float32).reshape(-1)
     return key, scale
 
@@ -200,8 +222,8 @@ def store_main(
     kv_dtype: str,
     fp8_scale: float = 1.0,
 ) -> None:
-    """Dispatcher of :func:`store_main_torch` / ``cache_ops_triton.store_main_triton``."""
-    if use_triton(main.device):
+    """Dispatcher of :func:`store_main_torch` / ``cache_ops_triton.store_main_triton`` (fp32: torch only)."""
+    if use_triton(main.device) and kv_dtype != "fp32":
         from dsakv.kernels.cache_ops_triton import store_main_triton
 
         store_main_triton(main, slots, latent, rope, kv_dtype, fp8_scale)
@@ -212,30 +234,42 @@ def store_main(
 def gather_main(
     main: torch.Tensor, slots: torch.Tensor, kv_dtype: str, kv_lora_rank: int, rope_dim: int, fp8_scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatcher of :func:`gather_main_torch` / ``cache_ops_triton.gather_main_triton``."""
-    if use_triton(main.device):
+    """Dispatcher of :func:`gather_main_torch` / ``cache_ops_triton.gather_main_triton`` (fp32: torch only)."""
+    if use_triton(main.device) and kv_dtype != "fp32":
         from dsakv.kernels.cache_ops_triton import gather_main_triton
 
         return gather_main_triton(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
     return gather_main_torch(main, slots, kv_dtype, kv_lora_rank, rope_dim, fp8_scale)
 
 
-def store_indexer(index: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, page_size: int, kpool: int = 1) -> None:
-    """Dispatcher of :func:`store_indexer_torch` / ``cache_ops_triton.store_indexer_triton``."""
-    if use_triton(index.device):
+def store_indexer(
+    index: torch.Tensor,
+    slots: torch.Tensor,
+    key: torch.Tensor,
+    page_size: int,
+    kpool: int = 1,
+    key_dtype: torch.dtype = FP8,
+) -> None:
+    """Dispatcher of :func:`store_indexer_torch` / ``cache_ops_triton.store_indexer_triton`` (fp32 keys: torch)."""
+    if use_triton(index.device) and key_dtype == FP8:
         from dsakv.kernels.cache_ops_triton import store_indexer_triton
 
         store_indexer_triton(index, slots, key, page_size, kpool)
     else:
-        store_indexer_torch(index, slots, key, page_size, kpool)
+        store_indexer_torch(index, slots, key, page_size, kpool, key_dtype)
 
 
 def gather_indexer(
-    index: torch.Tensor, slots: torch.Tensor, page_size: int, key_dim: int, kpool: int = 1
+    index: torch.Tensor,
+    slots: torch.Tensor,
+    page_size: int,
+    key_dim: int,
+    kpool: int = 1,
+    key_dtype: torch.dtype = FP8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatcher of :func:`gather_indexer_torch` / ``cache_ops_triton.gather_indexer_triton``."""
-    if use_triton(index.device):
+    """Dispatcher of :func:`gather_indexer_torch` / ``cache_ops_triton.gather_indexer_triton`` (fp32 keys: torch)."""
+    if use_triton(index.device) and key_dtype == FP8:
         from dsakv.kernels.cache_ops_triton import gather_indexer_triton
 
         return gather_indexer_triton(index, slots, page_size, key_dim, kpool)
-    return gather_indexer_torch(index, slots, page_size, key_dim, kpool)
+    return gather_indexer_torch(index, slots, page_size, key_dim, kpool, key_dtype)

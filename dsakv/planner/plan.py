@@ -73,6 +73,7 @@ class Plan:
         cell = self.cell.to_dict()
         return {
             "model": self.spec.to_dict(),
+            "full_indexer_layers": list(self.spec.full_indexer_layers),
             "layout": self.layout.to_dict(),
             **cell,
             "cell": cell,

@@ -94,9 +94,13 @@ def what_if_variants(
         if size != dcp:
             out.append(("DCP", Variant(f"DCP = {size}", layout, size, ("dcp",))))
     for name in KV_DTYPES:
-        if name != layout.kv_dtype:
+        if name == layout.kv_dtype:
+            continue
+        try:  # a format this spec cannot store (fp8_ds_mla needs kv_lora_rank % 128 == 0) is no what-if
             v = replace(layout, kv_dtype=name)
-            out.append(("KV dtype", Variant(f"kv_dtype = {name}", v, dcp, ("kv dtype",))))
+        except DsakvError:
+            continue
+        out.append(("KV dtype", Variant(f"kv_dtype = {name}", v, dcp, ("kv dtype",))))
     for name, pattern in (patterns or {}).items():
         if len(pattern) == n:
             s = spec.with_indexer_pattern(pattern, source=name)

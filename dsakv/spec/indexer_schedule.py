@@ -1,15 +1,18 @@
 """Indexer schedule: which decoder layers run their own lightning indexer ("full") and which reuse the
-previous full layer's top-k ("shared"), resolved from the first form a ``config.json`` carries:
+previous full layer's top-k ("shared"), with the semantics of transformers' ``GlmMoeDsaConfig`` (5.24):
+the first form a ``config.json`` carries decides, the others are ignored (precedence, not agreement):
 
 1. ``indexer_types``: an explicit list of "full"/"shared", one per decoder layer;
-2. ``index_topk_pattern``: a string of "F"/"S", one per decoder layer;
-3. ``index_topk_freq`` + ``index_skip_topk_offset``: layer ``l`` is full iff
-   ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3: offset 3, freq 4 -> 21 full layers);
-4. none of these: every layer is full (GLM-5, GLM-5.1, DeepSeek-V3.2).
+2. ``index_topk_pattern``: a string of "F"/"S" (or a list of "F"/"S"), one per decoder layer;
+3. ``index_topk_freq`` / ``index_skip_topk_offset``, each defaulting on its own (freq 1, offset 2; a freq
+   below 1 counts as 1): layer ``l`` is full iff ``max(l - offset + 1, 0) % freq == 0`` (GLM-5.2/5.3:
+   offset 3, freq 4 -> 21 full layers). With neither field every layer is full (GLM-5, GLM-5.1).
 
-When a config carries several forms they must agree, or the config is rejected as inconsistent. Layer 0
-must be full (a shared layer reuses a previous full layer). Also reads IndexCache pattern files
-(``{name: {"pattern": "FFS..."}}``) for what-ifs. Pure functions; bad input raises ``DsakvError``.
+``model_type == "deepseek_v32"``: transformers' ``DeepseekV32Config`` has no schedule, every layer runs its
+indexer, so any schedule field in such a config is ignored. A schedule that cannot run is still a one-line
+error: layer 0 shared (a shared layer reuses a previous full layer) or a list/pattern whose length is not
+``num_hidden_layers``. Also reads IndexCache pattern files (``{name: {"pattern": "FFS..."}}``) for what-ifs.
+Pure functions; bad input raises ``DsakvError``.
 """
 
 from __future__ import annotations
@@ -50,10 +53,25 @@ def indexer_types_from_pattern(pattern: str, field_name: str = "index_topk_patte
     return tuple(FULL if ch == "F" else SHARED for ch in pattern)
 
 
+FREQ_DEFAULT = 1  # transformers' GlmMoeDsaConfig defaults when the field is absent
+OFFSET_DEFAULT = 2
+
+
+def _schedule_int(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DsakvError(f"config field {key!r} = {value!r}: must be an integer")
+    return value
+
+
 def resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tuple[str, ...], str]:
     """Return (types, source) where source names the config form that decided the schedule."""
-    forms: list[tuple[str, tuple[str, ...]]] = []
+    if cfg.get("model_type") == "deepseek_v32":
+        return (FULL,) * num_layers, "deepseek_v32 (every layer full)"
     explicit = cfg.get("indexer_types")
+    pattern = cfg.get("index_topk_pattern")
     if explicit is not None:
         if not isinstance(explicit, (list, tuple)):
             raise DsakvError(
@@ -62,34 +80,22 @@ def resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tupl
         for i, t in enumerate(explicit):
             if t not in INDEXER_TYPES:
                 raise DsakvError(f"config field 'indexer_types'[{i}] = {t!r}: allowed values are {INDEXER_TYPES}")
-        forms.append(("indexer_types", tuple(explicit)))
-    pattern = cfg.get("index_topk_pattern")
-    if pattern is not None:
-        forms.append(("index_topk_pattern", indexer_types_from_pattern(pattern)))
-    freq = cfg.get("index_topk_freq")
-    offset = cfg.get("index_skip_topk_offset")
-    if freq is not None or offset is not None:
-        if freq is None or offset is None:
-            raise DsakvError("config fields 'index_topk_freq' and 'index_skip_topk_offset' must be given together")
-        freq = config_int(cfg, "index_topk_freq")
-        offset = config_int(cfg, "index_skip_topk_offset", allow_zero=True)
-        forms.append(("index_topk_freq", indexer_types_from_freq(num_layers, freq, offset)))
-    if not forms:
+        name, types = "indexer_types", tuple(explicit)
+    elif pattern is not None:
+        if isinstance(pattern, (list, tuple)) and all(isinstance(c, str) for c in pattern):
+            pattern = "".join(pattern)
+        name, types = "index_topk_pattern", indexer_types_from_pattern(pattern)
+    elif cfg.get("index_topk_freq") is not None or cfg.get("index_skip_topk_offset") is not None:
+        freq = max(_schedule_int(cfg, "index_topk_freq", FREQ_DEFAULT), 1)
+        offset = _schedule_int(cfg, "index_skip_topk_offset", OFFSET_DEFAULT)
+        name, types = "index_topk_freq", indexer_types_from_freq(num_layers, freq, offset)
+    else:
         return (FULL,) * num_layers, "default (every layer full)"
-    for name, types in forms:
-        if len(types) != num_layers:
-            raise DsakvError(
-                f"config field {name!r} has {len(types)} entries: must have num_hidden_layers = {num_layers}"
-            )
-    first_name, first = forms[0]
-    for name, types in forms[1:]:
-        if types != first:
-            raise DsakvError(f"config fields {first_name!r} and {name!r} give different indexer schedules")
-    if first[0] != FULL:
-        raise DsakvError(
-            f"config field {first_name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)"
-        )
-    return first, first_name
+    if len(types) != num_layers:
+        raise DsakvError(f"config field {name!r} has {len(types)} entries: must have num_hidden_layers = {num_layers}")
+    if types and types[0] != FULL:
+        raise DsakvError(f"config field {name!r}: layer 0 must be 'full' (a shared layer needs a full layer before it)")
+    return types, name
 
 
 def load_indexcache_patterns(path: str | Path) -> dict[str, str]:
@@ -104,8 +110,10 @@ def load_indexcache_patterns(path: str | Path) -> dict[str, str]:
 
 
 __all__ = [
+    "FREQ_DEFAULT",
     "FULL",
     "INDEXER_TYPES",
+    "OFFSET_DEFAULT",
     "SHARED",
     "config_int",
     "indexer_types_from_freq",

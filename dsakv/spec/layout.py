@@ -6,6 +6,11 @@ Main-KV row formats (``kv_dtype``), per token per layer::
     fp8_ds_mla  | 512 x fp8 latent | 4 x fp32 tile scales | 64 x bf16 RoPE |  = 512 + 16 + 128 = 656 B
     bf16        | 512 x bf16 latent               | 64 x bf16 RoPE |         = 1024 + 128     = 1152 B
     fp8         | 512 x fp8 latent                | 64 x fp8 RoPE  |         = 512 + 64       = 576 B
+    fp32        | 512 x fp32 latent               | 64 x fp32 RoPE |         = 2048 + 256     = 2304 B
+
+``fp32`` main KV with ``indexer_dtype="fp32"`` (key stored as fp32, scale 1.0) is the *exact* cache mode: no
+rounding anywhere, so the paged model reproduces transformers' greedy tokens (a CPU reference mode; the CUDA
+kernels serve fp8_ds_mla and an fp8 indexer).
 
 Indexer page of one full layer (page_size = 64, ``index_kpool`` = 1)::
 
@@ -61,7 +66,9 @@ KV_DTYPES: dict[str, MainKVFormat] = {
     "fp8_ds_mla": MainKVFormat("fp8_ds_mla", 1, 2, QUANT_TILE, "fp8 latent, fp32 scale per 128 values, bf16 RoPE"),
     "bf16": MainKVFormat("bf16", 2, 2, 0, "bf16 latent and RoPE"),
     "fp8": MainKVFormat("fp8", 1, 1, 0, "all 576 dims fp8, per-tensor scale"),
+    "fp32": MainKVFormat("fp32", 4, 4, 0, "fp32 latent and RoPE (exact mode, CPU)"),
 }
+INDEXER_DTYPES = {"fp8": 1, "fp32": 4}  # bytes per indexer key value; every state also has one fp32 scale
 
 
 def kv_format(name: str) -> MainKVFormat:
@@ -83,9 +90,11 @@ class CacheLayout:
     index_kpool: int = 1
     mtp_layers: int = 0
     allow_any_page_size: bool = False
+    indexer_dtype: str = "fp8"
 
     def __post_init__(self) -> None:
         fmt = kv_format(self.kv_dtype)
+        check_choice("indexer_dtype", self.indexer_dtype, INDEXER_DTYPES)
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise DsakvError(f"page_size = {self.page_size!r}: must be a positive integer (64 for CUDA kernels)")
         if self.page_size != CUDA_PAGE_SIZE and not self.allow_any_page_size:
@@ -128,11 +137,11 @@ class CacheLayout:
 
     @property
     def indexer_key_bytes(self) -> int:
-        return self.spec.index_head_dim  # fp8: one byte per dim
+        return self.spec.index_head_dim * INDEXER_DTYPES[self.indexer_dtype]  # fp8: one byte per dim
 
     @property
     def indexer_row_bytes(self) -> int:
-        """Bytes of one indexer state in one full layer: fp8 key + fp32 scale (132)."""
+        """Bytes of one indexer state in one full layer: fp8 key + fp32 scale (132; 516 for an fp32 key)."""
         return self.indexer_key_bytes + INDEXER_SCALE_BYTES
 
     # ----- layers --------------------------------------------------------------------------------
@@ -255,6 +264,7 @@ __all__ = [
     "CUDA_PAGE_SIZE",
     "FP8_E4M3_MAX",
     "QUANT_TILE",
+    "INDEXER_DTYPES",
     "KV_DTYPES",
     "MainKVFormat",
     "CacheLayout",

@@ -176,6 +176,7 @@ class ModelSpec:
             "indexer_source": self.indexer_source,
             "num_full_indexer_layers": self.num_full_indexer_layers,
             "num_shared_indexer_layers": self.num_shared_indexer_layers,
+            "full_indexer_layers": list(self.full_indexer_layers),
             "weight_dtype": self.weight_dtype,
             "arch": dict(self.arch),
         }

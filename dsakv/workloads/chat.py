@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from dsakv.engine.config import EngineConfig
 from dsakv.engine.engine import Engine, GenerationResult
@@ -103,6 +104,8 @@ def pressure_summary(
     pool_kind: str = "slot",
     preemption: str = "offload",
     new_token_ratio: float = 0.0,
+    model: Any = None,
+    exact: bool = False,
 ) -> dict:
     """Run ``workload`` on a ``pages``-page pool and as the reference; every figure of the demo's report.
 
@@ -110,7 +113,10 @@ def pressure_summary(
     ``rejected``), so the outputs do not match the reference's.
     """
     ps = page_size
+    # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
+    dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
     small = EngineConfig(
+        **dtypes,
         num_pages=pages,
         page_size=ps,
         pool_kind=pool_kind,
@@ -124,13 +130,14 @@ def pressure_summary(
     )
     roomy = workload.pages_needed(ps) * workload.num_requests
     reference = EngineConfig(
+        **dtypes,
         num_pages=roomy,
         page_size=ps,
         prefix_cache=False,
         capture_cache=True,
         scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
     )
-    engine, ref_engine = Engine(small), Engine(reference)
+    engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
     results = run_workload(engine, workload)
     ref_results = run_workload(ref_engine, workload)
     tokens_match, caches_match = compare(results, ref_results)
@@ -154,6 +161,7 @@ def pressure_summary(
         "offloaded_pages": st.offloaded_pages,
         "offloaded_bytes_main": totals.offloaded_bytes_main,
         "offloaded_bytes_indexer": totals.offloaded_bytes_indexer,
+        "kv_dtype": lay.kv_dtype,
         "main_page_bytes": lay.main_page_bytes,
         "indexer_page_bytes": lay.indexer_page_bytes,
         "rejected": st.rejected,

@@ -1,0 +1,135 @@
+"""``DsaModel``: a GLM-MoE-DSA or DeepSeek-V3.2 checkpoint running through the paged twin cache.
+
+Same contract as ``TinyDsaModel.forward_paged`` (see ``dsakv.model.tiny_dsa``): one call writes the new
+tokens' main rows (every layer) and indexer keys (full layers) through the ``PagedCache`` protocol, then per
+sequence reads the whole context's indexer keys, selects top-k (``dsakv.model.indexer``; shared layers reuse
+the previous full layer's choice) and reads only the selected main rows for sparse MLA.
+
+The cache mode follows the pool's layout:
+
+* exact (``kv_dtype="fp32"``, ``indexer_dtype="fp32"``): nothing is rounded; greedy tokens equal
+  transformers' ``generate()`` (the tests prove it on tiny checkpoints);
+* production (``fp8_ds_mla`` main KV, fp8 indexer): Hadamard-rotated fp8 indexer queries and keys, fp8
+  latent with tile scales; its agreement with the exact mode is measured by ``bench/dsa_agreement.py``.
+
+Compute runs in fp32 on the CPU. The model holds weights only; ``forward_paged`` mutates the pool only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dsakv.model.checkpoint import iter_weights
+from dsakv.model.dsa_config import DsaConfig
+from dsakv.model.dsa_layers import DenseMlp, Indexer, IndexerQuery, Mla, MlaProjection, Moe, Weights, rms_norm
+from dsakv.model.indexer import indexer_topk
+from dsakv.model.inputs import Batch, PagedCache, SeqInput, validate_batch
+from dsakv.model.rope import RopeTables
+from dsakv.model.sparse_mla import compact_selection, sparse_mla
+from dsakv.model.tiny_dsa import PagedOutput
+
+__all__ = ["DsaModel"]
+
+
+class DsaModel:
+    """Checkpoint weights (fp32) and the paged forward."""
+
+    def __init__(self, cfg: DsaConfig, weights: Weights) -> None:
+        self.cfg, self.spec, self.dtype = cfg, cfg.spec, torch.float32
+        w = weights
+        self.embed = w["model.embed_tokens.weight"]
+        self.lm_head = self.embed if cfg.tie_word_embeddings else w["lm_head.weight"]
+        self.final_norm = w["model.norm.weight"]
+        self.attn_norm, self.mlp_norm, self.mla, self.mlp = [], [], [], []
+        self.indexer: dict[int, Indexer] = {}
+        h = cfg.hidden_size
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.attn_norm.append(w[p + "input_layernorm.weight"])
+            self.mlp_norm.append(w[p + "post_attention_layernorm.weight"])
+            self.mla.append(Mla(cfg, w, p + "self_attn."))
+            if i in self.spec.full_indexer_layers:
+                self.indexer[i] = Indexer(cfg, w, p + "self_attn.indexer.")
+            sparse = cfg.mlp_layer_types[i] == "sparse"
+            self.mlp.append(Moe(cfg, w, p + "mlp.") if sparse else DenseMlp(w, p + "mlp.", h, cfg.intermediate_size))
+
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path, *, available_bytes: int | None = None) -> DsaModel:
+        """Load ``folder/config.json`` and its safetensors (see ``dsakv.model.checkpoint``)."""
+        folder = Path(folder)
+        cfg = DsaConfig.from_hf_config(folder / "config.json", name=folder.name)
+        weights = dict(iter_weights(folder, cfg.num_hidden_layers, torch.float32, available=available_bytes))
+        return cls(cfg, weights)
+
+    def forward_paged(
+        self,
+        pool: PagedCache,
+        seqs: Sequence[SeqInput],
+        *,
+        all_logits: bool = False,
+        budget_bytes: int | None = None,
+    ) -> PagedOutput:
+        """Write the new tokens into both caches and compute their logits from the pool (``TinyDsaModel``'s
+        contract; bad input raises ``DsakvError`` before anything is written)."""
+        batch = validate_batch(self.spec, pool, seqs)
+        production = pool.layout.indexer_dtype != "fp32"
+        cfg, spec = self.cfg, self.spec
+        rope = RopeTables.at(cfg.rope, spec.qk_rope_head_dim, batch.positions)
+        x = F.embedding(batch.token_ids, self.embed)
+        sel_by_layer: list[tuple[torch.Tensor, ...]] = []
+        main_read, index_read = [], []
+        for layer in range(spec.num_hidden_layers):
+            xn = rms_norm(x, self.attn_norm[layer], cfg.rms_norm_eps)
+            proj = self.mla[layer].project(xn, rope)
+            pool.store_main(layer, batch.slots, proj.latent, proj.k_rope)
+            query = None
+            if layer in self.indexer:
+                idx = self.indexer[layer]
+                pool.store_indexer(layer, batch.slots, idx.key(xn, rope, production))
+                query = idx.query(xn, proj.qr, rope, production)
+            parts = [
+                self._attend(pool, layer, batch, i, proj, query, sel_by_layer, budget_bytes)
+                for i in range(len(batch.seqs))
+            ]
+            sel_by_layer.append(tuple(p[1] for p in parts))
+            main_read.append(sum(p[2] for p in parts))
+            index_read.append(sum(p[3] for p in parts))
+            x = x + self.mla[layer].output(torch.cat([p[0] for p in parts]))
+            x = x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer], cfg.rms_norm_eps))
+        if not all_logits:
+            x = x[batch.last_rows]
+        logits = F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head)
+        return PagedOutput(logits, tuple(sel_by_layer), tuple(main_read), tuple(index_read))
+
+    def _attend(
+        self,
+        pool: PagedCache,
+        layer: int,
+        batch: Batch,
+        i: int,
+        proj: MlaProjection,
+        query: IndexerQuery | None,
+        sel_by_layer: list[tuple[torch.Tensor, ...]],
+        budget_bytes: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Sequence ``i``: (latent output ``[n, heads, rank]``, chosen positions, main rows, indexer rows read)."""
+        seq, context, rows = batch.seqs[i], batch.context[i], batch.rows[i]
+        n_index = 0
+        if query is not None:
+            k, k_scale = pool.read_indexer(layer, context)
+            n_index = len(context)
+            chosen = indexer_topk(
+                query.q[rows], query.weights[rows], k, k_scale, seq.positions + 1, self.spec.index_topk,
+                budget_bytes=budget_bytes,
+            ).indices  # fmt: skip
+        else:
+            chosen = sel_by_layer[self.spec.indexer_source_layer[layer]][i]
+        compact = compact_selection(chosen)
+        latent, rope = pool.read_main(layer, context.take(compact.positions))
+        mla = self.mla[layer]
+        out = sparse_mla(proj.q_latent[rows], proj.q_rope[rows], latent, rope, compact.local, mla.sm_scale)
+        return out, chosen, compact.positions.numel(), n_index
