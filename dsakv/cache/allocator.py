@@ -27,7 +27,7 @@ class PageAllocator:
             raise DsakvError(f"num_pages = {num_pages!r}: must be a positive integer")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise DsakvError(f"page_size = {page_size!r}: must be a positive integer")
-        if not isinstance(first_page, int) or first_page < 0:
+        if isinstance(first_page, bool) or not isinstance(first_page, int) or first_page < 0:
             raise DsakvError(f"first_page = {first_page!r}: must be an integer >= 0")
         self.num_pages = num_pages
         self.page_size = page_size
@@ -49,6 +49,9 @@ class PageAllocator:
         return self.num_pages - len(self._free)
 
     def is_allocated(self, page: int) -> bool:
+        """True when ``page`` is an allocated page id; raises ``DsakvError`` for a non-integer (a bool too)."""
+        if type(page) is not int and (isinstance(page, bool) or not isinstance(page, Integral)):
+            raise DsakvError(f"page = {page!r}: must be an integer page id")
         return self.first_page <= page < self.end_page and self._allocated[page] == 1
 
     @property
@@ -60,8 +63,13 @@ class PageAllocator:
 
     # ----- mutation ------------------------------------------------------------------------------
     def alloc(self, n: int) -> list[int]:
-        """Allocate ``n`` pages. Raises ``OutOfPagesError`` (allocating nothing) if fewer are free."""
+        """Allocate ``n`` pages. Raises ``OutOfPagesError`` (allocating nothing) if fewer are free, and
+        ``DsakvError`` for an ``n`` that is not an integer >= 0."""
         free = self._free
+        if type(n) is not int:
+            if isinstance(n, bool) or not isinstance(n, Integral):
+                raise DsakvError(f"alloc: n = {n!r}: the page count must be an integer >= 0")
+            n = int(n)
         if n > len(free):
             raise OutOfPagesError(f"cannot allocate {n} pages: {len(free)} free of {self.num_pages}")
         if n <= 0:
@@ -77,17 +85,24 @@ class PageAllocator:
         return pages
 
     def free(self, pages: Iterable[int]) -> None:
-        """Free pages by id. Every id must be allocated and appear once; otherwise nothing is freed."""
-        pages = list(pages)
+        """Free pages by id. Every id must be an allocated page id (an integer, not a bool) and appear once;
+        otherwise ``DsakvError`` naming the first bad id, and nothing is freed."""
+        try:
+            pages = list(pages)
+        except TypeError:
+            raise DsakvError(f"free: pages = {pages!r}: must be an iterable of integer page ids") from None
         allocated, first = self._allocated, self.first_page
+        small = max(first, 2)  # ids below this need a closer look: out of range, or a bool (True == 1)
         # Hot path (the prefix cache frees millions of pages): check and clear each flag in one pass; a second
-        # copy of an id finds its flag already cleared. On any failure, restore the flags cleared so far and let
-        # the checked twin ``_check_free`` decide and name the culprit (tests/cache/test_fast_slow_twins.py pins
-        # the two together on random input).
+        # copy of an id finds its flag already cleared; a non-integer fails the comparison or the indexing. On any
+        # failure, restore the flags cleared so far and let the checked twin ``_check_free`` decide and name the
+        # culprit (tests/cache/test_fast_slow_twins.py pins the two together on random input).
         it = iter(pages)
         try:
             for p in it:
-                if p < first or allocated[p] != 1:
+                if p < small and (p < first or p is True or p is False):
+                    break
+                if allocated[p] != 1:
                     break
                 allocated[p] = 0
             else:
@@ -107,8 +122,8 @@ class PageAllocator:
         a repeated id. Changes nothing."""
         first, end = self.first_page, self.end_page
         for p in pages:
-            if not isinstance(p, Integral):
-                raise DsakvError(f"free of page {p!r}: not an integer page id")
+            if isinstance(p, bool) or not isinstance(p, Integral):
+                raise DsakvError(f"free of page {p!r}: not an integer page id ({type(p).__name__} in pages)")
             if not first <= p < end or self._allocated[p] != 1:
                 state = "out of range" if not first <= p < end else "not allocated (double free?)"
                 raise DsakvError(f"free of page {p}: {state}; valid ids {first}..{end - 1}")
@@ -123,7 +138,12 @@ class PageAllocator:
         """
         ps = self.page_size
         pages: set[int] = set()
-        for start, end in segments:
+        for segment in segments:
+            if not isinstance(segment, tuple | list) or len(segment) != 2:
+                raise DsakvError(f"token segment {segment!r}: must be a (start, end) pair of integers")
+            start, end = segment
+            if any(isinstance(v, bool) or not isinstance(v, Integral) for v in segment):
+                raise DsakvError(f"token segment {segment!r}: start and end must be integers")
             if start < 0 or end < start:
                 raise DsakvError(f"token segment [{start}, {end}): must satisfy 0 <= start <= end")
             if end > start:

@@ -18,6 +18,11 @@ process, whatever ``PYTHONHASHSEED`` is (Python's ``hash()`` is never used):
 
 The hash names pages for consumers outside the process; the tree itself keys on the token bytes, so a
 colliding hash can never cause a wrong hit (tests pin this with a deliberately colliding hash).
+
+Besides the hashes, a ``PagesStored`` carries what a consumer needs to index the pages without the tree:
+the page ids, the tokens, the page size, the position of the run in its key, the namespace and the medium
+(the fields of vLLM's ``BlockStored``, one to one; see ``PagesStored``). The cache calls its sink only once
+its own state is consistent again; what happens when the sink raises is ``SinkFailure``'s.
 """
 
 from __future__ import annotations
@@ -96,27 +101,68 @@ def token_bytes(tokens: list[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
+def token_ids(data: bytes) -> tuple[int, ...]:
+    """The token ids of ``data`` in the fixed encoding (``token_bytes``'s inverse)."""
+    return struct.unpack(f"<{len(data) // 4}I", data)
+
+
+MEDIUM_GPU = "GPU"  # the device tier's medium, as vLLM names it
+
+
 @dataclass(frozen=True, slots=True)
 class PagesStored:
-    """Pages entered the cache: ``hashes[i]`` names ``pages[i]``; ``parent_hash`` precedes ``hashes[0]``."""
+    """Pages entered the cache: one run of consecutive full pages of one key, in one namespace.
+
+    * ``hashes[i]`` names ``pages[i]``; ``parent_hash`` is the hash the chain continues from: the previous
+      page's, or the namespace seed when ``first_page == 0``.
+    * ``first_page``: the position in its key of the run's first page (page ``first_page + i`` of the key is
+      ``pages[i]``), so a consumer can tell a run that starts the key from one that extends a cached prefix.
+    * ``token_ids``: the run's tokens, ``page_size`` per page, in order (``len == len(pages) * page_size``; in
+      speculative mode each page's own tokens, not the bigram overhang).
+    * ``extra_key``, ``cache_salt``: the namespace every page of the run belongs to (the seed hashes them).
+    * ``medium``: the tier that holds the pages (``MEDIUM_GPU`` for the device pool).
+
+    vLLM's ``BlockStored`` maps field for field (docs/prefix_cache.md, "Events and page hashes"):
+    ``block_hashes = hashes``, ``parent_block_hash = None if first_page == 0 else parent_hash``,
+    ``token_ids``, ``block_size = page_size``, ``lora_id`` / ``lora_name`` from ``extra_key``, ``medium``,
+    and ``extra_keys = [(extra_key, cache_salt)] * len(hashes)``.
+    """
 
     hashes: tuple[bytes, ...]
     parent_hash: bytes
     pages: tuple[int, ...]
     page_size: int
+    token_ids: tuple[int, ...]
+    first_page: int
+    extra_key: NamespacePart
+    cache_salt: NamespacePart
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True, slots=True)
 class PagesRemoved:
-    """Pages left the cache (evicted); their page ids may be reused at once."""
+    """Pages left the cache (evicted); their page ids may be reused at once. vLLM's ``BlockRemoved``:
+    ``block_hashes = hashes``, ``medium``."""
 
     hashes: tuple[bytes, ...]
     pages: tuple[int, ...]
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True, slots=True)
 class AllCleared:
-    """The whole cache was reset."""
+    """The whole cache was reset (vLLM's ``AllBlocksCleared``): every page of every namespace left it."""
 
 
 CacheEvent = PagesStored | PagesRemoved | AllCleared
+
+
+@dataclass(frozen=True, slots=True)
+class SinkFailure:
+    """An event the sink raised on. The cache calls the sink after the operation that caused the event is
+    complete and consistent; an ``Exception`` from the sink is caught (the operation's result stands, and the
+    caller, who may be a scheduler in the middle of a step, gets it), recorded here with the event so the
+    consumer can re-deliver or resync, and reported as a ``RuntimeWarning``."""
+
+    event: CacheEvent
+    error: Exception

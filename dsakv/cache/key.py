@@ -57,7 +57,9 @@ class RadixKey:
     __slots__ = ("data", "num_tokens", "extra_key", "cache_salt", "namespace")
 
     def __init__(self, tokens: Tokens, extra_key: NamespacePart = None, cache_salt: NamespacePart = None) -> None:
-        if isinstance(tokens, (str, bytes)):
+        if type(tokens) is not list and (
+            isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | np.ndarray)
+        ):
             raise DsakvError(f"tokens: got {type(tokens).__name__}: must be a list or 1-D array of integer token ids")
         if len(tokens) == 0:
             raise DsakvError("tokens: empty key: a key needs at least one token id")

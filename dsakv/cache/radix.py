@@ -16,10 +16,13 @@ Rules (details and rationale in the docs):
   matched page so the draft head recomputes the hidden state before the break.
 * ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page.
 * ``evict(n)`` frees at least ``ceil(n / ps)`` unlocked leaf pages in policy order (or all that is
-  evictable), cascading to parents that become leaves; it raises if ``n > 0`` and everything is locked.
+  evictable), cascading to parents that become leaves; when everything is locked it frees nothing and
+  says so (``EvictResult.evicted_tokens == 0``, ``short_tokens``): callers act on the result, never pre-check.
 * ``insert_mode`` ("finish" | "allocate") tells the driver when to insert; the cache behaves the same in both.
 
-Bad input raises ``DsakvError`` and changes neither the tree nor the allocator.
+Bad input raises ``DsakvError`` and changes neither the tree nor the allocator. The event sink is called only
+once an operation is complete and the state consistent; an exception it raises is recorded, not propagated
+(``events.SinkFailure``).
 
 This module is the contract only: the state it keeps is ``state.RadixState``, the tree surgery is in
 ``tree.py``, the integrity check and the insert-page validation in ``check.py``.
@@ -27,13 +30,23 @@ This module is the contract only: the state it keeps is ``state.RadixState``, th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from numbers import Integral
 
 import numpy as np
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.check import check_radix, claim_pages
-from dsakv.cache.events import AllCleared, CacheEvent, NamespacePart, PagesRemoved, PagesStored, chain_hashes, get_hash
+from dsakv.cache.events import (
+    AllCleared,
+    CacheEvent,
+    NamespacePart,
+    PagesRemoved,
+    PagesStored,
+    chain_hashes,
+    get_hash,
+    token_ids,
+)
 from dsakv.cache.eviction import POLICIES, get_policy
 from dsakv.cache.key import RadixKey, Tokens, as_key
 from dsakv.cache.metrics import CacheMetrics
@@ -103,8 +116,10 @@ class RadixCache(RadixState):
         return self._locks
 
     def holds_page(self, page: int) -> bool:
-        """True when ``page`` is mapped in the tree (read-only)."""
-        return bool(self._in_tree[page])
+        """True when ``page`` is mapped in the tree (read-only); ``DsakvError`` for a non-integer id."""
+        if type(page) is not int and (isinstance(page, bool) or not isinstance(page, Integral)):
+            raise DsakvError(f"page = {page!r}: must be an integer page id")
+        return 0 <= page < len(self._in_tree) and bool(self._in_tree[page])
 
     @property
     def total_tokens(self) -> int:
@@ -116,6 +131,9 @@ class RadixCache(RadixState):
 
     def full_pages(self, num_tokens: int) -> int:
         """Pages of a ``num_tokens``-token key that can enter the tree."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            if isinstance(num_tokens, bool) or not isinstance(num_tokens, Integral) or num_tokens < 0:
+                raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
         return (num_tokens - 1) // self.page_size if self.speculative else num_tokens // self.page_size
 
     # ----- the contract --------------------------------------------------------------------------
@@ -129,6 +147,8 @@ class RadixCache(RadixState):
     ) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` in its namespace. Changes no lock or size
         (it may split a node and it refreshes access times); lock ``result.node`` before relying on the pages."""
+        if leave_one is not True and leave_one is not False:
+            raise DsakvError(f"leave_one = {leave_one!r}: must be True or False")
         key = as_key(tokens, extra_key, cache_salt)
         n, ps = key.num_tokens, self.page_size
         limit = (n - 1) // ps if (leave_one or self.speculative) else n // ps
@@ -154,19 +174,35 @@ class RadixCache(RadixState):
         return MatchResult(pages, matched * ps, node)
 
     def lock(self, node: Node) -> None:
-        """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock``."""
+        """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock(node)``.
+
+        Raises ``DsakvError`` (changing nothing) for anything but a live node of this cache."""
         if not isinstance(node, Node) or not node.alive:
             raise DsakvError(f"lock: node {node!r} is not in the cache (evicted or reset); lock right after match")
-        moved = lock_path(node) * self.page_size
+        moved, root = lock_path(node)
+        if root.owner is not self:
+            unlock_path(node)  # give the other tree its counts back
+            raise DsakvError(f"lock: node {node!r} belongs to another RadixCache")
+        node.own_locks += 1
+        moved *= self.page_size
         self._evictable -= moved
         self._protected += moved
         self._locks += 1
 
     def unlock(self, node: Node) -> None:
-        """Release one ``lock(node)``; a leaf whose count drops to zero becomes evictable."""
-        if not isinstance(node, Node) or not node.alive or node.lock_ref <= 0:
-            raise DsakvError(f"unlock: node {node!r} is not locked")
-        moved = unlock_path(node) * self.page_size
+        """Release one ``lock(node)`` of this very node; a leaf whose count drops to zero becomes evictable.
+
+        Raises ``DsakvError`` (changing nothing) unless ``node`` is a live node of this cache that ``lock``
+        was called on more often than ``unlock``: a node counted as locked only through a locked descendant
+        is not the caller's to unlock."""
+        if not isinstance(node, Node) or not node.alive or node.own_locks <= 0:
+            raise DsakvError(f"unlock: node {node!r} is not locked (lock(node) was not called on it)")
+        moved, root = unlock_path(node)
+        if root.owner is not self:
+            lock_path(node)
+            raise DsakvError(f"unlock: node {node!r} belongs to another RadixCache")
+        node.own_locks -= 1
+        moved *= self.page_size
         self._evictable += moved
         self._protected -= moved
         self._locks -= 1
@@ -189,6 +225,8 @@ class RadixCache(RadixState):
         ``result.pages`` are the tree's ids of the key's full pages (see ``InsertResult``)."""
         key = as_key(tokens, extra_key, cache_salt)
         if type(pages) is not list:
+            if isinstance(pages, str | bytes) or not isinstance(pages, Iterable):
+                raise DsakvError(f"pages = {pages!r}: must be a list or 1-D array of page ids")
             pages = pages.tolist() if isinstance(pages, np.ndarray) else list(pages)
         npages = self.full_pages(key.num_tokens)
         if len(pages) < npages:
@@ -214,6 +252,7 @@ class RadixCache(RadixState):
                 nd.priority = priority
         node = path[-1] if path else root
         ps = self.page_size
+        event = None
         if new:
             self._seq += 1
             child = add_child(node, key.data, matched, npages, page_key_bytes, key_overhang, new, tick, self._seq)
@@ -226,22 +265,29 @@ class RadixCache(RadixState):
                 child.hashes = chain_hashes(
                     self._hash_fn, parent_hash, child.key, page_key_bytes, page_key_bytes, len(new)
                 )
-                self.event_sink(PagesStored(tuple(child.hashes), parent_hash, tuple(new), ps))
+                tokens = token_ids(child.key[: len(new) * page_key_bytes])
+                event = PagesStored(
+                    tuple(child.hashes), parent_hash, tuple(new), ps, tokens, matched, key.extra_key, key.cache_salt
+                )
             node = child
         if node.parent is not None and not node.children and not node.lock_ref:
             self._heap.push(node)
             self._maybe_compact()
+        if event is not None:
+            self._emit(event)  # last: the tree is consistent whatever the sink does
         return InsertResult(matched * ps, dup, node, tree_pages)
 
     def evict(self, num_tokens: int) -> EvictResult:
         """Evict at least ``num_tokens`` tokens (rounded up to whole pages) or all that is evictable,
-        least valuable leaf pages first; frees them through the allocator (both caches)."""
+        least valuable leaf pages first; frees them through the allocator (both caches).
+
+        Never fails for want of evictable pages: with everything locked (or nothing cached) it frees nothing,
+        and the result says how much it freed (``evicted_tokens``, ``freed_pages``) and how much of the
+        request it could not (``short_tokens``). Raises ``DsakvError`` only for a bad ``num_tokens``."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
-        if num_tokens and not self._evictable and self._protected:
-            raise DsakvError(
-                f"evict({num_tokens}): nothing is evictable: all {self._protected} cached tokens are locked"
-            )
+        if not num_tokens or not self._evictable:
+            return EvictResult(0, [], num_tokens)
         need = ceil_div(num_tokens, self.page_size)
         freed, hashes, removed = trim_leaves(self._heap, need, self._page_key_bytes, self._key_overhang)
         self._nodes -= removed
@@ -253,8 +299,8 @@ class RadixCache(RadixState):
         self.metrics.evicted_tokens += tokens
         self.allocator.free(freed)
         if freed and self.event_sink is not None:
-            self.event_sink(PagesRemoved(tuple(hashes), tuple(freed)))
-        return EvictResult(tokens, freed)
+            self._emit(PagesRemoved(tuple(hashes), tuple(freed)))
+        return EvictResult(tokens, freed, num_tokens)
 
     def reset(self) -> None:
         """Drop every cached page (freed through the allocator). Raises if any node is locked."""
@@ -269,7 +315,7 @@ class RadixCache(RadixState):
         self.allocator.free(freed)
         self._clear()
         if self.event_sink is not None:
-            self.event_sink(AllCleared())
+            self._emit(AllCleared())
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` unless every invariant of the cache holds (see ``dsakv.cache.check``).

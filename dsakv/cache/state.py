@@ -12,16 +12,19 @@ bytes (one token) into the next page; otherwise ``key_overhang = 0``.
 
 from __future__ import annotations
 
+import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from dsakv.cache.allocator import PageAllocator
-from dsakv.cache.events import CacheEvent, HashFn, chain_seed
+from dsakv.cache.events import CacheEvent, HashFn, SinkFailure, chain_seed
 from dsakv.cache.eviction import EvictionPolicy, LeafHeap
 from dsakv.cache.key import TOKEN_BYTES, RadixKey
 from dsakv.cache.tree import Node, evictable_leaf, iter_nodes, split
 
 HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
 HEAP_SLACK_CONSTANT = 1024
+SINK_FAILURES_KEPT = 64  # the most recent events a raising sink missed, kept for the consumer to re-deliver
 
 
 class RadixState:
@@ -30,7 +33,9 @@ class RadixState:
     Invariants (``check.check_radix`` recomputes each from the tree):
 
     * ``_nodes`` = non-root nodes; ``_evictable`` / ``_protected`` = tokens in unlocked / locked nodes;
-    * ``_locks`` = outstanding ``lock`` calls (each node's ``lock_ref`` is its own locks plus its children's);
+    * ``_locks`` = outstanding ``lock`` calls = the sum of ``own_locks`` (each node's ``lock_ref`` is its
+      ``own_locks`` plus its children's ``lock_ref``); every root's ``owner`` is this state;
+    * ``sink_failures`` / ``sink_failure_count``: events the sink raised on (``_emit``);
     * ``_in_tree[p]`` is 1 exactly for the pages mapped in the tree (each allocated, mapped once);
     * ``_heap`` holds a current entry for every unlocked leaf;
     * ``_tick`` advances once per ``match``/``insert``; ``_seq`` numbers nodes (roots included) in creation order.
@@ -53,6 +58,9 @@ class RadixState:
         self._page_key_bytes = self.page_size * TOKEN_BYTES
         self._key_overhang = TOKEN_BYTES if speculative else 0
         self._heap: LeafHeap[Node] = LeafHeap(eviction_policy.key)
+        # events the sink raised on (the latest SINK_FAILURES_KEPT) and how many in all; a reset keeps them
+        self.sink_failures: deque[SinkFailure] = deque(maxlen=SINK_FAILURES_KEPT)
+        self.sink_failure_count = 0
         self._clear()
 
     def _clear(self) -> None:
@@ -67,6 +75,22 @@ class RadixState:
         self._evictable = 0
         self._protected = 0
 
+    def _emit(self, event: CacheEvent) -> None:
+        """Hand ``event`` to the sink; call only once the state is consistent. A sink's ``Exception`` is
+        recorded (``SinkFailure``) and warned about, never raised: the operation is done, and its caller must
+        get its result (a scheduler that lost an ``InsertResult`` would leak the duplicate pages)."""
+        try:
+            self.event_sink(event)
+        except Exception as exc:
+            self.sink_failures.append(SinkFailure(event, exc))
+            self.sink_failure_count += 1
+            warnings.warn(
+                f"radix cache: event_sink raised {exc!r} on {type(event).__name__}; the operation completed and "
+                "the event is kept in sink_failures",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
     def _iter_nodes(self) -> Iterator[Node]:
         """Every non-root node, parents before children."""
         return iter_nodes(self._roots.values())
@@ -77,6 +101,7 @@ class RadixState:
         if root is None:
             self._seq += 1
             root = Node(b"", b"", [], None, 0, self._seq)
+            root.owner = self
             if self.event_sink is not None:
                 root.hashes = [chain_seed(self._hash_fn, key.extra_key, key.cache_salt)]
             self._roots[key.namespace] = root

@@ -26,10 +26,12 @@ from dsakv.cache.eviction import LeafHeap
 
 
 class Node:
-    """A run of whole pages. ``lock_ref`` counts locks on this node and on its descendants."""
+    """A run of whole pages. ``lock_ref`` counts locks on this node and on its descendants, ``own_locks``
+    those on this node itself (``lock_ref == own_locks + sum of the children's lock_ref``). A namespace root
+    records the cache it belongs to in ``owner`` (None on every other node)."""
 
     __slots__ = ("key", "ckey", "pages", "parent", "children", "lock_ref", "tick", "hits", "created", "priority")
-    __slots__ += ("seq", "hashes", "alive")
+    __slots__ += ("seq", "hashes", "alive", "own_locks", "owner")
 
     def __init__(self, key: bytes, ckey: bytes, pages: list[int], parent: Node | None, tick: int, seq: int) -> None:
         self.key = key  # token bytes of the pages (+ one token in speculative mode)
@@ -45,6 +47,8 @@ class Node:
         self.seq = seq
         self.hashes: list[bytes] | None = None  # chained page hashes, kept only when events are on
         self.alive = True
+        self.own_locks = 0  # lock() calls on this very node (a split's upper part starts with none)
+        self.owner: object | None = None  # roots only: the cache state the tree belongs to
 
     def __repr__(self) -> str:
         return f"Node(seq={self.seq}, pages={len(self.pages)}, lock_ref={self.lock_ref}, children={len(self.children)})"
@@ -83,8 +87,17 @@ class InsertResult:
 
 @dataclass(frozen=True, slots=True)
 class EvictResult:
+    """What an ``evict(requested_tokens)`` freed: ``freed_pages`` (already back in the allocator), that is
+    ``evicted_tokens`` tokens, whole pages; 0 when nothing was evictable (everything locked, or nothing cached)."""
+
     evicted_tokens: int
     freed_pages: list[int]
+    requested_tokens: int = 0
+
+    @property
+    def short_tokens(self) -> int:
+        """Tokens of the request that could not be freed (0: the request was met, possibly exceeded)."""
+        return max(0, self.requested_tokens - self.evicted_tokens)
 
 
 def walk(
@@ -121,8 +134,9 @@ def walk(
 def split(node: Node, m: int, page_key_bytes: int, key_overhang: int, seq: int) -> Node:
     """Split ``node`` (not a root) after its first ``m`` pages; returns the new upper node (``seq`` is its id).
 
-    The lower part keeps the object (and so its heap entries and any request's reference to it); the
-    upper part inherits its lock count, since every lock through the node passes through both parts.
+    The lower part keeps the object (and so its heap entries, any request's reference to it and its own
+    locks); the upper part inherits its lock count, since every lock through the node passes through both
+    parts, and holds no lock of its own.
     """
     parent = node.parent
     assert parent is not None, "a root is never split"
@@ -225,26 +239,31 @@ def iter_nodes(roots: Iterable[Node]) -> Iterator[Node]:
         stack.extend(node.children.values())
 
 
-def lock_path(node: Node | None) -> int:
-    """Add one lock to ``node`` and each ancestor; returns the pages that became locked (count was 0)."""
+def lock_path(node: Node) -> tuple[int, Node]:
+    """Add one lock to ``node`` and each ancestor; returns (the pages that became locked (count was 0), the
+    root reached). ``own_locks`` is the caller's."""
     moved = 0
-    while node is not None:
+    while True:
         if not node.lock_ref:
             moved += len(node.pages)
         node.lock_ref += 1
-        node = node.parent
-    return moved
+        parent = node.parent
+        if parent is None:
+            return moved, node
+        node = parent
 
 
-def unlock_path(node: Node | None) -> int:
-    """Remove one lock from ``node`` and each ancestor; returns the pages that became unlocked."""
+def unlock_path(node: Node) -> tuple[int, Node]:
+    """Remove one lock from ``node`` and each ancestor; returns (the pages that became unlocked, the root)."""
     moved = 0
-    while node is not None:
+    while True:
         node.lock_ref -= 1
         if not node.lock_ref:
             moved += len(node.pages)
-        node = node.parent
-    return moved
+        parent = node.parent
+        if parent is None:
+            return moved, node
+        node = parent
 
 
 def add_child(

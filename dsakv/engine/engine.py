@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from numbers import Integral
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -80,7 +81,10 @@ class Engine:
         drafter: Drafter | None = None,
         checkpoint: str | Path | None = None,
     ) -> None:
-        config = config or EngineConfig()
+        if config is None:
+            config = EngineConfig()
+        elif not isinstance(config, EngineConfig):
+            raise DsakvError(f"config = {config!r}: must be an EngineConfig or None")
         if checkpoint is not None:  # a GLM-MoE-DSA / DeepSeek-V3.2 folder (config.json + safetensors)
             if model is not None:
                 raise DsakvError("give either model or checkpoint, not both")
@@ -148,6 +152,8 @@ class Engine:
         (a bad ``max_new_tokens`` is the scheduler's to refuse, with the first prompt, before it is queued).
         """
         self._check_eos(eos_token_id)
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence | np.ndarray):
+            raise DsakvError(f"prompts: got {type(prompts).__name__}; must be a list of prompts (token id lists)")
         ids = []
         for i, prompt in enumerate(prompts):
             try:
@@ -173,10 +179,15 @@ class Engine:
             raise DsakvError(
                 f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{self.vocab_size - 1}"
             )
+        check_prompt(prompt)  # what numpy hides: a bool among the ints reads as 0 / 1
         return ids.tolist()
 
     def _check_eos(self, eos_token_id: int | None) -> None:
-        if eos_token_id is not None and not 0 <= eos_token_id < self.vocab_size:
+        if eos_token_id is not None and (
+            isinstance(eos_token_id, bool)
+            or not isinstance(eos_token_id, Integral)
+            or not 0 <= eos_token_id < self.vocab_size
+        ):
             raise DsakvError(f"eos_token_id = {eos_token_id!r}: must lie in 0..{self.vocab_size - 1}")
 
     @property
@@ -185,6 +196,9 @@ class Engine:
         return MappingProxyType(self._host)
 
     def run_until_idle(self, max_steps: int | None = None) -> None:
+        """Step until no request is left, or ``max_steps`` steps (an integer >= 1, or None for no limit)."""
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise DsakvError(f"max_steps = {max_steps!r}: must be an integer >= 1, or None")
         steps = 0
         while not self.scheduler.is_idle:
             self.step()

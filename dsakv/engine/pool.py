@@ -55,6 +55,10 @@ class TwinPool:
         fp8_scale: float | Sequence[float] = 1.0,
     ) -> None:
         check_choice("pool kind", kind, POOL_KINDS)
+        if not isinstance(layout, CacheLayout):
+            raise DsakvError(f"layout = {layout!r}: must be a CacheLayout")
+        if not isinstance(allocator, PageAllocator):
+            raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
         if allocator.page_size != layout.page_size:
             raise DsakvError(
                 f"allocator.page_size = {allocator.page_size}: the layout serves page_size = {layout.page_size}"
@@ -244,6 +248,8 @@ class TwinPool:
 
     def restore_pages(self, host: HostPages, pages: Sequence[int]) -> None:
         """Write both caches of ``host`` into ``pages`` (allocated, distinct), bit-exact."""
+        if not isinstance(host, HostPages):
+            raise DsakvError(f"host: got {type(host).__name__}; must be the HostPages that offload_pages returned")
         if host.layout != self.layout:
             raise DsakvError("host: HostPages were taken with a different layout; restore needs the same layout")
         if host.fp8_scales is not None and host.fp8_scales != self.fp8_scales:

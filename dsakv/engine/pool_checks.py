@@ -7,12 +7,16 @@ kept for padded writes); page-level operations (offload, restore) accept allocat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
+import numpy as np
 import torch
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.errors import DsakvError
 from dsakv.spec.layout import CacheLayout
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class SlotChecker:
@@ -37,13 +41,37 @@ class SlotChecker:
         return layer
 
     def _ids(self, values: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
-        t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values, dtype=torch.long)
+        """``values`` as a 1-D int64 tensor, refusing anything that would be converted by truncation or
+        wrap-around: floats, bools, None, ids outside int64 (each a ``DsakvError`` naming ``name``)."""
+        if isinstance(values, torch.Tensor):
+            t = values
+        elif isinstance(values, np.ndarray):
+            if values.dtype.kind not in "iu" or values.ndim != 1:
+                raise DsakvError(
+                    f"{name}: array of dtype {values.dtype} shape {values.shape}; must be a 1-D integer array"
+                )
+            if values.dtype.kind == "u" and values.size and int(values.max()) > INT64_MAX:
+                raise DsakvError(f"{name}: id {int(values.max())} out of range; ids are at most {INT64_MAX}")
+            t = torch.from_numpy(values.astype(np.int64))
+        else:
+            if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+                raise DsakvError(f"{name}: got {type(values).__name__}; must be a 1-D integer tensor or list of ids")
+            for i, v in enumerate(values):
+                if type(v) is not int and (isinstance(v, bool) or not isinstance(v, Integral)):
+                    raise DsakvError(f"{name}[{i}] = {v!r}: must be an integer id, not {type(v).__name__}")
+                if not INT64_MIN <= v <= INT64_MAX:
+                    raise DsakvError(f"{name}[{i}] = {v}: out of range; ids lie in {INT64_MIN}..{INT64_MAX}")
+            t = torch.tensor([int(v) for v in values], dtype=torch.long)
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() != 1:
             raise DsakvError(f"{name}: dtype {t.dtype} shape {tuple(t.shape)}; must be a 1-D integer tensor or list")
+        if t.dtype == torch.uint64 and t.numel() and int(t.max()) > INT64_MAX:
+            raise DsakvError(f"{name}: id {int(t.max())} out of range; ids are at most {INT64_MAX}")
         return t.to(torch.long)
 
     def page_is_writable(self, page: int) -> bool:
         """A page takes token writes when it is allocated or is a scratch page (below ``first_page``)."""
+        if type(page) is not int and (isinstance(page, bool) or not isinstance(page, Integral)):
+            raise DsakvError(f"page = {page!r}: must be an integer page id")
         return 0 <= page < self.allocator.first_page or self.allocator.is_allocated(page)
 
     def slots(self, values: Sequence[int] | torch.Tensor, name: str, distinct: bool = False) -> torch.Tensor:

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 
+import numpy as np
+
+from dsakv.cache.key import MAX_TOKEN_ID
 from dsakv.errors import DsakvError
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Request
@@ -63,14 +67,21 @@ class HostCopy:
 
 @dataclass(slots=True)
 class BatchPlan:
-    """Everything one ``Scheduler.step`` decided; see the module docstring for the executor's order."""
+    """Everything one ``Scheduler.step`` decided; see the module docstring for the executor's order.
+
+    ``freed_pages`` lists every page id handed back to the allocator in this step, in the order freed: by
+    ``abort`` / ``preempt`` since the last step, by ``step`` (evictions, which ``evicted_tokens`` also counts,
+    and preemptions) and by ``update`` (rolled-back drafts, duplicate pages an insert at allocation replaced
+    with the tree's copies, finished requests' pages). A store or executor that tracks page ids sees every
+    freed page there once ``update`` has returned; ``allocated_pages`` counts the pages handed out.
+    """
 
     step: int
     items: list[BatchItem] = field(default_factory=list)
     offloads: list[HostCopy] = field(default_factory=list)
     restores: list[HostCopy] = field(default_factory=list)
     allocated_pages: int = 0
-    freed_pages: int = 0
+    freed_pages: list[int] = field(default_factory=list)
     evicted_tokens: int = 0
     admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
@@ -103,13 +114,37 @@ def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int
 
 
 def check_sampled(plan: BatchPlan, sampled: Sequence[Sequence[int]]) -> None:
-    """One token list per item: ``1 .. 1 + num_draft`` tokens where sampled, none elsewhere."""
-    if len(sampled) != len(plan.items):
-        raise DsakvError(f"update: {len(sampled)} token lists for {len(plan.items)} plan items")
-    for item, new in zip(plan.items, sampled):
+    """One token list per item: ``1 .. 1 + num_draft`` token ids where sampled, none elsewhere; every id an
+    integer in ``0 .. MAX_TOKEN_ID`` (the prefix cache's key encoding). Raises ``DsakvError`` naming the first
+    bad list or id; reads only (``update`` calls it before it changes anything)."""
+    items = plan.items
+    if isinstance(sampled, str | bytes) or not isinstance(sampled, Sequence):
+        raise DsakvError(f"update: sampled is {type(sampled).__name__}: must be a list with one token list per item")
+    if len(sampled) != len(items):
+        raise DsakvError(f"update: {len(sampled)} token lists for {len(items)} plan items")
+    for item, new in zip(items, sampled):
+        kind = type(new)
+        if kind is not list and kind is not tuple and not _is_id_sequence(new):
+            raise DsakvError(
+                f"update: request {item.request.id!r} reported a {kind.__name__}: must be a list of token ids"
+            )
         n = len(new)
         if (n < 1 or n > 1 + item.num_draft) if item.sample else n:
             raise DsakvError(
                 f"update: request {item.request.id!r} reported {n} tokens; expected "
                 + (f"1..{1 + item.num_draft}" if item.sample else "0 (prefill chunk)")
             )
+        for t in new:
+            if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:  # fast path: plain ints in range pass here
+                if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t <= MAX_TOKEN_ID:
+                    raise DsakvError(
+                        f"update: request {item.request.id!r} reported token id {t!r}: token ids must be "
+                        f"integers in 0..{MAX_TOKEN_ID}"
+                    )
+
+
+def _is_id_sequence(value: object) -> bool:
+    """A list-like of token ids: a sequence other than str/bytes, or a 1-D numpy array."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)

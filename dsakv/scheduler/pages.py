@@ -22,17 +22,19 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return ceil_div(num_tokens, page_size)
 
 
-def insert_computed(radix: RadixCache, allocator: PageAllocator, req: Request, num_tokens: int, relock: bool) -> int:
+def insert_computed(
+    radix: RadixCache, allocator: PageAllocator, req: Request, num_tokens: int, relock: bool
+) -> list[int]:
     """Insert the pages of ``tokens[:num_tokens]`` that the tree keys into ``radix``; free the duplicates.
 
     The tree keys ``radix.full_pages(num_tokens)`` pages: the whole pages, or one fewer in speculative
     (bigram) mode, whose last key needs the first token of the next page. Pages past those stay the
     request's. With ``relock`` the request keeps running on the tree's pages under a lock on the new node.
-    Returns the number of pages freed.
+    Returns the page ids freed (the duplicates).
     """
     n = radix.full_pages(num_tokens)
     if n <= req.num_shared_pages:
-        return 0
+        return []
     result = radix.insert(req.radix_key(num_tokens), req.pages[:n])
     dups = result.duplicate_pages
     if dups:
@@ -44,15 +46,15 @@ def insert_computed(radix: RadixCache, allocator: PageAllocator, req: Request, n
         if req.node is not None:
             radix.unlock(req.node)
         req.node, req.num_shared_pages = result.node, n
-    return len(dups)
+    return dups
 
 
-def release(radix: RadixCache | None, allocator: PageAllocator, req: Request, insert: bool) -> int:
+def release(radix: RadixCache | None, allocator: PageAllocator, req: Request, insert: bool) -> list[int]:
     """Give back every page of ``req`` (whole computed pages into ``radix`` first if ``insert``).
 
-    Returns the number of pages freed; the request holds no page and no lock afterwards.
+    Returns the page ids freed; the request holds no page and no lock afterwards.
     """
-    shared, freed = req.num_shared_pages, 0
+    shared, freed = req.num_shared_pages, []
     if insert and radix is not None:
         full = radix.full_pages(req.num_computed)
         if full > shared:
@@ -63,4 +65,4 @@ def release(radix: RadixCache | None, allocator: PageAllocator, req: Request, in
     if req.node is not None and radix is not None:  # a node is only ever locked through the radix
         radix.unlock(req.node)
     req.pages, req.num_shared_pages, req.node = [], 0, None
-    return freed + len(owned)
+    return freed + owned

@@ -1,7 +1,7 @@
 """Preemption: where a request's pages come from when the free list runs dry, and what happens to a victim.
 
 ``take_pages`` grows a request's page table: the free list first, then eviction of exactly the shortfall
-from the prefix cache, then (in a step, not at admission) preempting victims one by one, in the configured
+from the prefix cache (whatever ``evict`` reports it could free: nothing, when every cached page is locked), then (in a step, not at admission) preempting victims one by one, in the configured
 victim order, until it fits; with no victim left the asking request preempts itself. ``preempt`` carries
 out the configured mode on one victim. The modes and orders are the registries of
 ``dsakv.scheduler.policies``.
@@ -29,11 +29,12 @@ def take_pages(
         return True
     alloc, radix = state.allocator, state.radix
     while alloc.num_free < need:
-        if radix is not None and radix.evictable_tokens > 0:
-            freed = radix.evict((need - alloc.num_free) * state.page_size).evicted_tokens
-            plan.evicted_tokens += freed
-            state.stats.evicted_tokens += freed
-            if freed:
+        if radix is not None:
+            evicted = radix.evict((need - alloc.num_free) * state.page_size)
+            if evicted.evicted_tokens:
+                plan.evicted_tokens += evicted.evicted_tokens
+                state.stats.evicted_tokens += evicted.evicted_tokens
+                plan.freed_pages += evicted.freed_pages
                 continue
         if not may_preempt:
             return False

@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 
@@ -45,8 +46,31 @@ def check_prompt(prompt: Sequence[int]) -> None:
         raise DsakvError(
             f"prompt: shape {list(ids.shape)} dtype {ids.dtype}: must be a 1-D sequence of integer token ids"
         )
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) > MAX_TOKEN_ID):
-        raise DsakvError(f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{MAX_TOKEN_ID}")
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi > MAX_TOKEN_ID:
+            raise DsakvError(f"prompt token ids {lo}..{hi}: must lie in 0..{MAX_TOKEN_ID}")
+        # numpy reads a bool among ints as 0 / 1: look for one (only a list holding a 0 or a 1 can hide one)
+        if lo <= 1 and ids is not prompt and any(t is True or t is False for t in prompt):
+            raise DsakvError("prompt: contains a bool: token ids must be integers")
+
+
+def check_request_id(what: str, request_id: object) -> None:
+    """Raise ``DsakvError`` unless ``request_id`` can key the scheduler's maps (it is hashable)."""
+    try:
+        hash(request_id)
+    except TypeError:
+        raise DsakvError(f"{what}request_id = {request_id!r}: must be hashable (a str, an int, a tuple ...)") from None
+
+
+def check_eos_token_id(eos_token_id: object) -> None:
+    """Raise ``DsakvError`` unless ``eos_token_id`` is None or a token id (an integer in 0..MAX_TOKEN_ID)."""
+    if eos_token_id is not None and (
+        isinstance(eos_token_id, bool)
+        or not isinstance(eos_token_id, Integral)
+        or not 0 <= eos_token_id <= MAX_TOKEN_ID
+    ):
+        raise DsakvError(f"eos_token_id = {eos_token_id!r}: must be None or a token id in 0..{MAX_TOKEN_ID}")
 
 
 class Status(enum.Enum):

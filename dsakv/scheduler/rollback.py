@@ -23,8 +23,16 @@ from dsakv.scheduler.pages import pages_for
 from dsakv.scheduler.request import Request
 
 
-def accept_tokens(req: Request, item: BatchItem, new: Sequence[int], step: int, allocator: PageAllocator) -> bool:
-    """Apply one item's reported tokens to ``req``; free pages past its new end. True if it finished.
+def accept_tokens(
+    req: Request,
+    item: BatchItem,
+    new: Sequence[int],
+    step: int,
+    allocator: PageAllocator,
+    freed: list[int] | None = None,
+) -> bool:
+    """Apply one item's reported tokens to ``req``; free pages past its new end (appended to ``freed``).
+    True if it finished.
 
     ``new`` was validated by the caller (``1..1 + num_draft`` tokens if sampled, else none).
     """
@@ -50,5 +58,7 @@ def accept_tokens(req: Request, item: BatchItem, new: Sequence[int], step: int, 
     keep = max(pages_for(req.num_computed, allocator.page_size), req.num_shared_pages)
     if len(req.pages) > keep:
         allocator.free(req.pages[keep:])
+        if freed is not None:
+            freed += req.pages[keep:]
         del req.pages[keep:]
     return done

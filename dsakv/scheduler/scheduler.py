@@ -37,7 +37,7 @@ from dsakv.scheduler.batch import BatchItem, BatchPlan, check_sampled, next_item
 from dsakv.scheduler.checks import check_scheduler
 from dsakv.scheduler.pages import insert_computed, release
 from dsakv.scheduler.preemption import preempt, take_pages
-from dsakv.scheduler.request import Request, Status, check_prompt
+from dsakv.scheduler.request import Request, Status, check_eos_token_id, check_prompt, check_request_id
 from dsakv.scheduler.rollback import accept_tokens
 from dsakv.scheduler.state import SchedulerState
 
@@ -66,17 +66,21 @@ class Scheduler(SchedulerState):
         """Queue a request, or return it REJECTED with ``stats.reason`` if it can never run.
 
         The one check of a prompt: raises ``DsakvError`` (queueing nothing) for a prompt that is not a 1-D
-        sequence of token ids (``dsakv.scheduler.request.check_prompt``), a negative ``max_new_tokens`` or a
-        live duplicate id. ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by
+        sequence of token ids (``dsakv.scheduler.request.check_prompt``), a ``max_new_tokens`` that is not an
+        integer >= 0, an ``eos_token_id`` that is not a token id, an unhashable or live duplicate id.
+        ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by
         reference, not copied, until the request is done: the caller must not modify it meanwhile.
         """
         check_prompt(prompt)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
+        check_eos_token_id(eos_token_id)
         if request_id is None:
             request_id = self.new_request_id()
-        elif request_id in self.live:
-            raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
+        else:
+            check_request_id("", request_id)
+            if request_id in self.live:
+                raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
         req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps)
         self.stats.arrived += 1
         reason = never_fit_reason(
@@ -96,6 +100,7 @@ class Scheduler(SchedulerState):
     def abort(self, request_id: Hashable) -> Request:
         """Drop a waiting, running or offloaded request; its pages are freed and its lock released."""
         self._check_idle("abort")
+        check_request_id("abort: ", request_id)
         req = self.live.get(request_id)
         if req is None:
             state = self.done.get(request_id)
@@ -114,6 +119,7 @@ class Scheduler(SchedulerState):
     def preempt(self, request_id: Hashable) -> Request:
         """Preempt a running request now with the configured mode (host copies go out with the next plan)."""
         self._check_idle("preempt")
+        check_request_id("preempt: ", request_id)
         req = self.live.get(request_id)
         if req is None or req.status is not Status.RUNNING:
             state = "unknown" if req is None else req.status.value
@@ -170,7 +176,7 @@ class Scheduler(SchedulerState):
         for item, new in zip(items, sampled):
             req = item.request
             if item.num_draft or not item.sample or item.end - item.start != 1 or req.stats.first_token_step is None:
-                done = accept_tokens(req, item, new, plan.step, self.allocator)
+                done = accept_tokens(req, item, new, plan.step, self.allocator, plan.freed_pages)
             else:  # plain decode: accept_tokens for one token and no draft, inlined (once per token at scale)
                 req.stats.computed_tokens += 1
                 token = new[0]
@@ -178,20 +184,20 @@ class Scheduler(SchedulerState):
                 req.num_computed = item.end
                 done = len(req.outputs) >= req.max_new_tokens or token == req.eos_token_id
             if done:
-                self._finish(req, plan.step)
+                self._finish(req, plan)
                 finished.append(req)
             elif self.insert_as_written and req.num_computed // ps > req.num_shared_pages:
-                insert_computed(self.radix, self.allocator, req, req.num_computed, relock=True)
+                plan.freed_pages += insert_computed(self.radix, self.allocator, req, req.num_computed, relock=True)
         return finished
 
-    def _finish(self, req: Request, step: int) -> None:
+    def _finish(self, req: Request, plan: BatchPlan) -> None:
         if self.on_finish is not None:
             self.on_finish(req)
         self.running.remove(req)
-        self._release(req, None, insert=True)
+        self._release(req, plan, insert=True)
         self.stats.finished += 1
         self._retire(req, Status.FINISHED, "finished", "")
-        req.stats.finish_step = step
+        req.stats.finish_step = plan.step
 
     # ----- queries ------------------------------------------------------------------------------
     @property
@@ -199,6 +205,7 @@ class Scheduler(SchedulerState):
         return not self.running and not self.waiting
 
     def get(self, request_id: Hashable) -> Request:
+        check_request_id("get: ", request_id)
         try:
             return self.live[request_id]
         except KeyError:
@@ -213,10 +220,8 @@ class Scheduler(SchedulerState):
         if self.in_flight is not None:
             raise DsakvError(f"{what}: a plan is in flight; call update(plan, sampled) first")
 
-    def _release(self, req: Request, plan: BatchPlan | None, insert: bool) -> None:
-        freed = release(self.radix, self.allocator, req, insert)
-        if plan is not None:
-            plan.freed_pages += freed
+    def _release(self, req: Request, plan: BatchPlan, insert: bool) -> None:
+        plan.freed_pages += release(self.radix, self.allocator, req, insert)
 
     def _retire(self, req: Request, status: Status, outcome: str, reason: str) -> None:
         req.status = status

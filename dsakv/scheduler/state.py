@@ -49,7 +49,8 @@ class SchedulerStats:
 class SchedulerState:
     """The scheduler's fields. Built from the page owners and the config (checked against each other here).
 
-    ``radix`` is a ``RadixCache`` over the same allocator, or None for no prefix cache. ``on_finish`` and
+    ``radix`` is a ``RadixCache`` over the same allocator (another allocator is refused), or None for no
+    prefix cache. ``on_finish`` and
     ``on_offload`` are the executor's hooks (see ``Scheduler``).
 
     * ``waiting``: WAITING and OFFLOADED requests, front first; ``running``: RUNNING ones, oldest first;
@@ -67,12 +68,24 @@ class SchedulerState:
         on_finish: Callable[[Request], None] | None = None,
         on_offload: Callable[[HostCopy], None] | None = None,
     ) -> None:
-        config = config or SchedulerConfig()
+        if not isinstance(allocator, PageAllocator):
+            raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
+        if radix is not None:
+            if not isinstance(radix, RadixCache):
+                raise DsakvError(f"radix = {radix!r}: must be a RadixCache over the same allocator, or None")
+            if radix.allocator is not allocator:
+                raise DsakvError(
+                    "radix: the RadixCache was built over another PageAllocator; the scheduler and its prefix "
+                    "cache must share one allocator (each would hand out pages the other holds)"
+                )
+        if config is None:
+            config = SchedulerConfig()
+        elif not isinstance(config, SchedulerConfig):
+            raise DsakvError(f"config = {config!r}: must be a SchedulerConfig or None")
+        for name, hook in (("on_finish", on_finish), ("on_offload", on_offload)):
+            if hook is not None and not callable(hook):
+                raise DsakvError(f"{name} = {hook!r}: must be a callable or None")
         config.check_page_size(allocator.page_size)
-        if radix is not None and radix.page_size != allocator.page_size:
-            raise DsakvError(
-                f"radix.page_size = {radix.page_size}: must equal allocator.page_size {allocator.page_size}"
-            )
         self.allocator = allocator
         self.radix = radix
         self.config = config

@@ -153,3 +153,137 @@ def test_a_colliding_hash_never_causes_a_wrong_hit(monkeypatch) -> None:
 def test_unknown_hash_name_lists_the_valid_ones() -> None:
     with pytest.raises(DsakvError, match="xxh3_64, blake2b, sha256"):
         RadixCache(PageAllocator(4, PS), hash_name="crc32")
+
+
+# ----- what a consumer gets (issue 11, contract gap 6) ---------------------------------------------
+def test_stored_events_carry_tokens_namespace_position_and_medium() -> None:
+    """A consumer indexes pages from the event alone: tokens, page size, the run's place in its key, its
+    namespace, the medium, and a parent hash that chains from the previous run's last page."""
+    events: list = []
+    alloc = PageAllocator(16, PS)
+    cache = RadixCache(alloc, event_sink=events.append)
+    cache.insert(PROMPT, alloc.alloc(2), extra_key="lora-1", cache_salt=b"s")
+    longer = PROMPT + [9, 10, 11, 12, 13]
+    pages = cache.match(longer, extra_key="lora-1", cache_salt=b"s").pages + alloc.alloc(1)
+    cache.insert(longer, pages, extra_key="lora-1", cache_salt=b"s")
+    first, second = events
+    assert (first.first_page, first.token_ids, first.page_size) == (0, tuple(PROMPT), PS)
+    assert (second.first_page, second.token_ids, second.pages) == (2, (9, 10, 11, 12), (pages[2],))
+    assert second.parent_hash == first.hashes[-1]
+    for ev in events:
+        assert (ev.extra_key, ev.cache_salt, ev.medium) == ("lora-1", b"s", "GPU")
+        assert len(ev.token_ids) == len(ev.pages) * ev.page_size == len(ev.hashes) * PS
+        # the chain is recomputable from the event: parent, then each page's tokens (uint32 LE)
+        h, chain = ev.parent_hash, []
+        for i in range(len(ev.pages)):
+            h = HASH_FUNCTIONS["xxh3_64"](h + token_bytes(list(ev.token_ids[i * PS : (i + 1) * PS])))
+            chain.append(h)
+        assert tuple(chain) == ev.hashes
+    cache.evict(PS)
+    removed = events[-1]
+    assert isinstance(removed, PagesRemoved) and removed.medium == "GPU" and removed.hashes == second.hashes
+
+
+def test_speculative_stored_events_carry_each_pages_own_tokens() -> None:
+    events: list = []
+    alloc = PageAllocator(8, PS)
+    cache = RadixCache(alloc, speculative=True, event_sink=events.append)
+    cache.insert(list(range(1, 11)), alloc.alloc(3))  # bigram pages (1..5), (5..9): two full pages
+    (ev,) = events
+    assert ev.token_ids == tuple(range(1, 9)) and len(ev.pages) == 2
+
+
+def to_vllm(ev) -> tuple[str, dict]:
+    """The mapping a vLLM-wire publisher applies (docs/prefix_cache.md): one event to one vLLM event."""
+    if isinstance(ev, PagesStored):
+        return "BlockStored", {
+            "block_hashes": list(ev.hashes),
+            "parent_block_hash": None if ev.first_page == 0 else ev.parent_hash,
+            "token_ids": list(ev.token_ids),
+            "block_size": ev.page_size,
+            "lora_id": ev.extra_key if isinstance(ev.extra_key, int) else None,
+            "medium": ev.medium,
+            "lora_name": ev.extra_key if isinstance(ev.extra_key, str) else None,
+            "extra_keys": [(ev.extra_key, ev.cache_salt)] * len(ev.hashes),
+        }
+    if isinstance(ev, PagesRemoved):
+        return "BlockRemoved", {"block_hashes": list(ev.hashes), "medium": ev.medium}
+    assert isinstance(ev, AllCleared)
+    return "AllBlocksCleared", {}
+
+
+def test_events_map_one_to_one_onto_vllm_kv_events() -> None:
+    """Each event becomes exactly one vLLM event; a consumer following the vLLM events alone (parent None =
+    a key's first block) rebuilds every cached page's token prefix."""
+    events: list = []
+    alloc = PageAllocator(16, PS)
+    cache = RadixCache(alloc, event_sink=events.append)
+    prompts = (list(range(1, 13)), list(range(1, 9)) + [40, 41, 42, 43], [7] * 9)
+    for toks in prompts:
+        m = cache.match(toks, extra_key=3)
+        pages = m.pages + alloc.alloc(-(-len(toks) // PS) - len(m.pages))
+        r = cache.insert(toks, pages, extra_key=3)
+        alloc.free(r.duplicate_pages + pages[len(toks) // PS :])
+    cache.evict(PS)
+    cache.reset()
+    mapped = [to_vllm(ev) for ev in events]
+    assert [name for name, _ in mapped] == ["BlockStored"] * 3 + ["BlockRemoved", "AllBlocksCleared"]
+    prefix: dict[bytes, tuple] = {}
+    for _, f in mapped[:3]:
+        assert f["lora_id"] == 3 and f["medium"] == "GPU" and len(f["token_ids"]) == len(f["block_hashes"]) * PS
+        before = () if f["parent_block_hash"] is None else prefix[f["parent_block_hash"]]
+        for i, h in enumerate(f["block_hashes"]):
+            prefix[h] = before + tuple(f["token_ids"][: (i + 1) * PS])
+    expected = {tuple(toks[: k * PS]) for toks in prompts for k in range(1, len(toks) // PS + 1)}
+    assert set(prefix.values()) == expected and len(prefix) == len(expected)
+
+
+# ----- a sink that raises (issue 11, defect 4) -----------------------------------------------------
+class Boom(RuntimeError):
+    pass
+
+
+def raising_sink(kind: type) -> tuple[list, object]:
+    """A sink that raises on the first event of ``kind`` (and records every event it is handed)."""
+    seen: list = []
+
+    def sink(ev) -> None:
+        seen.append(ev)
+        if isinstance(ev, kind) and sum(isinstance(e, kind) for e in seen) == 1:
+            raise Boom(type(ev).__name__)
+
+    return seen, sink
+
+
+@pytest.mark.parametrize("op", ["insert", "evict", "reset"])
+def test_a_sink_that_raises_never_corrupts_the_tree(op: str) -> None:
+    """The sink runs after the operation is complete; its exception is recorded (``sink_failures``) and
+    warned about, the operation's result stands, the tree passes its check and stays usable."""
+    kind = {"insert": PagesStored, "evict": PagesRemoved, "reset": AllCleared}[op]
+    seen, sink = raising_sink(kind)
+    alloc = PageAllocator(16, PS)
+    cache = RadixCache(alloc, event_sink=sink)
+    with pytest.warns(RuntimeWarning, match="event_sink raised"):
+        r = cache.insert(PROMPT, alloc.alloc(2)) if op == "insert" else None
+        if op != "insert":
+            cache.insert(PROMPT, alloc.alloc(2))
+            out = cache.evict(PS) if op == "evict" else cache.reset()
+    alloc.check_integrity()
+    cache.check_integrity()
+    (failure,) = cache.sink_failures
+    assert failure.event is seen[-1] and isinstance(failure.error, Boom) and cache.sink_failure_count == 1
+    if op == "insert":
+        assert r.cached_tokens == 0 and cache.total_tokens == 8
+        assert cache.evict(8).evicted_tokens == 8  # the new leaf is evictable: it reached the heap
+    elif op == "evict":
+        assert out.evicted_tokens == PS and cache.total_tokens == 4 and alloc.num_free == 15
+    else:
+        assert cache.total_tokens == 0 and alloc.num_free == 16
+    # still usable: insert, match, evict, reset all work and the check keeps passing
+    pages = alloc.alloc(3)
+    cache.insert(list(range(100, 112)), pages)
+    assert cache.match(list(range(100, 113))).pages == pages
+    cache.check_integrity()
+    cache.evict(10**6)
+    cache.check_integrity()
+    alloc.check_integrity()

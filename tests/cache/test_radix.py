@@ -221,14 +221,15 @@ def test_unlocking_a_node_that_is_not_locked_raises() -> None:
     assert snapshot(cache) == before
 
 
-def test_evicting_while_everything_is_locked_raises() -> None:
+def test_evicting_while_everything_is_locked_frees_nothing_and_says_so() -> None:
+    """Issue 11: evict no longer raises when every cached page is locked (callers had to pre-check)."""
     _, cache = make()
     serve(cache, list(range(1, 10)))
     m = cache.match(list(range(1, 10)))
     cache.lock(m.node)
     before = snapshot(cache)
-    with pytest.raises(DsakvError, match="locked"):
-        cache.evict(PS)
+    r = cache.evict(PS + 1)
+    assert (r.evicted_tokens, r.freed_pages, r.requested_tokens, r.short_tokens) == (0, [], PS + 1, PS + 1)
     assert snapshot(cache) == before
     for bad in (-1, 1.5, True):
         with pytest.raises(DsakvError, match="num_tokens"):

@@ -56,8 +56,8 @@ def test_pages_mapped_by_a_running_request_are_never_evicted() -> None:
     assert r.evicted_tokens == 12 and not set(r.freed_pages) & set(running.pages)
     assert all(alloc.is_allocated(p) for p in running.pages)
     assert cache.match(list(range(1, 13)), leave_one=False).pages == running.pages
-    with pytest.raises(DsakvError, match="locked"):
-        cache.evict(1)
+    r = cache.evict(1)  # everything left is locked: nothing freed, and the result says so
+    assert (r.evicted_tokens, r.freed_pages, r.short_tokens) == (0, [], 1)
     check_all(cache)
 
 
@@ -125,3 +125,59 @@ def test_speculative_keys_are_bigrams_so_the_next_token_matters() -> None:
     assert cache.match([1, 2, 3, 4, 6, 6, 7, 8, 9, 10]).matched_tokens == 0
     # two bigram pages agree; the last of them is dropped
     assert cache.match([1, 2, 3, 4, 5, 6, 7, 8, 9, 11]).matched_tokens == 4
+
+
+def test_unlocking_a_node_locked_only_through_a_descendant_is_refused() -> None:
+    """Issue 11, defect 3: ``lock(n2); unlock(n2.parent); reset()`` used to unbalance the counts and let
+    ``reset`` free the pinned pages. The parent counts as locked, but nobody called ``lock`` on it."""
+    alloc, cache = make()
+    finish(cache, list(range(1, 9)))
+    finish(cache, list(range(1, 13)))  # a child node under the first prompt's node
+    n2 = cache.match(list(range(1, 13)), leave_one=False).node
+    assert n2.parent.parent is not None and n2.parent.lock_ref == 0
+    cache.lock(n2)
+    free_before, pinned = alloc.num_free, cache.match(list(range(1, 13)), leave_one=False).pages
+    with pytest.raises(DsakvError, match="not locked"):
+        cache.unlock(n2.parent)
+    with pytest.raises(DsakvError, match="locks are held"):
+        cache.reset()
+    assert alloc.num_free == free_before and all(alloc.is_allocated(p) for p in pinned)
+    assert cache.protected_tokens == 12 and cache.outstanding_locks == 1
+    check_all(cache)
+    cache.unlock(n2)
+    cache.reset()
+    check_all(cache)
+
+
+def test_a_split_leaves_the_lock_on_the_lower_part_only() -> None:
+    _, cache = make()
+    finish(cache, list(range(1, 13)))
+    node = cache.match(list(range(1, 13)), leave_one=False).node
+    cache.lock(node)
+    upper = cache.match(list(range(1, 5)) + [99]).node  # splits ``node`` after its first page
+    assert upper is node.parent and upper.lock_ref == 1
+    with pytest.raises(DsakvError, match="not locked"):
+        cache.unlock(upper)
+    cache.unlock(node)
+    check_all(cache)
+
+
+def test_lock_and_unlock_of_another_caches_node_are_refused() -> None:
+    alloc_a, a = make()
+    alloc_b, b = make()
+    finish(a, list(range(1, 9)))
+    finish(b, list(range(1, 9)))
+    node_a = a.match(list(range(1, 9)), leave_one=False).node
+    root_a = a.match([77]).node  # a namespace root: locked by a request that hit nothing
+    snap = (a.protected_tokens, a.evictable_tokens, node_a.lock_ref, b.protected_tokens, b.outstanding_locks)
+    for node in (node_a, root_a):
+        with pytest.raises(DsakvError, match="another RadixCache"):
+            b.lock(node)
+    a.lock(node_a)
+    with pytest.raises(DsakvError, match="another RadixCache"):
+        b.unlock(node_a)
+    assert node_a.lock_ref == 1 and b.outstanding_locks == 0 and b.protected_tokens == 0
+    a.unlock(node_a)
+    assert (a.protected_tokens, a.evictable_tokens, node_a.lock_ref, b.protected_tokens, b.outstanding_locks) == snap
+    check_all(a)
+    check_all(b)

@@ -43,6 +43,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.s = Scheduler(self.alloc, radix, cfg)
         self.requests = []
         self.prompts = []
+        self.freed = []  # every page the allocator freed since the last update, in order
+        free = self.alloc.free
+
+        def recording_free(pages):
+            pages = list(pages)
+            free(pages)
+            self.freed += pages
+
+        self.alloc.free = recording_free  # the scheduler and the radix tree free through this very object
 
     @rule(
         prefix=st.integers(0, 2),
@@ -96,6 +105,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for req in self.s.update(plan, out):
             assert req.status is Status.FINISHED and not req.pages and req.prompt == ()
             event("finished")
+        # the plan lists every page freed since the last update: abort/preempt, step, update (issue 11)
+        assert plan.freed_pages == self.freed
+        self.freed = []
 
     @precondition(lambda self: self.s.running)
     @rule(data=st.data())
@@ -127,6 +139,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 event("evicted (drain)")
             self.s.update(plan, [[1] if it.sample else [] for it in plan.items])
             self.s.check_integrity()
+            assert plan.freed_pages == self.freed
+            self.freed = []
         assert self.s.is_idle
         radix = self.s.radix
         cached = radix.total_tokens // PS if radix is not None else 0
