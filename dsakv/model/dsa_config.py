@@ -18,62 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from dsakv.errors import DsakvError, check_choice
+from dsakv.spec.hf_defaults import HF_DEFAULTS as DEFAULTS
+from dsakv.spec.hf_defaults import MODEL_TYPES
 from dsakv.spec.model_spec import ModelSpec
 
-MODEL_TYPES = ("glm_moe_dsa", "deepseek_v32")
 ROPE_TYPES = ("default", "yarn")
 
-# transformers 5.24 GlmMoeDsaConfig / DeepseekV32Config defaults of the fields the compute reads.
-_COMMON = {
-    "moe_intermediate_size": 2048,
-    "n_shared_experts": 1,
-    "n_routed_experts": 256,
-    "routed_scaling_factor": 2.5,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "num_experts_per_tok": 8,
-    "norm_topk_prob": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "first_k_dense_replace": 3,
-    "index_topk": 2048,
-    "index_head_dim": 128,
-    "tie_word_embeddings": False,
-}
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "glm_moe_dsa": {
-        **_COMMON,
-        "vocab_size": 154880,
-        "hidden_size": 6144,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 78,
-        "num_attention_heads": 64,
-        "q_lora_rank": 2048,
-        "v_head_dim": 256,
-        "qk_nope_head_dim": 192,
-        "n_group": 1,
-        "topk_group": 1,
-        "max_position_embeddings": 202752,
-        "rms_norm_eps": 1e-5,
-        "index_n_heads": 32,
-    },
-    "deepseek_v32": {
-        **_COMMON,
-        "vocab_size": 129280,
-        "hidden_size": 7168,
-        "intermediate_size": 18432,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 128,
-        "q_lora_rank": 1536,
-        "v_head_dim": 128,
-        "qk_nope_head_dim": 128,
-        "n_group": 8,
-        "topk_group": 4,
-        "max_position_embeddings": 163840,
-        "rms_norm_eps": 1e-6,
-        "index_n_heads": 64,
-    },
-}
 INDEXER_NORM_EPS = 1e-6  # the indexer key LayerNorm's eps is fixed in both references
 DEFAULT_ROPE_THETA = 10000.0
 

@@ -105,6 +105,20 @@ class Mla:
 
 
 @dataclass(frozen=True)
+class IndexerRounding:
+    """What the indexer rounds besides the pool's key storage: the Hadamard rotation of q and k, and the
+    query's fp8 cast (scale per token and head, folded into the head weights). The production mode sets both;
+    ``bench/dsa_agreement.py`` switches them one at a time."""
+
+    hadamard: bool
+    fp8_query: bool
+
+    @classmethod
+    def for_production(cls, production: bool) -> IndexerRounding:
+        return cls(hadamard=production, fp8_query=production)
+
+
+@dataclass(frozen=True)
 class IndexerQuery:
     q: torch.Tensor  # [T, heads, dim] fp32 (exact) or float8_e4m3fn (production)
     weights: torch.Tensor  # [T, heads] fp32: head weight x heads^-0.5 x dim^-0.5 (x q's fp8 scale)
@@ -133,19 +147,20 @@ class Indexer:
         rot = rope.interleaved(rot) if self.cfg.indexer_rope_interleaved else rope.half_split(rot)
         return torch.cat([rot, rest], dim=-1)
 
-    def key(self, x: torch.Tensor, rope: RopeTables, production: bool) -> torch.Tensor:
-        """Indexer keys ``[T, dim]`` fp32 (the pool quantizes them in the production mode)."""
+    def key(self, x: torch.Tensor, rope: RopeTables, rounding: IndexerRounding) -> torch.Tensor:
+        """Indexer keys ``[T, dim]`` fp32 (the pool quantizes them when its indexer dtype is fp8)."""
         k = F.layer_norm(F.linear(x, self.wk), (self.dim,), self.k_norm_w, self.k_norm_b, INDEXER_NORM_EPS)
         k = self._rope(k, rope).float()
-        return k @ self.hadamard() if production else k
+        return k @ self.hadamard() if rounding.hadamard else k
 
-    def query(self, x: torch.Tensor, qr: torch.Tensor, rope: RopeTables, production: bool) -> IndexerQuery:
+    def query(self, x: torch.Tensor, qr: torch.Tensor, rope: RopeTables, rounding: IndexerRounding) -> IndexerQuery:
         t = x.shape[0]
         q = self._rope(F.linear(qr, self.wq_b).view(t, self.heads, self.dim), rope).float()
         weights = F.linear(x.float(), self.weights_proj) * (self.heads**-0.5) * (self.dim**-0.5)
-        if not production:
+        if rounding.hadamard:
+            q = q @ self.hadamard()
+        if not rounding.fp8_query:
             return IndexerQuery(q, weights)
-        q = q @ self.hadamard()
         q8, q_scale = quantize_tiles(q.reshape(t * self.heads, self.dim), self.dim)
         return IndexerQuery(q8.view(t, self.heads, self.dim), weights * q_scale.view(t, self.heads))
 
@@ -210,4 +225,4 @@ class Moe:
         return out + self.shared(x)
 
 
-__all__ = ["DenseMlp", "Indexer", "IndexerQuery", "Mla", "MlaProjection", "Moe", "rms_norm"]
+__all__ = ["DenseMlp", "Indexer", "IndexerQuery", "IndexerRounding", "Mla", "MlaProjection", "Moe", "rms_norm"]

@@ -25,7 +25,17 @@ import torch.nn.functional as F
 
 from dsakv.model.checkpoint import iter_weights
 from dsakv.model.dsa_config import DsaConfig
-from dsakv.model.dsa_layers import DenseMlp, Indexer, IndexerQuery, Mla, MlaProjection, Moe, Weights, rms_norm
+from dsakv.model.dsa_layers import (
+    DenseMlp,
+    Indexer,
+    IndexerQuery,
+    IndexerRounding,
+    Mla,
+    MlaProjection,
+    Moe,
+    Weights,
+    rms_norm,
+)
 from dsakv.model.indexer import indexer_topk
 from dsakv.model.inputs import Batch, PagedCache, SeqInput, validate_batch
 from dsakv.model.rope import RopeTables
@@ -40,6 +50,8 @@ class DsaModel:
 
     def __init__(self, cfg: DsaConfig, weights: Weights) -> None:
         self.cfg, self.spec, self.dtype = cfg, cfg.spec, torch.float32
+        # None: the pool decides (Hadamard + fp8 query iff its indexer K is fp8); set to isolate one rounding
+        self.indexer_rounding: IndexerRounding | None = None
         w = weights
         self.embed = w["model.embed_tokens.weight"]
         self.lm_head = self.embed if cfg.tie_word_embeddings else w["lm_head.weight"]
@@ -76,7 +88,7 @@ class DsaModel:
         """Write the new tokens into both caches and compute their logits from the pool (``TinyDsaModel``'s
         contract; bad input raises ``DsakvError`` before anything is written)."""
         batch = validate_batch(self.spec, pool, seqs)
-        production = pool.layout.indexer_dtype != "fp32"
+        rounding = self.indexer_rounding or IndexerRounding.for_production(pool.layout.indexer_dtype != "fp32")
         cfg, spec = self.cfg, self.spec
         rope = RopeTables.at(cfg.rope, spec.qk_rope_head_dim, batch.positions)
         x = F.embedding(batch.token_ids, self.embed)
@@ -89,8 +101,8 @@ class DsaModel:
             query = None
             if layer in self.indexer:
                 idx = self.indexer[layer]
-                pool.store_indexer(layer, batch.slots, idx.key(xn, rope, production))
-                query = idx.query(xn, proj.qr, rope, production)
+                pool.store_indexer(layer, batch.slots, idx.key(xn, rope, rounding))
+                query = idx.query(xn, proj.qr, rope, rounding)
             parts = [
                 self._attend(pool, layer, batch, i, proj, query, sel_by_layer, budget_bytes)
                 for i in range(len(batch.seqs))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dsakv.errors import DsakvError, check_choice
+from dsakv.spec.hf_defaults import with_defaults
 from dsakv.spec.indexer_schedule import (
     FULL,
     INDEXER_TYPES,
@@ -184,7 +185,9 @@ class ModelSpec:
     # ----- construction -------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | str | Path, name: str | None = None) -> ModelSpec:
-        """Build a spec from a Hugging Face ``config.json`` (a path or an already-parsed dict)."""
+        """Build a spec from a Hugging Face ``config.json`` (a path or an already-parsed dict). A ``glm_moe_dsa`` /
+        ``deepseek_v32`` config takes transformers' defaults for absent fields (``dsakv.spec.hf_defaults``);
+        another model type must carry every ``REQUIRED_FIELDS`` entry."""
         if isinstance(config, (str, Path)):
             path = Path(config)
             try:
@@ -198,6 +201,7 @@ class ModelSpec:
             name = name or path.stem
         if not isinstance(config, Mapping):
             raise DsakvError(f"config must be a JSON object, got {type(config).__name__}")
+        config = with_defaults(config)  # glm_moe_dsa / deepseek_v32: transformers' defaults for absent fields
         missing = [k for k in REQUIRED_FIELDS if config.get(k) is None]
         if missing:
             raise DsakvError(
