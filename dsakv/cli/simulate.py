@@ -21,10 +21,12 @@ from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, 
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError
+from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
+from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import run_sweep
 from dsakv.spec.layout import KV_DTYPES, ceil_div
 from dsakv.spec.model_spec import PRESETS
@@ -75,6 +77,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument(
         "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
     )
+    e = p.add_argument_group("engine (step time and scheduling policy, docs/steptime.md)")
+    e.add_argument("--ep", default=str(DEFAULT.ep), help="expert-parallel ranks (divides the TP size; 1 = TP experts)")
+    e.add_argument("--moe-a2a", default=DEFAULT.moe_a2a, help=f"MoE collectives: {', '.join(MOE_A2A)}")
+    e.add_argument(
+        "--schedule-policy",
+        default=DEFAULT.schedule_policy,
+        help=f"scheduling: {', '.join(SCHEDULE_POLICIES)} (mixed = vLLM-like, prefill_first = SGLang-like)",
+    )
+    e.add_argument("--max-concurrency", help="closed loop: request k starts when request k - C finishes")
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -106,6 +117,10 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         time_scale=parse_float("--time-scale", args.time_scale),
         step_model=args.step_model,
         seed=parse_int("--seed", args.seed, 0),
+        ep=parse_int("--ep", args.ep),
+        moe_a2a=args.moe_a2a,
+        schedule_policy=args.schedule_policy,
+        max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
     )
     source = Source(
         trace=args.trace,

@@ -6,17 +6,36 @@ Memory. Vendors market HBM in round "GB" that are neither exact decimal nor exac
 driver reports (SGLang and vLLM read ``torch.cuda.mem_get_info()``), so the planner uses the
 driver-reported total and keeps the marketing figure only as a label.
 
-| kind   | marketed            | driver-reported total            | source of the driver figure            |
+| kind   | marketed            | total the planner uses           | source                                  |
 |--------|---------------------|----------------------------------|----------------------------------------|
 | H100   | 80GB HBM3 (SXM)     | 81,559 MiB = 85,520,809,984 B     | ``nvidia-smi``: "NVIDIA H100 80GB HBM3 ... / 81559MiB" |
+| H800   | 80GB HBM3 (SXM)     | 81,559 MiB (the H100's)          | same 80GB HBM3 board as the H100 SXM (export variant: NVLink cut to 400 GB/s) |
 | H200   | 141GB HBM3e         | 143,771 MiB = 150,754,820,096 B   | ``nvidia-smi``: "NVIDIA H200 ... / 143771MiB"          |
+| H20    | 96GB HBM3           | 96,000,000,000 B (marketed)      | no driver report on file: the marketed decimal figure, a lower bound |
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
+| B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure      |
+| GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
 | MI300X | 192GB HBM3          | 205,822,885,888 B                 | ``rocm-smi --showmeminfo vram``: "VRAM Total Memory (B): 205822885888" |
+| MI355X | 288GB HBM3E         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure      |
 
 Pass ``--gpu-memory BYTES`` for any other device or a different driver reservation.
 
-Speed. Dense peak throughput (vendor datasheets, no sparsity), HBM bandwidth and the per-GPU one-direction
-NVLink / Infinity Fabric bandwidth; ``docs/steptime.md`` lists them with the efficiencies applied.
+Speed. Dense peak throughput (vendor datasheets, no sparsity), HBM bandwidth, the per-GPU one-direction
+NVLink / Infinity Fabric bandwidth and its small-message latency, and the head count the sparse-MLA kernels
+pad a rank's query heads to (FlashMLA: 64 on Hopper, 128 on Blackwell); ``docs/steptime.md`` lists them
+with the efficiencies applied.
+
+| kind   | bf16 / fp8 dense TFLOP/s | HBM TB/s | link (one direction) | source |
+|--------|--------------------------|----------|----------------------|--------|
+| H100   | 989.4 / 1978.9           | 3.35     | NVLink 4, 450 GB/s   | NVIDIA H100 SXM datasheet |
+| H800   | 989.4 / 1978.9           | 3.35     | NVLink 4, 200 GB/s   | H800 SXM: H100 compute, NVLink 400 GB/s bidirectional (DeepSeek-V3 report, sec. 3.1) |
+| H200   | 989.4 / 1978.9           | 4.8      | NVLink 4, 450 GB/s   | NVIDIA H200 SXM datasheet |
+| H20    | 148 / 296                | 4.0      | NVLink 4, 450 GB/s   | NVIDIA H20 product brief |
+| B200   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B200 datasheet (dense) |
+| B300   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B300 datasheet (dense: half the sparse figures) |
+| GB200  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | NVIDIA GB200 NVL72 datasheet, per GPU, dense |
+| MI300X | 1307.4 / 2614.9          | 5.3      | Infinity Fabric, 448 GB/s | AMD Instinct MI300X datasheet |
+| MI355X | 2516.6 / 5033.2          | 8.0      | Infinity Fabric, 537.6 GB/s | AMD Instinct MI355X datasheet (7 links x 153.6 GB/s, bidirectional / 2) |
 """
 
 from __future__ import annotations
@@ -42,6 +61,11 @@ class GpuKind:
     hbm_bytes_per_s: float
     link_bytes_per_s: float  # per-GPU one-direction NVLink / Infinity Fabric bandwidth
     speed_source: str
+    interconnect: str = "NVLink 4"
+    link_latency_s: float = 8e-6  # one small-message collective (all-reduce / all-to-all hop) on the link
+    mla_head_pad: int = (
+        64  # sparse-MLA kernels pad a rank's query heads up to this (FlashMLA: 64 Hopper, 128 Blackwell)
+    )
 
 
 GPU_KINDS: dict[str, GpuKind] = {
@@ -52,16 +76,42 @@ GPU_KINDS: dict[str, GpuKind] = {
             989.4 * TERA, 1978.9 * TERA, 3.35 * TERA, 450e9, "NVIDIA H100 SXM datasheet",
         ),
         GpuKind(
+            "H800", 81_559 * MIB, "80GB HBM3 (SXM)", "the H100 SXM board's 81559 MiB",
+            989.4 * TERA, 1978.9 * TERA, 3.35 * TERA, 200e9,
+            "H100 SXM datasheet compute; NVLink 400 GB/s bidirectional (DeepSeek-V3 report)",
+        ),
+        GpuKind(
             "H200", 143_771 * MIB, "141GB HBM3e", "nvidia-smi memory.total 143771 MiB",
             989.4 * TERA, 1978.9 * TERA, 4.8 * TERA, 450e9, "NVIDIA H200 SXM datasheet",
         ),
         GpuKind(
+            "H20", 96_000_000_000, "96GB HBM3", "marketed 96 GB (no driver report on file)",
+            148 * TERA, 296 * TERA, 4.0 * TERA, 450e9, "NVIDIA H20 product brief",
+        ),
+        GpuKind(
             "B200", 183_359 * MIB, "180GB HBM3e", "nvidia-smi memory.total 183359 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B200 datasheet (dense)",
+            "NVLink 5", 8e-6, 128,
+        ),
+        GpuKind(
+            "B300", 288_000_000_000, "288GB HBM3e", "marketed 288 GB (no driver report on file)",
+            2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B300 datasheet (dense = sparse / 2)",
+            "NVLink 5", 8e-6, 128,
+        ),
+        GpuKind(
+            "GB200", 186_000_000_000, "186GB HBM3e", "GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs",
+            2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
+            "NVLink 5 switch", 8e-6, 128,
         ),
         GpuKind(
             "MI300X", 205_822_885_888, "192GB HBM3", "rocm-smi VRAM Total Memory 205822885888 B",
             1307.4 * TERA, 2614.9 * TERA, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet",
+            "Infinity Fabric", 12e-6, 64,
+        ),
+        GpuKind(
+            "MI355X", 288_000_000_000, "288GB HBM3E", "marketed 288 GB (no driver report on file)",
+            2516.6 * TERA, 5033.2 * TERA, 8.0 * TERA, 537.6e9, "AMD Instinct MI355X datasheet (dense)",
+            "Infinity Fabric", 12e-6, 64,
         ),
     )
 }  # fmt: skip
@@ -70,7 +120,7 @@ _CANONICAL = {name.lower(): name for name in GPU_KINDS}
 
 def gpu_kind(name: str) -> GpuKind:
     """Look a GPU kind up by name (case-insensitive); an unknown name raises ``DsakvError`` with the list
-    (``gpu = 'A100': must be one of H100, H200, B200, MI300X``)."""
+    (``gpu = 'A100': must be one of H100, H800, H200, H20, ...``)."""
     canonical = _CANONICAL.get(str(name).lower(), name)
     check_choice("gpu", canonical, GPU_KINDS)
     return GPU_KINDS[canonical]

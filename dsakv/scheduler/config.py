@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler.policies import check_mode, check_victim_order
+
+# mixed: running requests first (decodes and chunks), then admissions, in one batch (vLLM's scheduler);
+# prefill_first: a step with prefill work runs only prefill chunks, decodes wait for a step without (SGLang's).
+SCHEDULE_POLICIES = ("mixed", "prefill_first")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -26,6 +30,7 @@ class SchedulerConfig:
     preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
     victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
     num_draft_tokens: int = 0  # speculative decoding: draft tokens verified per decode step
+    schedule_policy: str = "mixed"  # see SCHEDULE_POLICIES
 
     def __post_init__(self) -> None:
         _positive_int("max_batched_tokens", self.max_batched_tokens)
@@ -38,6 +43,7 @@ class SchedulerConfig:
             raise DsakvError(f"new_token_ratio = {ratio!r}: must be a number in [0, 1]")
         check_mode(self.preemption)
         check_victim_order(self.victim_order)
+        check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         k = self.num_draft_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise DsakvError(f"num_draft_tokens = {k!r}: must be an integer >= 0")

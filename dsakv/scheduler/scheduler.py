@@ -12,6 +12,9 @@ prefix cache)::
                                       (match prefix, lock, check the estimate; dsakv.scheduler.admission),
                                       then take the first chunk's pages like above, without preempting
 
+That is the ``mixed`` policy (vLLM). Under ``prefill_first`` (SGLang) a step first plans prefill work alone
+(running requests' next chunks, then admissions); only a step with none plans the decodes as above.
+
 The executor carries the plan out and reports sampled tokens with ``update``; ``update`` appends them, rolls
 speculative drafts back to the accepted ones, inserts full pages into the prefix cache when its insert mode
 is ``allocate``, and finishes requests (insert, free duplicates and the tail, unlock).
@@ -136,6 +139,8 @@ class Scheduler(SchedulerState):
         budget = self.config.max_batched_tokens
         ps, drafting = self.page_size, self.config.num_draft_tokens > 0
         items, scheduled = plan.items, set()
+        if self.config.schedule_policy == "prefill_first" and self._plan_prefill(plan, budget, scheduled):
+            return self._in_flight(plan)
         for req in list(self.running):
             if req.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
@@ -156,6 +161,25 @@ class Scheduler(SchedulerState):
             scheduled.add(id(req))
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
+        return self._in_flight(plan)
+
+    def _plan_prefill(self, plan: BatchPlan, budget: int, scheduled: set[int]) -> bool:
+        """``prefill_first``: plan only prefill work (running requests' next chunks, then admissions); True if
+        the plan holds any, and the step is a prefill step (decodes wait, as in SGLang)."""
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or req.prompt_len + len(req.outputs) - req.num_computed <= 1:
+                continue  # preempted earlier in this step, or decoding
+            item = next_item(req, budget, self.config, self.page_size)
+            if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
+                continue
+            budget -= item.num_tokens
+            plan.items.append(item)
+            scheduled.add(id(req))
+        if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            admit_waiting(self, plan, budget, scheduled)
+        return bool(plan.items or plan.admitted)
+
+    def _in_flight(self, plan: BatchPlan) -> BatchPlan:
         self.stats.steps += 1
         self.in_flight = plan
         return plan

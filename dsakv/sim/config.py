@@ -27,9 +27,9 @@ from dsakv.planner.budget import PoolCapacity, RankCell
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.variants import Variant, variant_capacity
-from dsakv.scheduler.config import SchedulerConfig
+from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
-from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime
+from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
@@ -42,7 +42,10 @@ class SimConfig:
     """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
     DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
     ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
-    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer)."""
+    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
+    parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
+    prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
+    finishes (None: open loop, trace timestamps)."""
 
     model: str | None = None
     config: str | None = None
@@ -62,6 +65,10 @@ class SimConfig:
     time_scale: float = 1.0
     step_model: str = "roofline"
     seed: int = 0
+    ep: int = 1
+    moe_a2a: str = "none"
+    schedule_policy: str = "mixed"
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -77,6 +84,13 @@ class SimConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
+        check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        c = self.max_concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
 
@@ -165,6 +179,9 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             tp=setting.tensor_parallel,
             dp_attention=setting.dp_attention,
             dcp=setting.dcp,
+            ep=cfg.ep,
+            moe_a2a=cfg.moe_a2a,
+            weight_dtype=setting.weight_dtype,
             mtp_draft=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
         )
@@ -176,6 +193,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_draft_tokens=cfg.mtp,
+        schedule_policy=cfg.schedule_policy,
     )
     cell = RankCell(layout, setting.dcp)
     return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched)

@@ -15,6 +15,10 @@ request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups
 loop simulates group 0 with every ``d``-th request and every figure is that group's (``dp_attention`` and
 ``other_group_requests`` in the summary say so).
 
+Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurrency): request ``k`` starts
+when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
+measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
+
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
 prompt (the trace reader keeps prompt ids below ``2**31``). Deterministic: the same config, trace and seed
@@ -23,6 +27,8 @@ give the same records.
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -81,6 +87,9 @@ class Simulation:
         self._arrivals = self._route(requests)
         self._pending = next(self._arrivals, None)
         self._serial = 0
+        conc = cfg.max_concurrency
+        # closed loop: a heap of the times each client slot is free again (None: open loop)
+        self._slots = None if conc is None else [0.0] * math.ceil(conc / self.counters.dp_attention)
 
     # ----- arrivals -------------------------------------------------------------------------------
     def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
@@ -96,12 +105,17 @@ class Simulation:
                 self.counters.other_group_requests += 1
 
     def next_arrival_s(self) -> float | None:
-        return None if self._pending is None else self._pending.timestamp_ms * self._ms_to_s
+        if self._pending is None or self._slots == []:
+            return None
+        start = self._pending.timestamp_ms * self._ms_to_s
+        return start if self._slots is None else max(start, self._slots[0])
 
     def arrive(self, now: float) -> None:
         """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
-        while self._pending is not None and self._pending.timestamp_ms * self._ms_to_s <= now:
-            trace_req, arrival_s = self._pending, self._pending.timestamp_ms * self._ms_to_s
+        while (arrival_s := self.next_arrival_s()) is not None and arrival_s <= now:
+            trace_req = self._pending
+            if self._slots is not None:
+                heapq.heappop(self._slots)
             prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
             req = self.scheduler.add_request(prompt, trace_req.output_length, request_id=self._serial)
             self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
@@ -187,6 +201,8 @@ class Simulation:
     def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
         """The request leaves the simulation: its tracker becomes a ``RequestRecord``."""
         tracker = self.live.pop(req.id)
+        if self._slots is not None:  # closed loop: the client's slot is free again
+            heapq.heappush(self._slots, tracker.arrival_s if finish_s is None else finish_s)
         record = make_record(
             req,
             self.setup.cell,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.spec.layout import CacheLayout
@@ -63,14 +63,21 @@ class StepCost:
         return sum(self.seconds.values())
 
 
+MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
+
+
 @dataclass(frozen=True)
 class RooflineStepTime:
     """Analytic roofline of one TP group (``tp`` GPUs) serving the batch; see ``docs/steptime.md``.
 
     ``dcp`` splits the main-KV reads of sparse MLA across the DCP group (the indexer K is replicated,
-    so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: one group's
-    batch runs its attention with heads over ``tp / dp_attention`` ranks. ``mtp_draft`` draft tokens per decode are verified each step (``1 +
-    mtp_draft`` query rows); ``tokens_per_decode`` is the expected yield, for reports.
+    so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: the simulated
+    batch is one group's, and the MoE / dense MLP (and their collectives) carry all ``dp_attention`` groups'
+    tokens (group 0's batch scaled by the group count: the groups are balanced round-robin). ``ep`` ranks
+    hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
+    bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
+    (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
+    expected yield, for reports. ``weight_dtype`` (None: the config's) prices the linear layers.
     """
 
     layout: CacheLayout
@@ -78,22 +85,37 @@ class RooflineStepTime:
     tp: int = 8
     dp_attention: int = 1
     dcp: int = 1
+    ep: int = 1
+    moe_a2a: str = "none"
+    weight_dtype: str | None = None
     mtp_draft: int = 0
     mtp_accept: float = 0.8
-    compute_eff: float = 0.5
+    gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
+    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M)
+    mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
+    mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
+    indexer_eff: float = 0.5
     bw_eff: float = 0.8
     link_eff: float = 0.7
-    overhead_s: float = 0.002
+    layer_floor_s: float = 40e-6  # launch / small-kernel floor per layer and step
+    overhead_s: float = 0.002  # scheduling and sampling per step
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp_attention", "dcp"):
+        for name in ("tp", "dp_attention", "dcp", "ep"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be a positive integer")
-        for name in ("compute_eff", "bw_eff", "link_eff"):
+        if self.tp % self.ep:
+            raise DsakvError(f"step time ep = {self.ep}: must divide tp = {self.tp}")
+        check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        if self.moe_a2a == "deepep" and self.ep < 2:
+            raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
+        for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
+        if self.layer_floor_s < 0 or self.overhead_s < 0:
+            raise DsakvError("step time layer_floor_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -105,10 +127,12 @@ class RooflineStepTime:
     def _constants(self) -> dict[str, float]:
         spec, lay = self.layout.spec, self.layout
         a = spec.arch_value
-        parts = weight_parts(spec, lay.mtp_layers)
+        dtype = self.weight_dtype or spec.weight_dtype
+        parts = weight_parts(spec, lay.mtp_layers, dtype)
         attn_tp = max(self.tp // self.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
         div = {"tp": self.tp, "attn_tp": attn_tp, "ep": self.tp, "replicated": 1}
-        c = {"dense_bytes": 0.0, "dense_flops_per_token": 0.0, "expert_bytes": 0.0, "lm_head_bytes": 0.0}
+        c = dict.fromkeys(("attn_bytes", "attn_flops", "mlp_bytes", "mlp_flops", "expert_bytes"), 0.0)
+        c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
             if p.name == "embedding":
@@ -121,16 +145,23 @@ class RooflineStepTime:
                 c["expert_flops_per_token"] = (
                     2 * per_rank_params * a("num_experts_per_tok") / max(a("n_routed_experts"), 1)
                 )
-            else:
-                c["dense_bytes"] += per_rank_bytes
-                c["dense_flops_per_token"] += 2 * per_rank_params
+            elif p.shard == "tp":  # dense MLP, shared experts: run on every DP group's tokens
+                c["mlp_bytes"] += per_rank_bytes
+                c["mlp_flops"] += 2 * per_rank_params
+            else:  # attention projections, indexer, router, norms: the group's own tokens
+                c["attn_bytes"] += per_rank_bytes
+                c["attn_flops"] += 2 * per_rank_params
         heads = a("num_attention_heads") / attn_tp
+        pad = self.gpu.mla_head_pad
+        padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
         # Absorbed MLA per (query, key) pair and layer: scores over latent+rope, values over the latent.
-        c["mla_flops_per_pair"] = heads * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
-        c["weight_bytes_per_param"] = 1.0 if spec.weight_dtype == "fp8" else 2.0
+        c["mla_flops_per_pair"] = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+        c["fp8_weights"] = 1.0 if dtype == "fp8" else 0.0
         c["hidden"] = a("hidden_size")
         c["experts"] = a("n_routed_experts")
         c["topk_experts"] = a("num_experts_per_tok")
+        c["attn_tp"] = attn_tp
+        c["layers"] = spec.num_hidden_layers + lay.mtp_layers
         return c
 
     @property
@@ -138,68 +169,119 @@ class RooflineStepTime:
         """Expected tokens one decode step yields per request (1 without MTP)."""
         return 1.0 + self.mtp_draft * self.mtp_accept
 
-    def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
+    def _touched(self, tokens: float) -> float:
+        """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
         c = self._const
+        experts = c["experts"]
+        return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
+
+    def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
+        c, g = self._const, self.gpu
         lay, spec = self.layout, self.layout.spec
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
-        tokens = sum(n for n, _ in prefill) + n_dec * q
+        tokens = sum(n for n, _ in prefill) + n_dec * q  # this DP group's tokens
+        moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
         rows = len(prefill) + n_dec * q  # rows that reach the lm_head
         layers, idx_layers, topk = lay.num_attention_layers, lay.num_indexer_layers, spec.index_topk
+        lin_peak = g.fp8_flops if c["fp8_weights"] else g.bf16_flops
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
-        experts = c["experts"]
-        touched = 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
-        lin_bytes = c["dense_bytes"] + c["expert_bytes"] * touched + c["lm_head_bytes"]
-        lin_flops = tokens * (c["dense_flops_per_token"] + c.get("expert_flops_per_token", 0.0))
-        lin_flops += rows * c.get("lm_head_flops_per_row", 0.0)
+        lin_bytes = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
+        lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
+        moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
+        moe_flops = moe_tokens * c["expert_flops_per_token"]
         # Indexer pairs (query, key) per full layer, causal; keys read once per chunk / per decode.
         idx_pairs = sum(n * ctx + n * (n + 1) // 2 for n, ctx in prefill) + sum(decode) * q
         idx_keys = sum(n + ctx for n, ctx in prefill) + sum(decode)
         idx_flops = idx_layers * idx_pairs * spec.indexer_flops_per_pair
         idx_bytes = idx_layers * (idx_keys * lay.indexer_row_bytes / lay.index_kpool + idx_pairs * 8)
         # Sparse MLA: each query attends to min(position, top-k) keys; rows read once per chunk.
-        mla_pairs = sum(_sparse_pairs(n, ctx, topk) for n, ctx in prefill) + q * sum(min(d, topk) for d in decode)
+        pf_pairs = sum(_sparse_pairs(n, ctx, topk) for n, ctx in prefill)
+        dec_pairs = q * sum(min(d, topk) for d in decode)
         mla_rows = sum(min(n + ctx, n * topk) for n, ctx in prefill) + sum(min(d, q * topk) for d in decode)
-        mla_flops = layers * mla_pairs * c["mla_flops_per_pair"]
+        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
         mla_bytes = layers * mla_rows * lay.main_row_bytes / self.dcp
+        mla_compute_s = (
+            layers * c["mla_flops_per_pair"] * (pf_pairs / self.mla_prefill_eff + dec_pairs / self.mla_decode_eff)
+        ) / g.bf16_flops
         write_bytes = tokens * lay.cell_bytes
-        ar_bytes = 2 * layers * tokens * c["hidden"] * 2 * 2 * (self.tp - 1) / self.tp  # 2 bf16 all-reduces/layer
-        flops = {"linear": lin_flops, "sparse_mla": mla_flops, "indexer": idx_flops, "cache_write": 0.0}
-        nbytes = {"linear": lin_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes, "cache_write": write_bytes}
-        bw = self.gpu.hbm_bytes_per_s * self.bw_eff
-        lin_peak = self.gpu.fp8_flops if c["weight_bytes_per_param"] == 1.0 else self.gpu.bf16_flops
-        peak = {
-            "linear": lin_peak,
-            "sparse_mla": self.gpu.bf16_flops,
-            "indexer": self.gpu.fp8_flops,
-            "cache_write": 1.0,
+        bw = g.hbm_bytes_per_s * self.bw_eff
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers)
+        flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
+        nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
+        flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
+        secs = {
+            "linear": max(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
+            "moe": max(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
+            "sparse_mla": max(mla_compute_s, mla_bytes / bw),
+            "indexer": max(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
+            "cache_write": write_bytes / bw,
+            "collectives": coll_bytes / (g.link_bytes_per_s * self.link_eff) + coll_count * g.link_latency_s,
         }
-        secs = {k: max(flops[k] / (peak[k] * self.compute_eff), nbytes[k] / bw) for k in flops}
-        secs["allreduce"] = ar_bytes / (self.gpu.link_bytes_per_s * self.link_eff) if self.tp > 1 else 0.0
+        secs["mtp_draft"] = self._draft_seconds(n_dec, lin_peak) if n_dec and self.mtp_draft else 0.0
+        secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
+
+    def _collectives(self, tokens: int, moe_tokens: int, layers: int) -> tuple[float, int]:
+        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives)."""
+        if self.tp == 1 or not tokens:
+            return 0.0, 0
+        c = self._const
+        hid2 = c["hidden"] * 2  # one bf16 hidden row
+        attn_tp, d, tp = c["attn_tp"], self.dp_attention, self.tp
+        nbytes, count = 0.0, 0
+        if attn_tp > 1:  # attention output all-reduce inside the attention group (ring: 2 (n-1)/n)
+            nbytes += layers * tokens * hid2 * 2 * (attn_tp - 1) / attn_tp
+            count += layers
+        if d > 1:  # DP attention: gather every group's tokens before the MLP, scatter after
+            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += 2 * layers
+        if self.moe_a2a == "deepep":  # per rank: its tokens, top-k copies, fp8 out, bf16 back
+            rank_tokens = tokens / attn_tp
+            ep = self.ep
+            nbytes += layers * rank_tokens * c["topk_experts"] * c["hidden"] * (1 + 2) * (ep - 1) / ep
+            count += 2 * layers
+        else:  # MLP output all-reduce over the TP ranks
+            nbytes += layers * moe_tokens * hid2 * 2 * (tp - 1) / tp
+            count += layers
+        return nbytes, count
+
+    def _draft_seconds(self, n_dec: int, lin_peak: float) -> float:
+        """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
+        steps + 1 draft extend): one layer's weights (experts where touched), the lm_head, one layer's floor
+        and its two collectives each."""
+        c, g = self._const, self.gpu
+        rows = n_dec * self.dp_attention
+        layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
+        flops = rows * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
+        flops += n_dec * c["lm_head_flops_per_row"]
+        bw = g.hbm_bytes_per_s * self.bw_eff
+        one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)
+        one += self.layer_floor_s + (2 * g.link_latency_s if self.tp > 1 else 0.0)
+        return self.mtp_draft * one
 
     def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
         return self.cost(prefill, decode).total_seconds
 
     def to_dict(self) -> dict:
-        return {
-            "model": "roofline",
-            "gpu": self.gpu.name,
-            "tp": self.tp,
-            "dp_attention": self.dp_attention,
-            "dcp": self.dcp,
-            "mtp_draft": self.mtp_draft,
-            "mtp_accept": self.mtp_accept,
-            "compute_eff": self.compute_eff,
-            "bw_eff": self.bw_eff,
-            "link_eff": self.link_eff,
-            "overhead_s": self.overhead_s,
-            "peak_bf16_flops": self.gpu.bf16_flops,
-            "peak_fp8_flops": self.gpu.fp8_flops,
-            "hbm_bytes_per_s": self.gpu.hbm_bytes_per_s,
-            "link_bytes_per_s": self.gpu.link_bytes_per_s,
-        }
+        out = {"model": "roofline", "gpu": self.gpu.name}
+        for name in (
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "gemm_eff",
+            "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
+            "overhead_s",
+        ):  # fmt: skip
+            out[name] = getattr(self, name)
+        out.update(
+            peak_bf16_flops=self.gpu.bf16_flops,
+            peak_fp8_flops=self.gpu.fp8_flops,
+            hbm_bytes_per_s=self.gpu.hbm_bytes_per_s,
+            link_bytes_per_s=self.gpu.link_bytes_per_s,
+            link_latency_s=self.gpu.link_latency_s,
+            mla_head_pad=self.gpu.mla_head_pad,
+        )
+        return out
 
 
 def _sparse_pairs(n: int, ctx: int, topk: int) -> int:

@@ -69,7 +69,7 @@ def test_constant_model_and_validation():
     with pytest.raises(DsakvError):
         gpu_kind("TPU")
     with pytest.raises(DsakvError):
-        RooflineStepTime(CacheLayout(ModelSpec.preset("glm-5.3")), compute_eff=0)
+        RooflineStepTime(CacheLayout(ModelSpec.preset("glm-5.3")), gemm_eff=0)
 
 
 def test_roofline_prices_with_the_planner_gpu_catalogue():
@@ -88,7 +88,7 @@ def test_every_gpu_kind_has_memory_and_speeds(name):
 
 
 def test_unknown_gpu_has_one_wording_in_the_planner_and_the_step_time():
-    wording = "gpu = 'A100': must be one of H100, H200, B200, MI300X"
+    wording = "gpu = 'A100': must be one of H100, H800, H200, H20, B200, B300, GB200, MI300X, MI355X"
     with pytest.raises(DsakvError) as planner_error:
         GpuSetting(gpu="A100")
     # A memory figure lets the planner run, but the roofline still needs the kind's speeds.

@@ -1,0 +1,168 @@
+"""Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
+
+    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
+
+Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
+``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
+``published``, ``dsakv``, ``ratio`` (published / dsakv for times, dsakv / published for rates) and ``band_ok``
+(TTFT within 0.5-2x, every other metric within 0.75-1.33x); then the geometric mean of each metric's ratios
+and the worst row. Exit status 1 if any row is outside its band, 2 on a bad file.
+
+Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
+starts when request k - C finishes; TTFT from that moment). The scheduling policy follows the engine of the
+row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the id or note names SGLang
+(``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.loop import simulate
+from dsakv.sim.source import Source, open_source
+
+BANDS = {"ttft_ms": (0.5, 2.0)}
+DEFAULT_BAND = (0.75, 1.33)
+RATES = ("out_tok_s", "out_tok_s_gpu")
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    metric: str
+    published: float
+    dsakv: float
+    ratio: float
+    band_ok: bool
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("id", "metric", "published", "dsakv", "ratio", "band_ok")}
+
+
+def _int(text: str, default: int | None = None) -> int | None:
+    text = (text or "").strip()
+    return default if text == "" else int(float(text))
+
+
+def policy_of(anchor: dict) -> str:
+    engine = (anchor.get("engine") or "").strip().lower()
+    if engine:
+        return "prefill_first" if engine.startswith("sgl") else "mixed"
+    text = f"{anchor['id']} {anchor.get('note', '')}".lower()
+    return "prefill_first" if "sgl" in text else "mixed"
+
+
+def sim_config(anchor: dict) -> SimConfig:
+    chunk = _int(anchor.get("chunk"), 8192)
+    gpus = _int(anchor["gpus"])
+    setting = GpuSetting(
+        gpu=anchor["gpu"],
+        num_gpus=gpus,
+        dp_attention=_int(anchor.get("dp"), 1),
+        mem_fraction_static=float(anchor.get("mem") or 0.85),
+        weight_dtype=(anchor.get("weight_dtype") or None),
+        max_batched_tokens=_int(anchor.get("budget"), chunk),
+    )
+    return SimConfig(
+        model=anchor["model"],
+        gpu=setting,
+        kv_dtype=anchor.get("kv") or "fp8_ds_mla",
+        mtp=_int(anchor.get("mtp"), 0),
+        mtp_accept=float(anchor.get("accept") or 0.8),
+        chunk_tokens=chunk,
+        max_running=_int(anchor.get("cap"), 256),
+        schedule_policy=policy_of(anchor),
+        max_concurrency=_int(anchor.get("conc")),
+    )
+
+
+def _stat(values: list[float], how: str) -> float:
+    return statistics.median(values) if how == "p50" else statistics.fmean(values)
+
+
+def replay(anchor: dict, traces: Path) -> list[Row]:
+    """Run one anchor and compare every figure it publishes."""
+    cfg = sim_config(anchor)
+    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
+    result = simulate(cfg, opened.requests, setup=build_setup(cfg), counters=opened.counters)
+    done = [r for r in result.records if r.outcome == "finished"]
+    if not done:
+        raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
+    dp, gpus = cfg.gpu.dp_attention, cfg.gpu.num_gpus
+    duration = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
+    out_tok_s = sum(r.output_tokens for r in done) * dp / duration  # group 0 stands for each of the dp groups
+    figures = {
+        "ttft_ms": lambda how: 1000 * _stat([r.ttft_s for r in done], how),
+        "tpot_ms": lambda how: 1000 * _stat([r.tpot_s for r in done if r.tpot_s is not None], how),
+        "duration_s": lambda how: duration,
+        "out_tok_s": lambda how: out_tok_s,
+        "out_tok_s_gpu": lambda how: out_tok_s / gpus,
+    }
+    rows = []
+    for metric, value in json.loads(anchor["published"]).items():
+        if metric not in figures:
+            raise DsakvError(f"anchor {anchor['id']}: unknown metric {metric!r} (known: {', '.join(figures)})")
+        published, how = (value[0], value[1]) if isinstance(value, list) else (value, "mean")
+        ours = figures[metric](how)
+        ratio = ours / published if metric in RATES else published / ours
+        lo, hi = BANDS.get(metric, DEFAULT_BAND)
+        rows.append(Row(anchor["id"], metric, float(published), ours, ratio, lo <= ratio <= hi))
+    return rows
+
+
+def geomeans(rows: list[Row]) -> dict[str, float]:
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r.metric, []).append(math.log(r.ratio))
+    return {m: math.exp(statistics.fmean(v)) for m, v in by.items()}
+
+
+def worst(rows: list[Row]) -> Row:
+    return max(rows, key=lambda r: abs(math.log(r.ratio)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
+    ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
+    ap.add_argument("--only", help="comma-separated anchor ids to replay")
+    args = ap.parse_args(argv)
+    path = Path(args.anchors)
+    try:
+        with path.open(newline="") as f:
+            anchors = list(csv.DictReader(f))
+        if args.only:
+            keep = set(args.only.split(","))
+            anchors = [a for a in anchors if a["id"] in keep]
+        rows = [row for a in anchors for row in replay(a, path.parent / "traces")]
+    except (OSError, KeyError, ValueError, DsakvError) as exc:
+        print(f"calibrate: {exc}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("calibrate: no anchor rows", file=sys.stderr)
+        return 2
+    means, bad = geomeans(rows), worst(rows)
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict()}))
+    else:
+        print(f"{'id':<22} {'metric':<14} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
+        for r in rows:
+            ok = "ok" if r.band_ok else "OUT"
+            print(f"{r.id:<22} {r.metric:<14} {r.published:>11.2f} {r.dsakv:>11.2f} {r.ratio:>6.2f}  {ok}")
+        print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in means.items()))
+        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}")
+    return 0 if all(r.band_ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
