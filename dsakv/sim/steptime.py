@@ -91,13 +91,13 @@ class RooflineStepTime:
     mtp_draft: int = 0
     mtp_accept: float = 0.8
     gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
-    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M)
+    moe_eff: float = 0.3  # grouped MoE GEMMs (small per-expert M); fitted
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
     mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
     indexer_eff: float = 0.5
     bw_eff: float = 0.8
-    link_eff: float = 0.7
-    layer_floor_s: float = 40e-6  # launch / small-kernel floor per layer and step
+    link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
+    layer_floor_s: float = 80e-6  # fitted; launch / small-kernel floor per layer and step
     overhead_s: float = 0.002  # scheduling and sampling per step
 
     def __post_init__(self) -> None:

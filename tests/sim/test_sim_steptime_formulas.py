@@ -1,0 +1,74 @@
+"""The step-time formulas of docs/steptime.md: each engine knob changes the step the way the docs say."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsakv.planner.deployment import GpuSetting
+from dsakv.planner.gpus import gpu_kind
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.steptime import RooflineStepTime
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def glm52():
+    return CacheLayout(ModelSpec.preset("glm-5.2"))
+
+
+def test_weight_dtype_flag_reaches_the_step_time(glm52):
+    # The glm-5.2 preset is a bf16 checkpoint; --weight-dtype fp8 halves the expert bytes a decode reads.
+    bf16 = build_setup(SimConfig(model="glm-5.2", pool_tokens=1 << 16)).step_time
+    fp8 = build_setup(SimConfig(model="glm-5.2", gpu=GpuSetting(weight_dtype="fp8"))).step_time
+    assert fp8.weight_dtype == "fp8"
+    a, b = bf16.cost([], [4096] * 32), fp8.cost([], [4096] * 32)
+    assert b.bytes["moe"] == pytest.approx(a.bytes["moe"] / 2, rel=1e-3)  # + fp8 block scales
+    assert b.total_seconds < 0.75 * a.total_seconds
+
+
+def test_dp_attention_prices_the_moe_with_every_group_tokens(glm52):
+    dp = RooflineStepTime(glm52, dp_attention=8)
+    tp = RooflineStepTime(glm52)
+    a, b = dp.cost([], [4096] * 13), tp.cost([], [4096] * 13 * 8)
+    assert a.flops["moe"] == pytest.approx(b.flops["moe"])
+    assert a.bytes["moe"] == pytest.approx(b.bytes["moe"])  # 104 tokens touch ~96% of the experts, not 34%
+    assert a.bytes["moe"] / dp._const["expert_bytes"] > 0.9
+
+
+def test_sparse_mla_heads_are_padded_to_the_kernel_block(glm52):
+    # GLM: 64 heads / TP8 = 8 per rank, padded to 64 on Hopper and 128 on Blackwell.
+    per_head = 2 * (512 + 64 + 512)
+    assert RooflineStepTime(glm52)._const["mla_flops_per_pair"] == 64 * per_head
+    assert RooflineStepTime(glm52, gpu=gpu_kind("B200"))._const["mla_flops_per_pair"] == 128 * per_head
+
+
+def test_collectives_pay_a_latency_per_collective(glm52):
+    st = RooflineStepTime(glm52)
+    layers = glm52.num_attention_layers
+    c = st.cost([], [4096])
+    bytes_s = c.bytes["collectives"] / (st.gpu.link_bytes_per_s * st.link_eff)
+    assert c.seconds["collectives"] == pytest.approx(bytes_s + 2 * layers * st.gpu.link_latency_s)
+
+
+def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
+    tp, ep = RooflineStepTime(glm52), RooflineStepTime(glm52, ep=8, moe_a2a="deepep")
+    layers, hidden, k, tokens = glm52.num_attention_layers, 6144, 8, 64
+    a, b = tp.cost([], [4096] * tokens), ep.cost([], [4096] * tokens)
+    attn_ar = layers * tokens * hidden * 2 * 2 * 7 / 8  # attention all-reduce, both
+    assert a.bytes["collectives"] == pytest.approx(2 * attn_ar)
+    per_rank = tokens / 8  # DeepEP: each rank sends its own tokens' top-k copies, fp8 out and bf16 back
+    assert b.bytes["collectives"] == pytest.approx(attn_ar + layers * per_rank * k * hidden * 3 * 7 / 8)
+    assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
+
+
+def test_mtp_costs_one_draft_pass_per_draft_token(glm52):
+    one = RooflineStepTime(glm52, mtp_draft=1).cost([], [4096] * 16).seconds["mtp_draft"]
+    two = RooflineStepTime(glm52, mtp_draft=2).cost([], [4096] * 16).seconds["mtp_draft"]
+    assert one > 0 and two == pytest.approx(2 * one)
+    assert RooflineStepTime(glm52, mtp_draft=2).cost([(4096, 0)], []).seconds["mtp_draft"] == 0
+
+
+def test_every_layer_pays_the_launch_floor(glm52):
+    st = RooflineStepTime(glm52)
+    assert st.cost([], [10]).seconds["floor"] == pytest.approx(glm52.spec.num_hidden_layers * st.layer_floor_s)
