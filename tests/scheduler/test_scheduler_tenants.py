@@ -60,7 +60,7 @@ class TenantExecutor:
     def slot(self, pages: list[int], position: int) -> int:
         return pages[position // self.ps] * self.ps + position % self.ps
 
-    def offload(self, copy: HostCopy, namespace: tuple) -> None:  # called while the pages are allocated
+    def offload(self, copy: HostCopy) -> None:  # the scheduler's on_offload: the pages are still allocated
         self.host[copy.request_id] = [self.slots.get(self.slot(copy.pages, p)) for p in range(copy.num_tokens)]
 
     def read(self, req, namespace: tuple, end: int, written: set[int] | None = None) -> None:
@@ -133,12 +133,8 @@ class TenantMachine(RuleBasedStateMachine):
             return pages
 
         self.alloc.alloc = handing_out
-        self.s = Scheduler(self.alloc, radix, cfg, on_offload=self._on_offload)
+        self.s = Scheduler(self.alloc, radix, cfg, on_offload=self.executor.offload)
         self.prompts: list[list[int]] = []
-
-    def _on_offload(self, copy: HostCopy) -> None:
-        req = self.s.get(copy.request_id)
-        self.executor.offload(copy, (req.extra_key, req.cache_salt))
 
     @rule(
         tenant=st.sampled_from(TENANTS),
