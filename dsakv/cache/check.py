@@ -7,7 +7,8 @@ nodes, protected = tokens of locked nodes, node count); lock balance (a node's c
 its children's counts, own locks add up to the outstanding ``lock`` calls, none negative; every root names
 this cache as its owner); pages (every tree page
 allocated, mapped exactly once, the in-tree flags agree); the lazy heap holds a current entry for every
-evictable leaf; chained hashes, when events are on, continue from the parent's last hash.
+evictable leaf; chained hashes, when events are on, continue from the parent's last hash; a namespace keeps
+a root only while it holds a page or a lock.
 
 It does not check the allocator (``PageAllocator.check_integrity`` does) nor the page balance
 ``free + tree + request-held == total``, which only the driver that holds the requests can count (the
@@ -38,13 +39,23 @@ def check_radix(state: RadixState) -> None:
     evictable = protected = direct_locks = nodes = 0
     seen: set[int] = set()
     heap_ids = state._heap.current_ids()
-    for root in state._roots.values():
+    empty = state._empty_root
+    if empty.children or empty.pages or empty.parent is not None or not empty.alive or empty.lock_ref < 0:
+        _fail(f"the placeholder root {empty!r} holds children or pages, or its lock count is negative")
+    if empty.owner is not state or empty.own_locks != empty.lock_ref:
+        _fail(f"the placeholder root {empty!r} names another owner, or its own locks differ from its lock count")
+    direct_locks += empty.lock_ref
+    for namespace, root in state._roots.items():
         if root.pages or root.key or root.parent is not None or not root.alive:
             _fail("a namespace root holds pages or has a parent")
         if root.owner is not state:
             _fail("a namespace root does not name this cache as its owner")
+        if root.namespace != namespace or root is empty:
+            _fail(f"root {root!r} is registered under namespace {namespace!r}, not its own {root.namespace!r}")
         if root.lock_ref < 0:
             _fail(f"root lock count {root.lock_ref} < 0")
+        if not root.children and not root.lock_ref:
+            _fail(f"namespace {namespace!r} holds no page and no lock but keeps its root")
         stack = [root]
         while stack:
             node = stack.pop()

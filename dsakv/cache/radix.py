@@ -14,7 +14,10 @@ Rules (details and rationale in the docs):
 * ``match`` leaves at least one token to compute (``leave_one=True``: at most ``(n - 1) // page_size``
   pages, SGLang's ``tokens[:-1]`` rule); speculative mode keys pages on bigrams and drops the last
   matched page so the draft head recomputes the hidden state before the break.
-* ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page.
+* ``match`` is a use (one lookup counted, recency and frequency refreshed); ``peek`` and ``cached_pages``
+  ask the same questions read-only.
+* ``(extra_key, cache_salt)`` selects a separate root: different salts never share a page. A namespace
+  keeps its root only while it holds a page or a lock, so an empty namespace costs nothing.
 * ``evict(n)`` frees at least ``ceil(n / ps)`` unlocked leaf pages in policy order (or all that is
   evictable), cascading to parents that become leaves; when everything is locked it frees nothing and
   says so (``EvictResult.evicted_tokens == 0``, ``short_tokens``): callers act on the result, never pre-check.
@@ -25,7 +28,8 @@ once an operation is complete and the state consistent; an exception it raises i
 (``events.SinkFailure``).
 
 This module is the contract only: the state it keeps is ``state.RadixState``, the tree surgery is in
-``tree.py``, the integrity check and the insert-page validation in ``check.py``.
+``tree.py``, the read-only lookups in ``lookup.py``, the integrity check and the insert-page validation in
+``check.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from numbers import Integral
 
 import numpy as np
 
+from dsakv.cache import lookup
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.check import check_radix, claim_pages
 from dsakv.cache.events import (
@@ -56,6 +61,7 @@ from dsakv.cache.tree import (
     InsertResult,
     MatchResult,
     Node,
+    PeekResult,
     add_child,
     drop_last_page,
     lock_path,
@@ -129,6 +135,11 @@ class RadixCache(RadixState):
     def num_nodes(self) -> int:
         return self._nodes
 
+    @property
+    def num_namespaces(self) -> int:
+        """Namespaces ``(extra_key, cache_salt)`` that hold a page or a lock (each keeps a root; others cost nothing)."""
+        return len(self._roots)
+
     def full_pages(self, num_tokens: int) -> int:
         """Pages of a ``num_tokens``-token key that can enter the tree."""
         if type(num_tokens) is not int or num_tokens < 0:
@@ -145,21 +156,28 @@ class RadixCache(RadixState):
         cache_salt: NamespacePart = None,
         leave_one: bool = True,
     ) -> MatchResult:
-        """Longest cached page-aligned prefix of ``tokens`` in its namespace. Changes no lock or size
-        (it may split a node and it refreshes access times); lock ``result.node`` before relying on the pages."""
+        """Longest cached page-aligned prefix of ``tokens`` in its namespace, as a request about to use it.
+
+        Changes no lock or size, but it is a use: it counts one lookup in ``metrics``, refreshes the access
+        tick and hit count of the matched path (LRU / LFU / SLRU order) and may split a node. Lock
+        ``result.node`` at once before relying on the pages. To ask how much would hit without any of that,
+        ``peek``. A namespace that holds nothing gets a shared placeholder node (no root is made for it)."""
         if leave_one is not True and leave_one is not False:
             raise DsakvError(f"leave_one = {leave_one!r}: must be True or False")
         key = as_key(tokens, extra_key, cache_salt)
         n, ps = key.num_tokens, self.page_size
+        self._tick += 1
+        root = self._roots.get(key.namespace)
+        if root is None:
+            self.metrics.record_lookup(n, 0, ps)
+            return MatchResult([], 0, self._empty_root)
         limit = (n - 1) // ps if (leave_one or self.speculative) else n // ps
-        root = self._root(key)
         path, part, m, matched = walk(root, key.data, limit, self._page_key_bytes, self._key_overhang)
         if self.speculative and matched:
             matched -= 1
             part, m = drop_last_page(path, part, m)
         if part is not None:
             path.append(self._split(part, m))
-        self._tick += 1
         tick = self._tick
         pages: list[int] = []
         for nd in path:
@@ -172,6 +190,32 @@ class RadixCache(RadixState):
             self._maybe_compact()
         self.metrics.record_lookup(n, matched, ps)
         return MatchResult(pages, matched * ps, node)
+
+    def peek(
+        self,
+        tokens: Tokens | RadixKey,
+        *,
+        extra_key: NamespacePart = None,
+        cache_salt: NamespacePart = None,
+        leave_one: bool = True,
+    ) -> PeekResult:
+        """How much ``match`` would hit now, and how much of it is evictable (see ``PeekResult``).
+
+        Read-only: no lookup counted, no access tick or hit count, no split, no namespace root made. A
+        scheduler peeks to decide whether a request fits and matches only once it is admitted."""
+        return lookup.peek(self, as_key(tokens, extra_key, cache_salt), leave_one)
+
+    def cached_pages(self, tokens: Tokens | RadixKey, node: Node | None = None, node_pages: int = 0) -> int:
+        """How many of the key's ``full_pages(n)`` pages the tree holds, as ``insert`` would count them
+        (no ``leave_one``, no speculative drop). Read-only, like ``peek``.
+
+        ``node`` (locked by the caller) may say where the walk starts: a node whose root-to-node path holds
+        the key's first ``node_pages`` pages, such as a running request's locked node and shared pages. From
+        there a lookup is one probe when the tree holds nothing further (the placeholder starts at the
+        namespace's root, which may exist by now). Without ``node`` the walk starts at the root."""
+        if node is not None and (not isinstance(node, Node) or not node.alive):
+            raise DsakvError(f"cached_pages: node {node!r} is not in the cache; pass a node you hold locked")
+        return lookup.cached_pages(self, as_key(tokens, None, None), node, node_pages)
 
     def lock(self, node: Node) -> None:
         """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock(node)``.
@@ -190,7 +234,8 @@ class RadixCache(RadixState):
         self._locks += 1
 
     def unlock(self, node: Node) -> None:
-        """Release one ``lock(node)`` of this very node; a leaf whose count drops to zero becomes evictable.
+        """Release one ``lock(node)`` of this very node; a leaf whose count drops to zero becomes evictable, and
+        a namespace left with no page and no lock is forgotten.
 
         Raises ``DsakvError`` (changing nothing) unless ``node`` is a live node of this cache that ``lock``
         was called on more often than ``unlock``: a node counted as locked only through a locked descendant
@@ -206,9 +251,12 @@ class RadixCache(RadixState):
         self._evictable += moved
         self._protected -= moved
         self._locks -= 1
-        if not node.lock_ref and not node.children and node.parent is not None:
-            self._heap.push(node)
-            self._maybe_compact()
+        if not node.lock_ref and not node.children:
+            if node.parent is not None:
+                self._heap.push(node)
+                self._maybe_compact()
+            else:  # a namespace root: forgotten if it holds nothing more
+                self._drop_root_if_empty(node)
 
     def insert(
         self,
@@ -241,10 +289,13 @@ class RadixCache(RadixState):
         new = pages[matched:npages]
         dup, tree_pages = reconcile_pages(path, part, m, matched, pages, npages)
         claim_pages(self.allocator, self._in_tree, dup, new)
-        root = root or self._root(key)
+        self._tick += 1
+        if root is None:
+            if not new:  # no full page: nothing to store, and no root for a namespace that holds nothing
+                return InsertResult(0, [], self._empty_root, [])
+            root = self._root(key)
         if part is not None:
             path.append(self._split(part, m))
-        self._tick += 1
         tick = self._tick
         for nd in path:
             nd.tick = tick
@@ -289,7 +340,9 @@ class RadixCache(RadixState):
         if not num_tokens or not self._evictable:
             return EvictResult(0, [], num_tokens)
         need = ceil_div(num_tokens, self.page_size)
-        freed, hashes, removed = trim_leaves(self._heap, need, self._page_key_bytes, self._key_overhang)
+        freed, hashes, removed, emptied = trim_leaves(self._heap, need, self._page_key_bytes, self._key_overhang)
+        for root in emptied:
+            self._drop_root_if_empty(root)
         self._nodes -= removed
         in_tree = self._in_tree
         for p in freed:
@@ -303,14 +356,15 @@ class RadixCache(RadixState):
         return EvictResult(tokens, freed, num_tokens)
 
     def reset(self) -> None:
-        """Drop every cached page (freed through the allocator). Raises if any node is locked."""
+        """Drop every cached page (freed through the allocator) and every namespace. Raises if any lock is
+        held. Not needed to reclaim memory: a namespace is forgotten once its last page and lock are gone."""
         if self._locks:
             raise DsakvError(f"reset: {self._locks} locks are held ({self._protected} tokens); unlock them first")
         freed = []
         for node in self._iter_nodes():
             freed += node.pages
             node.alive = False
-        for root in self._roots.values():
+        for root in (*self._roots.values(), self._empty_root):
             root.alive = False
         self.allocator.free(freed)
         self._clear()
@@ -325,4 +379,14 @@ class RadixCache(RadixState):
         check_radix(self)
 
 
-__all__ = ["RadixCache", "RadixKey", "MatchResult", "InsertResult", "EvictResult", "Node", "INSERT_MODES", "POLICIES"]
+__all__ = [
+    "RadixCache",
+    "RadixKey",
+    "MatchResult",
+    "PeekResult",
+    "InsertResult",
+    "EvictResult",
+    "Node",
+    "INSERT_MODES",
+    "POLICIES",
+]

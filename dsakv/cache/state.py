@@ -20,7 +20,7 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import CacheEvent, HashFn, SinkFailure, chain_seed
 from dsakv.cache.eviction import EvictionPolicy, LeafHeap
 from dsakv.cache.key import TOKEN_BYTES, RadixKey
-from dsakv.cache.tree import Node, evictable_leaf, iter_nodes, split
+from dsakv.cache.tree import Node, Root, evictable_leaf, iter_nodes, split
 
 HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
 HEAP_SLACK_CONSTANT = 1024
@@ -32,6 +32,11 @@ class RadixState:
 
     Invariants (``check.check_radix`` recomputes each from the tree):
 
+    * ``_roots`` maps a namespace ``(extra_key, cache_salt)`` to its ``Root`` only while the namespace holds a
+      page or a lock: a root is made when the first page of its namespace is inserted and dropped when its
+      last page is evicted or its last lock released, so an empty namespace costs nothing. ``_empty_root`` is
+      the placeholder ``match`` hands out for a namespace that holds nothing (never registered, no children;
+      its locks count like any other);
     * ``_nodes`` = non-root nodes; ``_evictable`` / ``_protected`` = tokens in unlocked / locked nodes;
     * ``_locks`` = outstanding ``lock`` calls = the sum of ``own_locks`` (each node's ``lock_ref`` is its
       ``own_locks`` plus its children's ``lock_ref``); every root's ``owner`` is this state;
@@ -65,7 +70,9 @@ class RadixState:
 
     def _clear(self) -> None:
         """The empty cache (the allocator is the caller's business)."""
-        self._roots: dict[tuple, Node] = {}  # namespace (extra_key, cache_salt) -> its root
+        self._roots: dict[tuple, Root] = {}  # namespace (extra_key, cache_salt) -> its root, while not empty
+        self._empty_root = Root((), 0)  # what match() locks in a namespace that holds nothing
+        self._empty_root.owner = self
         self._in_tree = bytearray(self.allocator.end_page)
         self._heap.entries = []
         self._tick = 0
@@ -95,17 +102,23 @@ class RadixState:
         """Every non-root node, parents before children."""
         return iter_nodes(self._roots.values())
 
-    def _root(self, key: RadixKey) -> Node:
-        """The root of ``key``'s namespace, made on first use."""
+    def _root(self, key: RadixKey) -> Root:
+        """The root of ``key``'s namespace, made when its first page is inserted (the caller hangs one at once)."""
         root = self._roots.get(key.namespace)
         if root is None:
             self._seq += 1
-            root = Node(b"", b"", [], None, 0, self._seq)
+            root = Root(key.namespace, self._seq)
             root.owner = self
             if self.event_sink is not None:
                 root.hashes = [chain_seed(self._hash_fn, key.extra_key, key.cache_salt)]
             self._roots[key.namespace] = root
         return root
+
+    def _drop_root_if_empty(self, root: Root) -> None:
+        """Forget a namespace root that holds no page and no lock (the placeholder root is never registered)."""
+        if not root.children and not root.lock_ref and self._roots.get(root.namespace) is root:
+            del self._roots[root.namespace]
+            root.alive = False
 
     def _split(self, node: Node, num_pages: int) -> Node:
         """Split ``node`` after its first ``num_pages`` pages (``tree.split``); returns the new upper node."""

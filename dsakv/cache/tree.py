@@ -54,6 +54,20 @@ class Node:
         return f"Node(seq={self.seq}, pages={len(self.pages)}, lock_ref={self.lock_ref}, children={len(self.children)})"
 
 
+class Root(Node):
+    """The root of one namespace: no pages, no key; ``namespace`` is its ``(extra_key, cache_salt)``.
+
+    A namespace's root lives only while the namespace holds a page or a lock (``RadixState``); the cache's
+    placeholder root (``namespace == ()``) stands for every namespace that holds nothing and never has children.
+    """
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: tuple, seq: int) -> None:
+        super().__init__(b"", b"", [], None, 0, seq)
+        self.namespace = namespace
+
+
 @dataclass(frozen=True, slots=True)
 class MatchResult:
     """Longest cached page-aligned prefix: its page ids, its length in tokens and the node to lock."""
@@ -61,6 +75,19 @@ class MatchResult:
     pages: list[int]
     matched_tokens: int
     node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class PeekResult:
+    """What ``match`` would find now, found without changing anything (``RadixCache.peek``).
+
+    * ``matched_tokens``: the hit ``match`` would return (same ``leave_one`` and speculative rules).
+    * ``evictable_tokens``: of those, tokens in unlocked nodes: locking the match would move them from
+      evictable to protected.
+    """
+
+    matched_tokens: int
+    evictable_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +128,17 @@ class EvictResult:
 
 
 def walk(
-    root: Node, data: bytes, npages: int, page_key_bytes: int, key_overhang: int
+    root: Node, data: bytes, npages: int, page_key_bytes: int, key_overhang: int, first_page: int = 0
 ) -> tuple[list[Node], Node | None, int, int]:
-    """Read-only walk of the first ``npages`` pages of ``data``.
+    """Read-only walk of the first ``npages`` pages of ``data``, from ``root`` (or from a node whose path
+    holds the first ``first_page`` pages of ``data``).
 
-    Returns (nodes matched whole, the node matched partway or None, its matched pages, total matched pages).
+    Returns (nodes matched whole, the node matched partway or None, its matched pages, total matched pages
+    counted from page 0).
     """
     end = npages * page_key_bytes
     page_key = page_key_bytes + key_overhang  # bytes of one page's key (a child key is its first page's)
-    node, pos, path = root, 0, []
+    node, pos, path = root, first_page * page_key_bytes, []
     while pos < end:
         child = node.children.get(data[pos : pos + page_key])
         if child is None:
@@ -193,15 +222,16 @@ def evictable_leaf(node: Node) -> bool:
 
 def trim_leaves(
     heap: LeafHeap[Node], need: int, page_key_bytes: int, key_overhang: int
-) -> tuple[list[int], list[bytes], int]:
+) -> tuple[list[int], list[bytes], int, list[Node]]:
     """Cut up to ``need`` pages off unlocked leaves in heap (policy) order: whole leaves, then the tail
     pages of the last one if fewer are needed; a parent that becomes an unlocked leaf joins the heap.
 
-    Returns (freed page ids, their hashes when kept, nodes removed). Updates no size counter, flag or
-    allocator: the caller does.
+    Returns (freed page ids, their hashes when kept, nodes removed, roots left with no child and no lock).
+    Updates no size counter, flag, root registry or allocator: the caller does.
     """
     freed: list[int] = []
     hashes: list[bytes] = []
+    emptied: list[Node] = []
     removed = 0
     while len(freed) < need:
         node = heap.pop(evictable_leaf)
@@ -225,9 +255,12 @@ def trim_leaves(
         parent = node.parent
         del parent.children[node.ckey]
         removed += 1
-        if parent.parent is not None and not parent.children and not parent.lock_ref:
-            heap.push(parent)
-    return freed, hashes, removed
+        if not parent.children and not parent.lock_ref:
+            if parent.parent is not None:
+                heap.push(parent)
+            else:
+                emptied.append(parent)
+    return freed, hashes, removed, emptied
 
 
 def iter_nodes(roots: Iterable[Node]) -> Iterator[Node]:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.cache.radix import RadixCache
 from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
 from dsakv.engine.offload import HostPages
@@ -67,6 +68,21 @@ class EngineTotals:
     offloaded_bytes_main: int = 0
     offloaded_bytes_indexer: int = 0
     restored_bytes: int = 0
+
+
+def _per_prompt(field: str, value: object, n: int) -> list[NamespacePart]:
+    """``value`` for each of ``n`` prompts: a list or tuple gives one per prompt, anything else is shared.
+
+    Raises ``DsakvError`` naming the field (and the prompt) unless each is None, a str, bytes or a 64-bit int.
+    """
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise DsakvError(f"{field}: {len(value)} values for {n} prompts: give one per prompt, or a single value")
+        for i, v in enumerate(value):
+            check_namespace_part(f"{field}[{i}]", v)
+        return list(value)
+    check_namespace_part(field, value)
+    return [value] * n
 
 
 class Engine:
@@ -127,16 +143,31 @@ class Engine:
 
     # ----- requests -----------------------------------------------------------------------------
     def add_request(
-        self, prompt: Sequence[int], max_new_tokens: int, *, request_id: Any = None, eos_token_id: int | None = None
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        request_id: Any = None,
+        eos_token_id: int | None = None,
+        cache_salt: NamespacePart = None,
+        extra_key: NamespacePart = None,
     ) -> Request:
         """Queue a prompt (token ids in ``0 .. vocab_size - 1``); raises ``DsakvError`` and queues nothing if not.
 
         The engine checks what only it knows (ids within the model's vocabulary, ``eos_token_id`` too); the
-        scheduler, where every request enters, checks the rest (``Scheduler.add_request``).
+        scheduler, where every request enters, checks the rest (``Scheduler.add_request``), the prefix-cache
+        namespace ``(extra_key, cache_salt)`` among it: requests of different namespaces never share a page.
         """
         self._check_eos(eos_token_id)
         ids = self._token_ids(prompt)
-        return self.scheduler.add_request(ids, max_new_tokens, request_id=request_id, eos_token_id=eos_token_id)
+        return self.scheduler.add_request(
+            ids,
+            max_new_tokens,
+            request_id=request_id,
+            eos_token_id=eos_token_id,
+            cache_salt=cache_salt,
+            extra_key=extra_key,
+        )
 
     def abort(self, request_id: Any) -> Request:
         req = self.scheduler.abort(request_id)
@@ -144,12 +175,22 @@ class Engine:
         return req
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_token_id: int | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        cache_salt: NamespacePart | Sequence[NamespacePart] = None,
+        extra_key: NamespacePart | Sequence[NamespacePart] = None,
     ) -> list[GenerationResult]:
         """Greedy generation for every prompt; results in prompt order (rejected ones with their reason).
 
-        Every prompt is validated before any is queued: a bad one raises ``DsakvError`` and changes nothing
-        (a bad ``max_new_tokens`` is the scheduler's to refuse, with the first prompt, before it is queued).
+        ``cache_salt`` / ``extra_key``: one value for every prompt, or a list (or tuple) with one per prompt;
+        each prompt's ``(extra_key, cache_salt)`` is its prefix-cache namespace (``add_request``).
+
+        Every prompt and namespace is validated before any is queued: a bad one raises ``DsakvError`` and
+        changes nothing (a bad ``max_new_tokens`` is the scheduler's to refuse, with the first prompt, before
+        it is queued).
         """
         self._check_eos(eos_token_id)
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence | np.ndarray):
@@ -160,7 +201,12 @@ class Engine:
                 ids.append(self._token_ids(prompt))
             except DsakvError as exc:
                 raise DsakvError(f"prompts[{i}]: {exc}") from None
-        reqs = [self.scheduler.add_request(p, max_new_tokens, eos_token_id=eos_token_id) for p in ids]
+        salts = _per_prompt("cache_salt", cache_salt, len(ids))
+        extras = _per_prompt("extra_key", extra_key, len(ids))
+        reqs = [
+            self.scheduler.add_request(p, max_new_tokens, eos_token_id=eos_token_id, cache_salt=c, extra_key=e)
+            for p, c, e in zip(ids, salts, extras)
+        ]
         self.run_until_idle()
         return [GenerationResult(r.id, list(r.outputs), r.stats, self.caches.get(r.id)) for r in reqs]
 

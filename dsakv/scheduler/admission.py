@@ -14,7 +14,10 @@ is admitted when, after locking its prefix hit (which makes those pages unevicta
 
     estimated_pages - hit_pages + outstanding(running) <= free_pages + evictable_pages
 
-where ``outstanding`` sums, over running requests, the estimated pages they have not taken yet.
+where ``outstanding`` sums, over running requests, the estimated pages they have not taken yet, and it has
+work in the step (its next chunk fits the token budget left). The check runs on ``RadixCache.peek``, which
+changes nothing; only an admitted request matches and locks its hit, so the cache counts one lookup per
+admission and a waiting request touches no recency or frequency.
 
 Never fit: a request longer than the context limit, or whose ``M`` tokens need more pages than the whole
 pool, is rejected on arrival with the reason -- never admitted to fail mid-run.
@@ -24,8 +27,8 @@ from __future__ import annotations
 
 import math
 
-from dsakv.scheduler.batch import BatchPlan, HostCopy, next_item
-from dsakv.scheduler.pages import pages_for
+from dsakv.scheduler.batch import BatchPlan, HostCopy, next_item, work_end
+from dsakv.scheduler.pages import insert_planned, pages_for
 from dsakv.scheduler.preemption import take_pages
 from dsakv.scheduler.request import Request, Status
 from dsakv.scheduler.state import SchedulerState
@@ -58,30 +61,41 @@ def admit_waiting(state: SchedulerState, plan: BatchPlan, budget: int, scheduled
     """Admit from the front of the waiting queue while the token budget, ``max_running`` and the page budget
     allow (FCFS: stop at the first that does not fit), planning each admitted request's first chunk."""
     outstanding = sum(max(0, r.estimated_pages - len(r.pages)) for r in state.running)
-    cfg = state.config
+    cfg, ps = state.config, state.page_size
     while state.waiting and budget > 0 and len(state.running) < cfg.max_running:
         req = state.waiting[0]
-        if not admit(state, req, plan, outstanding, scheduled):
+        restored = req.status is Status.OFFLOADED
+        if not admit(state, req, plan, outstanding, budget, scheduled):
             break
         state.waiting.popleft()
-        item = next_item(req, budget, cfg, state.page_size)
+        item = next_item(req, budget, cfg, ps)
         if item is not None and take_pages(state, req, item.end + item.num_draft, plan, scheduled, False):
             plan.items.append(item)
             budget -= item.num_tokens
+            if state.insert_as_written:  # pages restored in this step are not final before it
+                written = 0 if restored else req.num_computed // ps
+                plan.freed_pages += insert_planned(state.radix, state.allocator, req, item.end, written)
         scheduled.add(id(req))
         outstanding += max(0, req.estimated_pages - len(req.pages))
 
 
-def admit(state: SchedulerState, req: Request, plan: BatchPlan, outstanding: int, scheduled: set[int]) -> bool:
-    """Admit ``req`` (the head of ``state.waiting``) if the page budget allows; False changes nothing.
+def admit(
+    state: SchedulerState, req: Request, plan: BatchPlan, outstanding: int, budget: int, scheduled: set[int]
+) -> bool:
+    """Admit ``req`` (the head of ``state.waiting``) if it has work within ``budget`` tokens and the page
+    budget allows; False changes nothing (no lookup counted, no access time or hit count refreshed).
 
-    A new or recompute-preempted request matches its prefix and locks it *before* the budget check (the
-    lock makes those pages unevictable, so they no longer count as available); an offloaded one takes
-    new pages for its host copy, restored by the executor. The caller pops it from the waiting queue.
+    A new or recompute-preempted request peeks at its prefix hit to decide; once admitted it matches and
+    locks the hit (a use: the cache counts one lookup and refreshes the path's recency and frequency). The
+    lock makes those pages unevictable, so the check counts them out of the evictable pages beforehand. An
+    offloaded one takes new pages for its host copy, restored by the executor. The caller pops it from the
+    waiting queue and plans its first chunk.
     """
-    alloc, radix, ps = state.allocator, state.radix, state.page_size
-    estimate = estimate_pages(req, state.config.new_token_ratio, state.config.num_draft_tokens, ps)
+    alloc, radix, ps, cfg = state.allocator, state.radix, state.page_size, state.config
+    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_draft_tokens, ps)
     if req.status is Status.OFFLOADED:
+        if work_end(req.offloaded_tokens, req.num_tokens, budget, cfg, ps) == req.offloaded_tokens:
+            return False  # nothing to compute this step: it would hold restored pages and do nothing
         n = pages_for(req.offloaded_tokens, ps)
         evictable = radix.evictable_tokens // ps if radix is not None else 0
         if max(estimate, n) + outstanding > alloc.num_free + evictable:
@@ -94,16 +108,21 @@ def admit(state: SchedulerState, req: Request, plan: BatchPlan, outstanding: int
         plan.restores.append(HostCopy(req.id, list(req.pages), req.offloaded_tokens))
         req.num_computed, req.offloaded_tokens = req.offloaded_tokens, 0
     else:
+        hit_tokens = evictable = 0
+        if radix is not None:
+            key = req.radix_key(req.num_tokens)
+            peek = radix.peek(key)
+            hit_tokens = peek.matched_tokens
+            evictable = (radix.evictable_tokens - peek.evictable_tokens) // ps  # once the hit is locked
+        if work_end(hit_tokens, req.num_tokens, budget, cfg, ps) == hit_tokens:
+            return False  # nothing to compute this step (budget below a page): it would hold a lock and wait
+        if estimate - hit_tokens // ps + outstanding > alloc.num_free + evictable:
+            return False
         hit_pages, node = [], None
         if radix is not None:
-            match = radix.match(req.radix_key(req.num_tokens))
+            match = radix.match(key)
             hit_pages, node = match.pages, match.node
             radix.lock(node)
-        evictable = radix.evictable_tokens // ps if radix is not None else 0
-        if estimate - len(hit_pages) + outstanding > alloc.num_free + evictable:
-            if node is not None:
-                radix.unlock(node)
-            return False
         req.pages, req.num_shared_pages, req.node = list(hit_pages), len(hit_pages), node
         req.num_computed = len(hit_pages) * ps
         if req.stats.admit_step is None:

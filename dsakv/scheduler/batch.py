@@ -12,7 +12,10 @@ side, in this order:
 2. ``restores``: copy host bytes back, bit-exact, into the listed (newly allocated) pages;
 3. ``items``: one forward pass over every item (mixed prefill chunks and decodes), writing both caches of
    positions ``[start, end + num_draft)`` into the slots ``page * page_size + offset`` of
-   ``request.pages``, and sampling where ``sample`` is set;
+   ``request.pages``, and sampling where ``sample`` is set. An item may read pages that an earlier item of
+   the same plan writes (cache at allocation: a request admitted later in the step hits pages planned
+   before it), never pages of a later item: carry the items out in plan order, and inside one forward
+   write a layer's cache rows for every item before any item reads that layer (the tiny model does both);
 4. report the sampled tokens back with ``Scheduler.update(plan, sampled)``.
 
 A plan is valid until ``update`` is called; the page tables it references may change afterwards.
@@ -91,25 +94,32 @@ class BatchPlan:
         return sum(item.end - item.start + item.num_draft for item in self.items)
 
 
-def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int) -> BatchItem | None:
-    """The request's work this step within ``budget`` tokens, or None if nothing fits.
-
-    One token left to compute: a decode of it plus up to ``num_draft_tokens`` drafts (never more drafts
-    than outputs still allowed). More: the next prefill chunk, at most ``chunk_tokens``, ending on a page
-    boundary unless it is the last one (then it samples).
-    """
-    start, total = req.num_computed, req.prompt_len + len(req.outputs)
+def work_end(start: int, total: int, budget: int, config: SchedulerConfig, page_size: int) -> int:
+    """Where a request that has computed ``start`` of its ``total`` tokens gets to in a step with ``budget``
+    tokens left (drafts aside): ``total`` for a decode, the end of the next prefill chunk (at most
+    ``chunk_tokens``, on a page boundary unless it is the last chunk), or ``start`` when nothing fits."""
     if total - start == 1:
-        if budget < 1:
-            return None
-        remaining_outputs = req.max_new_tokens - len(req.outputs)
-        drafts = max(0, min(config.num_draft_tokens, remaining_outputs - 1, budget - 1))
-        return BatchItem(req, start, total, drafts, True)
+        return total if budget >= 1 else start
     end = min(total, start + config.chunk_tokens, start + budget)
     if end < total:
         end -= end % page_size
-        if end <= start:
-            return None
+    return max(end, start)
+
+
+def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int) -> BatchItem | None:
+    """The request's work this step within ``budget`` tokens, or None if nothing fits (``work_end``).
+
+    One token left to compute: a decode of it plus up to ``num_draft_tokens`` drafts (never more drafts
+    than outputs still allowed). More: the next prefill chunk, which samples if it is the last one.
+    """
+    start, total = req.num_computed, req.prompt_len + len(req.outputs)
+    end = work_end(start, total, budget, config, page_size)
+    if end == start:
+        return None
+    if total - start == 1:
+        remaining_outputs = req.max_new_tokens - len(req.outputs)
+        drafts = max(0, min(config.num_draft_tokens, remaining_outputs - 1, budget - 1))
+        return BatchItem(req, start, total, drafts, True)
     return BatchItem(req, start, end, 0, end == total)
 
 

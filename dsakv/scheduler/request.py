@@ -15,7 +15,8 @@ not keep every prompt alive); ``outputs`` and ``stats`` remain.
 With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens, encoded once: the prompt
 at its first match (not at arrival: a long waiting queue would hold every prompt twice), each output token
 the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
-encoded twice.
+encoded twice. The key carries the request's namespace (``extra_key``, ``cache_salt``): every lookup and
+insert of the request happens in it, so requests of different namespaces never share a page.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from numbers import Integral
 
 import numpy as np
 
+from dsakv.cache.events import NamespacePart
 from dsakv.cache.key import MAX_TOKEN_ID, RadixKey
 from dsakv.cache.tree import Node
 from dsakv.errors import DsakvError
@@ -125,14 +127,25 @@ class Request:
         "offloaded_tokens",
         "estimated_pages",
         "key",
+        "extra_key",
+        "cache_salt",
         "stats",
     )
 
     def __init__(
-        self, request_id: Hashable, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, step: int
+        self,
+        request_id: Hashable,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        eos_token_id: int | None,
+        step: int,
+        extra_key: NamespacePart = None,
+        cache_salt: NamespacePart = None,
     ) -> None:
         self.id = request_id
         self.prompt = prompt
+        self.extra_key = extra_key  # the prefix-cache namespace: (extra_key, cache_salt)
+        self.cache_salt = cache_salt
         self.key: RadixKey | None = None  # RadixKey of tokens[:key.num_tokens], the prompt at least (radix_key)
         self.prompt_len = len(prompt)
         self.max_new_tokens = max_new_tokens
@@ -188,7 +201,7 @@ class Request:
         encoding the prompt (first call) or the output tokens it does not cover yet (each is encoded once)."""
         key = self.key
         if key is None:
-            key = self.key = RadixKey(self.prompt)
+            key = self.key = RadixKey(self.prompt, self.extra_key, self.cache_salt)
         if end > key.num_tokens:
             key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
         return key if end == key.num_tokens else key.prefix(end)

@@ -14,10 +14,13 @@ prefix cache)::
 
 That is the ``mixed`` policy (vLLM). Under ``prefill_first`` (SGLang) a step first plans prefill work alone
 (running requests' next chunks, then admissions); only a step with none plans the decodes as above.
+In ``allocate`` insert mode each item's full pages enter the prefix cache as soon as the item is planned
+(``pages.insert_planned``), so a request admitted later in the same step hits them (vLLM's rule).
 
 The executor carries the plan out and reports sampled tokens with ``update``; ``update`` appends them, rolls
-speculative drafts back to the accepted ones, inserts full pages into the prefix cache when its insert mode
-is ``allocate``, and finishes requests (insert, free duplicates and the tail, unlock).
+speculative drafts back to the accepted ones, inserts the full pages not inserted yet (pages completed by
+accepted drafts, or skipped at planning) when the insert mode is ``allocate``, and finishes requests
+(insert, free duplicates and the tail, unlock).
 
 Fast paths. A plain decode (one token left, no drafts) is planned in ``step`` and accepted in ``update``
 without the general helpers, because it runs once per token at scale. Each fast path is the special case of
@@ -34,11 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.errors import DsakvError
 from dsakv.scheduler.admission import admit_waiting, never_fit_reason
 from dsakv.scheduler.batch import BatchItem, BatchPlan, check_sampled, next_item
 from dsakv.scheduler.checks import check_scheduler
-from dsakv.scheduler.pages import insert_computed, release
+from dsakv.scheduler.pages import insert_computed, insert_planned, release
 from dsakv.scheduler.preemption import preempt, take_pages
 from dsakv.scheduler.request import Request, Status, check_eos_token_id, check_prompt, check_request_id
 from dsakv.scheduler.rollback import accept_tokens
@@ -65,26 +69,34 @@ class Scheduler(SchedulerState):
         *,
         request_id: Hashable | None = None,
         eos_token_id: int | None = None,
+        cache_salt: NamespacePart = None,
+        extra_key: NamespacePart = None,
     ) -> Request:
         """Queue a request, or return it REJECTED with ``stats.reason`` if it can never run.
 
         The one check of a prompt: raises ``DsakvError`` (queueing nothing) for a prompt that is not a 1-D
         sequence of token ids (``dsakv.scheduler.request.check_prompt``), a ``max_new_tokens`` that is not an
-        integer >= 0, an ``eos_token_id`` that is not a token id, an unhashable or live duplicate id.
-        ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by
-        reference, not copied, until the request is done: the caller must not modify it meanwhile.
+        integer >= 0, an ``eos_token_id`` that is not a token id, an unhashable or live duplicate id, or a
+        ``cache_salt`` / ``extra_key`` that is not None, a str, bytes or a 64-bit int.
+        ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by reference, not copied,
+        until the request is done: the caller must not modify it meanwhile.
+
+        ``(extra_key, cache_salt)`` is the request's prefix-cache namespace (a tenant's salt, a LoRA id):
+        it matches and inserts only there, so requests of different namespaces never share a page.
         """
         check_prompt(prompt)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
         check_eos_token_id(eos_token_id)
+        check_namespace_part("cache_salt", cache_salt)
+        check_namespace_part("extra_key", extra_key)
         if request_id is None:
             request_id = self.new_request_id()
         else:
             check_request_id("", request_id)
             if request_id in self.live:
                 raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
-        req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps)
+        req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps, extra_key, cache_salt)
         self.stats.arrived += 1
         reason = never_fit_reason(
             req.prompt_len, max_new_tokens, self.page_size, self.allocator.num_pages, self.config.max_context
@@ -138,7 +150,7 @@ class Scheduler(SchedulerState):
         plan.step = self.stats.steps
         budget = self.config.max_batched_tokens
         ps, drafting = self.page_size, self.config.num_draft_tokens > 0
-        items, scheduled = plan.items, set()
+        scheduled: set[int] = set()
         if self.config.schedule_policy == "prefill_first" and self._plan_prefill(plan, budget, scheduled):
             return self._in_flight(plan)
         for req in list(self.running):
@@ -157,8 +169,7 @@ class Scheduler(SchedulerState):
                 if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
                     continue
                 budget -= item.num_tokens
-            items.append(item)
-            scheduled.add(id(req))
+            self._schedule(plan, item, scheduled)
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return self._in_flight(plan)
@@ -173,11 +184,20 @@ class Scheduler(SchedulerState):
             if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
                 continue
             budget -= item.num_tokens
-            plan.items.append(item)
-            scheduled.add(id(req))
+            self._schedule(plan, item, scheduled)
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return bool(plan.items or plan.admitted)
+
+    def _schedule(self, plan: BatchPlan, item: BatchItem, scheduled: set[int]) -> None:
+        """Add a running request's ``item`` to the plan; in allocate mode its full pages enter the prefix cache
+        now (``pages.insert_planned``), so a request admitted later in this step hits them."""
+        req = item.request
+        plan.items.append(item)
+        scheduled.add(id(req))
+        if self.insert_as_written and item.end // self.page_size > req.num_shared_pages:
+            written = item.start // self.page_size
+            plan.freed_pages += insert_planned(self.radix, self.allocator, req, item.end, written)
 
     def _in_flight(self, plan: BatchPlan) -> BatchPlan:
         self.stats.steps += 1

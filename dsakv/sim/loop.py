@@ -3,7 +3,8 @@ real ``PageAllocator`` and ``RadixCache``, no pool) serves them; a step-time mod
 
 One iteration (``Simulation.run``)::
 
-    arrive:  add every request whose arrival time <= now      (token ids created here, dropped at finish)
+    arrive:  add every request whose arrival time <= now      (token ids created here, dropped at finish;
+                                                                the trace's tenant / cache_salt is its namespace)
     idle?    jump the clock to the next arrival
     plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
     sample:  one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
@@ -117,7 +118,13 @@ class Simulation:
             if self._slots is not None:
                 heapq.heappop(self._slots)
             prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
-            req = self.scheduler.add_request(prompt, trace_req.output_length, request_id=self._serial)
+            req = self.scheduler.add_request(
+                prompt,
+                trace_req.output_length,
+                request_id=self._serial,
+                extra_key=trace_req.tenant,
+                cache_salt=trace_req.cache_salt,
+            )
             self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
             self._serial += 1
             if req.status is Status.REJECTED:

@@ -30,15 +30,22 @@ from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest
 
 
 class _BlockIds:
-    """Hands out fresh hash ids; one per generator so ids never collide inside a trace."""
+    """Hands out fresh hash ids; one per generator so ids never collide inside a trace. With ``tenants`` > 0
+    it also deals the prompts (conversations, sessions, questions) out to tenants, round-robin."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenants: int = 0) -> None:
         self.next = 0
+        self.tenants = tenants
+        self.contexts = 0
 
     def take(self, n: int) -> list[int]:
         ids = list(range(self.next, self.next + n))
         self.next += n
         return ids
+
+    def next_tenant(self) -> str | None:
+        self.contexts += 1
+        return f"tenant-{(self.contexts - 1) % self.tenants}" if self.tenants else None
 
 
 class _Context:
@@ -48,6 +55,7 @@ class _Context:
         self.ids = ids
         self.blocks = list(shared_blocks or [])
         self.length = len(self.blocks) * MOONCAKE_BLOCK
+        self.tenant = ids.next_tenant()
 
     def extend(self, n: int) -> None:
         self.length += int(n)
@@ -56,7 +64,8 @@ class _Context:
             self.blocks.extend(self.ids.take(need - len(self.blocks)))
 
     def request(self, t_ms: float, output_length: int) -> TraceRequest:
-        return TraceRequest(round(float(t_ms), 3), self.length, int(output_length), tuple(self.blocks))
+        t = round(float(t_ms), 3)
+        return TraceRequest(t, self.length, int(output_length), tuple(self.blocks), tenant=self.tenant)
 
 
 def _uniform_int(rng: np.random.Generator, lo: int, hi: int) -> int:
@@ -138,14 +147,22 @@ SCENARIOS: dict[str, Scenario] = {
 DEFAULT_SCENARIO = "mixed"
 
 
-def generate_scenario(name: str = DEFAULT_SCENARIO, seed: int = 0, scale: float = 1.0) -> list[TraceRequest]:
-    """Requests of a named scenario in arrival order (stable sort by timestamp); deterministic for a seed."""
+def generate_scenario(
+    name: str = DEFAULT_SCENARIO, seed: int = 0, scale: float = 1.0, tenants: int = 0
+) -> list[TraceRequest]:
+    """Requests of a named scenario in arrival order (stable sort by timestamp); deterministic for a seed.
+
+    ``tenants`` > 0 deals each conversation, agent session and document question to one of that many
+    tenants (``tenant-0`` ...), round-robin: the same requests, but only a tenant's own prompts share pages.
+    """
     check_choice("scenario", name, SCENARIOS)
     if not (isinstance(scale, (int, float)) and 0 < scale <= 1000):
         raise DsakvError(f"scenario scale = {scale!r}: must be a number in (0, 1000]")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise DsakvError(f"seed = {seed!r}: must be an integer >= 0")
+    if isinstance(tenants, bool) or not isinstance(tenants, int) or tenants < 0:
+        raise DsakvError(f"tenants = {tenants!r}: must be an integer >= 0")
     rng = np.random.default_rng(seed)
-    requests = SCENARIOS[name].build(rng, _BlockIds(), float(scale))
+    requests = SCENARIOS[name].build(rng, _BlockIds(tenants), float(scale))
     requests.sort(key=lambda r: r.timestamp_ms)
     return requests

@@ -5,7 +5,10 @@ One row per request::
     {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, ..., 13]}
 
 ``timestamp`` is in milliseconds since the trace start; each hash id stands for one 512-token block of
-the prompt, the last block partial, so ``len(hash_ids) == ceil(input_length / 512)``. Two requests that
+the prompt, the last block partial, so ``len(hash_ids) == ceil(input_length / 512)``. Two optional fields
+isolate tenants: ``tenant`` and ``cache_salt`` (each a string or a 64-bit integer; absent or null: none)
+become the request's prefix-cache namespace, ``extra_key = tenant`` and ``cache_salt = cache_salt``, so
+requests that differ in either never share a page, whatever their hash ids. Two requests that
 share a hash-id prefix share those prompt tokens. ``mooncake_tokens`` turns hash ids into concrete token
 ids (block ``h`` -> ids ``h*512 .. h*512+511``) so the radix tree sees exactly the sharing the trace states.
 Hash ids are range-checked here, at the edge: prompt token ids stay below ``PROMPT_TOKEN_LIMIT`` (2**31), so
@@ -48,6 +51,8 @@ class TraceRequest:
     output_length: int
     hash_ids: tuple[int, ...]
     line: int = 0  # 1-based line number in the trace file (0 for generated requests)
+    tenant: str | int | None = None  # the prefix-cache namespace's extra_key (isolates tenants)
+    cache_salt: str | int | None = None  # the prefix-cache namespace's salt
 
 
 def mooncake_tokens(hash_ids: Iterable[int], input_length: int, block: int = MOONCAKE_BLOCK) -> np.ndarray:
@@ -71,6 +76,17 @@ def _field_int(row: dict, key: str, lineno: int, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DsakvError(f"trace line {lineno}: field {key!r} = {value!r}: must be an integer >= {minimum}")
     return value
+
+
+def _field_namespace(row: dict, key: str, lineno: int) -> str | int | None:
+    value = row.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    raise DsakvError(
+        f"trace line {lineno}: field {key!r} = {value!r}: must be a string or a 64-bit integer (or null: none)"
+    )
 
 
 def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> TraceRequest:
@@ -110,7 +126,9 @@ def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> 
             f"trace line {lineno}: {len(hash_ids)} hash_ids for input_length = {input_length}: "
             f"must be ceil({input_length}/{block}) = {expected}"
         )
-    return TraceRequest(ts, input_length, output_length, tuple(hash_ids), lineno)
+    tenant = _field_namespace(row, "tenant", lineno)
+    salt = _field_namespace(row, "cache_salt", lineno)
+    return TraceRequest(ts, input_length, output_length, tuple(hash_ids), lineno, tenant, salt)
 
 
 class MooncakeTrace:
@@ -189,6 +207,10 @@ def write_mooncake(path: str | Path, requests: Iterable[TraceRequest]) -> int:
             ts = int(r.timestamp_ms) if float(r.timestamp_ms).is_integer() else r.timestamp_ms
             row = {"timestamp": ts, "input_length": r.input_length, "output_length": r.output_length}
             row["hash_ids"] = list(r.hash_ids)
+            if r.tenant is not None:
+                row["tenant"] = r.tenant
+            if r.cache_salt is not None:
+                row["cache_salt"] = r.cache_salt
             f.write(json.dumps(row) + "\n")
             n += 1
     return n

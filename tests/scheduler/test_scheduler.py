@@ -224,8 +224,9 @@ def test_prefix_hit_is_locked_and_accounted():
 @pytest.mark.parametrize("mode", ["allocate", "finish"])
 def test_allocate_mode_lets_a_request_hit_pages_of_one_still_prefilling(mode):
     # A prefills 3 chunks of 128 + 1 token. B (same prefix) arrives after A's first chunk and is admitted
-    # beside A's second: in allocate mode it hits A's first chunk while A is still prefilling; in finish
-    # mode nothing is in the tree until A finishes.
+    # beside A's second: in allocate mode it hits A's first chunk and the second, which A writes in this
+    # very step (cache at allocation inserts it when A's item is planned, before B is admitted; B's item
+    # comes after A's in the plan); in finish mode nothing is in the tree until A finishes.
     s = make(mode=mode, chunk_tokens=2 * PS, max_batched_tokens=4 * PS)
     shared = prompt(6 * PS)
     a = s.add_request(shared + [1], 3)
@@ -236,8 +237,9 @@ def test_allocate_mode_lets_a_request_hit_pages_of_one_still_prefilling(mode):
     plan = s.step()
     assert b in plan.admitted and a.status is Status.RUNNING
     assert [(it.request, it.start, it.end) for it in plan.items][0] == (a, 2 * PS, 4 * PS)
-    assert b.stats.hit_tokens == (2 * PS if mode == "allocate" else 0)
-    assert (b.pages[:2] == a.pages[:2]) == (mode == "allocate")
+    assert b.stats.hit_tokens == (4 * PS if mode == "allocate" else 0)
+    assert (b.pages[:4] == a.pages[:4]) == (mode == "allocate")
+    assert [it.request for it in plan.items] == [a, b]
     s.update(plan, [[] for _ in plan.items])
     s.check_integrity()
     drive(s)

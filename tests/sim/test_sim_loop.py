@@ -188,3 +188,27 @@ def test_seeded_counters_are_copied_and_reach_the_summary():
     # one prefill step samples the first token, three decode steps the rest
     assert (res.summary["skipped_lines"], res.summary["reordered_lines"], res.summary["steps"]) == (3, 2, 4)
     assert seed == Counters(skipped_lines=3, reordered_lines=2)  # the caller's object is left alone
+
+
+def test_trace_tenants_and_salts_isolate_prefix_hits(tmp_path):
+    # The same prompt four times, a minute apart: only a request of the same (tenant, cache_salt) hits.
+    rows = [
+        {"timestamp": 0, "input_length": 1300, "output_length": 4, "hash_ids": [1, 2, 3], "tenant": "a"},
+        {"timestamp": 60_000, "input_length": 1300, "output_length": 4, "hash_ids": [1, 2, 3], "tenant": "b"},
+        {"timestamp": 120_000, "input_length": 1300, "output_length": 4, "hash_ids": [1, 2, 3], "cache_salt": "x"},
+        {"timestamp": 180_000, "input_length": 1300, "output_length": 4, "hash_ids": [1, 2, 3], "tenant": "b"},
+        {"timestamp": 240_000, "input_length": 1300, "output_length": 4, "hash_ids": [1, 2, 3]},
+    ]
+    path = tmp_path / "tenants.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    opened = open_source(Source(trace=str(path)))
+    res = simulate(SimConfig(**CONST), opened.requests, check_every=1)
+    hit = (1300 - 1) // 64 * 64
+    assert [r.hit_tokens for r in res.records] == [0, 0, 0, hit, 0]
+
+
+def test_scenario_tenants_only_lower_the_hits():
+    plain = simulate(SimConfig(), generate_scenario("chat", seed=0, scale=0.1))
+    dealt = simulate(SimConfig(), generate_scenario("chat", seed=0, scale=0.1, tenants=4), check_every=25)
+    assert dealt.summary["finished"] == plain.summary["finished"]
+    assert 0 < dealt.summary["hit_tokens"] < plain.summary["hit_tokens"]

@@ -141,3 +141,41 @@ def test_hash_ids_keep_prompt_token_ids_below_2_to_the_31(tmp_path):
     assert int(mooncake_tokens(next(iter(ok)).hash_ids, 512)[-1]) == 2**31 - 1
     with pytest.raises(DsakvError, match=r"trace line 2: field 'hash_ids' contains 4194304"):
         MooncakeTrace(_write(tmp_path / "big.jsonl", [_row(), _row(n=512, ids=[last + 1])]))
+
+
+def test_tenant_and_cache_salt_fields_are_read_and_written_back(tmp_path):
+    rows = [
+        _row(0) | {"tenant": "acme"},
+        _row(1) | {"cache_salt": 12345},
+        _row(2) | {"tenant": 7, "cache_salt": "s3cret"},
+        _row(3) | {"tenant": None, "cache_salt": None},
+        _row(4),
+    ]
+    reqs = list(read_mooncake(_write(tmp_path / "t.jsonl", rows)))
+    namespaces = [(r.tenant, r.cache_salt) for r in reqs]
+    assert namespaces == [("acme", None), (None, 12345), (7, "s3cret"), (None, None), (None, None)]
+    write_mooncake(tmp_path / "out.jsonl", reqs)
+    again = list(read_mooncake(tmp_path / "out.jsonl"))
+    assert [(r.tenant, r.cache_salt, r.hash_ids) for r in again] == [(r.tenant, r.cache_salt, r.hash_ids) for r in reqs]
+    assert "tenant" not in (tmp_path / "out.jsonl").read_text().splitlines()[1]  # absent stays absent
+
+
+@pytest.mark.parametrize("field", ["tenant", "cache_salt"])
+@pytest.mark.parametrize("value", [1.5, True, [1], {"a": 1}, 2**63])
+def test_bad_tenant_or_cache_salt_names_the_line_and_field(tmp_path, field, value):
+    path = _write(tmp_path / "t.jsonl", [_row(0), _row(1) | {field: value}])
+    with pytest.raises(DsakvError, match=f"trace line 2: field '{field}'"):
+        MooncakeTrace(path)
+    trace = MooncakeTrace(path, skip_bad=True)
+    assert trace.skipped == 1 and len(trace) == 1
+
+
+def test_scenario_tenants_deal_prompts_out_without_changing_the_requests():
+    plain = generate_scenario("mixed", seed=1, scale=0.2)
+    dealt = generate_scenario("mixed", seed=1, scale=0.2, tenants=3)
+    assert [(r.timestamp_ms, r.hash_ids, r.output_length) for r in dealt] == [
+        (r.timestamp_ms, r.hash_ids, r.output_length) for r in plain
+    ]
+    assert {r.tenant for r in plain} == {None} and {r.tenant for r in dealt} == {"tenant-0", "tenant-1", "tenant-2"}
+    with pytest.raises(DsakvError, match="tenants"):
+        generate_scenario("chat", tenants=-1)
