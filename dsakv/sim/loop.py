@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
+from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
@@ -36,8 +37,24 @@ from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_
 from dsakv.workloads.traces import TraceRequest, mooncake_tokens
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
+# Latest arrival the clock accepts (about 317 years). Float seconds still resolve microseconds there, so
+# step times of milliseconds add up; far beyond (1e308 ms, --time-scale 1e300) they vanish or overflow.
+MAX_ARRIVAL_S = 1e10
 OUTPUT_TOKEN_TOP = 2**32 - 1  # radix keys are uint32 token ids
 PROGRESS_EVERY_STEPS = 256
+
+
+def arrival_seconds(timestamp_ms: float, time_scale: float, line: int = 0) -> float:
+    """Arrival time in simulated seconds, ``timestamp_ms / 1000 x time_scale``; ``DsakvError`` naming the
+    trace line (0: a generated request) unless it is at most ``MAX_ARRIVAL_S``."""
+    seconds = timestamp_ms * (time_scale / 1000.0)
+    if not seconds <= MAX_ARRIVAL_S:  # also catches inf and nan
+        where = f"trace line {line}" if line else "a scenario request"
+        raise DsakvError(
+            f"{where}: timestamp {timestamp_ms:g} ms x time_scale {time_scale:g} = {seconds:g} s after the start: "
+            f"arrivals must lie within {MAX_ARRIVAL_S:g} s (about 317 years)"
+        )
+    return seconds
 
 
 @dataclass(slots=True)
@@ -76,10 +93,11 @@ class Simulation:
         self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
         self.records: list[RequestRecord] = []
         self.timeline = Timeline()
-        self._ms_to_s = cfg.time_scale / 1000.0
         self._rng = random.Random(cfg.seed)
         self._arrivals = self._route(requests)
-        self._pending = next(self._arrivals, None)
+        self._pending: TraceRequest | None = None
+        self._pending_s = 0.0  # arrival time of ``_pending`` (checked: ``arrival_seconds``)
+        self._take_next()
         self._serial = 0
 
     # ----- arrivals -------------------------------------------------------------------------------
@@ -95,13 +113,18 @@ class Simulation:
             else:
                 self.counters.other_group_requests += 1
 
+    def _take_next(self) -> None:
+        pending = self._pending = next(self._arrivals, None)
+        if pending is not None:
+            self._pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
+
     def next_arrival_s(self) -> float | None:
-        return None if self._pending is None else self._pending.timestamp_ms * self._ms_to_s
+        return None if self._pending is None else self._pending_s
 
     def arrive(self, now: float) -> None:
         """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
-        while self._pending is not None and self._pending.timestamp_ms * self._ms_to_s <= now:
-            trace_req, arrival_s = self._pending, self._pending.timestamp_ms * self._ms_to_s
+        while self._pending is not None and self._pending_s <= now:
+            trace_req, arrival_s = self._pending, self._pending_s
             prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
             req = self.scheduler.add_request(prompt, trace_req.output_length, request_id=self._serial)
             self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
@@ -112,7 +135,7 @@ class Simulation:
                 tracker = self.live[req.id]
                 tracker.admit_s = tracker.first_token_s = arrival_s
                 self.leave(req, arrival_s, "finished")
-            self._pending = next(self._arrivals, None)
+            self._take_next()
 
     # ----- one step -------------------------------------------------------------------------------
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
