@@ -16,6 +16,11 @@ With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens,
 at its first match (not at arrival: a long waiting queue would hold every prompt twice), each output token
 the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
 encoded twice.
+
+A prompt is a list, a 1-D integer array, or a compact sequence that ``np.asarray`` expands (the simulator's
+``dsakv.workloads.traces.MooncakePrompt`` keeps a trace prompt as its hash ids): such a prompt is expanded
+when it is checked on arrival and when its key is encoded, and never kept expanded, so a waiting request
+costs what its compact form costs.
 """
 
 from __future__ import annotations
@@ -164,7 +169,8 @@ class Request:
         encoding the prompt (first call) or the output tokens it does not cover yet (each is encoded once)."""
         key = self.key
         if key is None:
-            key = self.key = RadixKey(self.prompt)
+            prompt = self.prompt  # a compact prompt (not a list or an array) is expanded here, once
+            key = self.key = RadixKey(prompt if isinstance(prompt, list | tuple | np.ndarray) else np.asarray(prompt))
         if end > key.num_tokens:
             key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
         return key if end == key.num_tokens else key.prefix(end)

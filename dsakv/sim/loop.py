@@ -3,7 +3,7 @@ real ``PageAllocator`` and ``RadixCache``, no pool) serves them; a step-time mod
 
 One iteration (``Simulation.run``)::
 
-    arrive:  add every request whose arrival time <= now      (token ids created here, dropped at finish)
+    arrive:  add every request whose arrival time <= now      (prompt as hash ids: expanded at admission)
     idle?    jump the clock to the next arrival
     plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
     sample:  one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
@@ -34,7 +34,7 @@ from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_record, summarize
-from dsakv.workloads.traces import TraceRequest, mooncake_tokens
+from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
 # Latest arrival the clock accepts (about 317 years). Float seconds still resolve microseconds there, so
@@ -125,7 +125,7 @@ class Simulation:
         """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
         while self._pending is not None and self._pending_s <= now:
             trace_req, arrival_s = self._pending, self._pending_s
-            prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
+            prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
             req = self.scheduler.add_request(prompt, trace_req.output_length, request_id=self._serial)
             self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
             self._serial += 1

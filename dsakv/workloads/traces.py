@@ -14,7 +14,8 @@ the ids above it are free for outputs (the simulator's count down from 2**32 - 1
 Reading is two passes over the file: the first validates every line (so a bad line is reported, with its
 line number, before anything is simulated) and checks the timestamp order; the second yields the requests
 one at a time. Only when timestamps are out of order are the records held in memory and sorted (stable),
-with a ``TraceOrderWarning``. Token ids are never held for the whole trace: callers create them per request.
+with a ``TraceOrderWarning``. Token ids are never held for the whole trace: callers create them per request
+(``MooncakePrompt`` keeps a prompt as its hash ids and expands it only when asked).
 
 A pipe, FIFO or other non-regular file (``/dev/stdin``) can be read only once: the first pass copies it to
 an anonymous temporary file and the later passes read that copy. Lines are read as bytes and decoded one at
@@ -31,7 +32,7 @@ import os
 import stat
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -72,6 +73,44 @@ def mooncake_tokens(hash_ids: Iterable[int], input_length: int, block: int = MOO
         raise DsakvError(f"input_length = {input_length}: {ids.size} hash ids cover at most {ids.size * block} tokens")
     tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).reshape(-1)
     return tokens[:input_length]
+
+
+class MooncakePrompt(Sequence):
+    """The token ids of a trace prompt, kept as its hash ids and expanded only when read.
+
+    ``np.asarray(prompt)`` (and a slice) gives exactly ``mooncake_tokens(hash_ids, input_length)``, as uint32
+    when the ids fit (int64 otherwise, so a range check downstream sees the true values); ``len`` is
+    ``input_length``. The simulator queues requests with these, so a backlog of waiting requests costs their
+    hash ids (one per 512 tokens, shared with the ``TraceRequest``), not 8 bytes a token: the scheduler
+    expands a prompt when it encodes the prompt's radix key, at admission.
+    """
+
+    __slots__ = ("hash_ids", "input_length", "block")
+
+    def __init__(self, hash_ids: Sequence[int], input_length: int, block: int = MOONCAKE_BLOCK) -> None:
+        if input_length > len(hash_ids) * block:
+            raise DsakvError(
+                f"input_length = {input_length}: {len(hash_ids)} hash ids cover at most {len(hash_ids) * block} tokens"
+            )
+        self.hash_ids, self.input_length, self.block = hash_ids, input_length, block
+
+    def __len__(self) -> int:
+        return self.input_length
+
+    def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
+        top = (max(self.hash_ids) + 1) * self.block if self.hash_ids else 0
+        ids = np.asarray(self.hash_ids, dtype=np.uint32 if top <= 2**32 else np.int64)
+        tokens = (ids[:, None] * self.block + np.arange(self.block, dtype=ids.dtype)[None, :]).reshape(-1)
+        tokens = tokens[: self.input_length]
+        return tokens if dtype is None else tokens.astype(dtype, copy=False)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return np.asarray(self)[index]
+        i = index + self.input_length if index < 0 else index
+        if not 0 <= i < self.input_length:
+            raise IndexError(f"prompt index {index} out of range for {self.input_length} tokens")
+        return self.hash_ids[i // self.block] * self.block + i % self.block
 
 
 def _field_int(row: dict, key: str, lineno: int, minimum: int) -> int:
