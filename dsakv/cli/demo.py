@@ -2,7 +2,9 @@
 
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
-The exit status is 0 when every generated token and every finished request's cache read-back match.
+The exit status is 0 when every generated token and every finished request's cache read-back match. Flags
+out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
+the tiny model's context) are one-line errors naming the limit, before torch is loaded.
 """
 
 from __future__ import annotations

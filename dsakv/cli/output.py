@@ -82,6 +82,9 @@ class OutputDir:
     def _check_final(self) -> None:
         """``DsakvError`` unless DIR is absent, or a folder holding only regular files named in ``names``."""
         final = self.final
+        cwd = Path(os.path.abspath(os.curdir))
+        if final == cwd or final in cwd.parents:  # replacing it would pull the folder from under the shell
+            raise DsakvError(f"{self.flag}: is the current folder or holds it; give a folder inside it")
         if final.is_symlink():
             raise DsakvError(f"{self.flag}: is a symbolic link; give the folder itself")
         if not final.exists():

@@ -2,8 +2,10 @@
 allocator and radix tree at the planner's pool capacity; print the summary (``--json``: every figure).
 
 ``--out DIR`` writes ``config.json`` (resolved configuration), ``summary.json``, ``requests.jsonl`` (one
-record per request) and the PNG plots. ``--sweep`` runs several configurations in worker processes and
-prints one comparison table. Figures are defined in ``docs/metrics.md``.
+record per request) and the PNG plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the
+run, renamed into place when complete). ``--sweep`` runs several configurations in worker processes and
+prints one comparison table; a sweep whose every point fails exits 1. Figures are defined in
+``docs/metrics.md``.
 """
 
 from __future__ import annotations

@@ -83,6 +83,14 @@ def test_a_destination_that_is_not_ours_to_replace_is_refused(tmp_path, make, me
     assert files_under(tmp_path) == before
 
 
+def test_the_current_folder_is_never_replaced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for out in (".", str(tmp_path.parent)):
+        with pytest.raises(DsakvError, match="current folder"):
+            OutputDir(out, NAMES)
+    assert files_under(tmp_path) == []
+
+
 def test_a_destination_below_a_file_is_refused_even_for_root(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(DsakvError, match="is not a folder"):
