@@ -1,14 +1,17 @@
 """``dsakv`` command line: one console script, one module per subcommand.
 
 Each subcommand module exposes ``add_parser(subparsers)`` and ``run(args) -> int``. Bad input
-raises ``DsakvError``; it is printed as one line and the exit status is 1 (130 on Ctrl-C).
+raises ``DsakvError``; it is printed as one line and the exit status is 1 (130 on Ctrl-C, 143 on SIGTERM:
+both unwind the stack, so a partial ``--out`` folder is removed on the way).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from typing import NoReturn
 
 from dsakv.errors import DsakvError
@@ -33,9 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt so that cleanups run."""
+
+
+def _on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return int(args._run(args) or 0)
     except DsakvError as exc:
@@ -44,8 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dsakv: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("dsakv: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:
         return 0
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

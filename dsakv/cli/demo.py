@@ -2,17 +2,25 @@
 
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
-The exit status is 0 when every generated token and every finished request's cache read-back match.
+The exit status is 0 when every generated token and every finished request's cache read-back match. Flags
+out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
+the tiny model's context) are one-line errors naming the limit, before torch is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 
+from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
-from dsakv.errors import DsakvError
+from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.scheduler.policies import PREEMPTION_MODES
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+
+DEMO_POOL_BYTES = 2**30  # each of the demo's two pools lives in CPU memory (torch tensors): at most 1 GiB
+MAX_CONVERSATIONS, MAX_TURNS = 1000, 100  # the tiny model runs on the CPU: larger workloads take hours
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -57,12 +65,38 @@ def print_table(summary: dict) -> None:
     Console().print(table)
 
 
+def _check_limits(args) -> int:
+    """One ``DsakvError`` line, naming the limit, for a flag out of range; returns the bytes of one pool page."""
+    context = ModelSpec.preset("tiny").max_position_embeddings
+    limits = {  # flag: (smallest, largest, why)
+        "threads": (1, os.cpu_count() or 1, "the CPUs of this machine"),
+        "conversations": (1, MAX_CONVERSATIONS, "a demo on the CPU"),
+        "turns": (1, MAX_TURNS, "a demo on the CPU"),
+        "system_tokens": (1, context, "the tiny model's context"),
+        "max_new_tokens": (1, context, "the tiny model's context"),
+        "page_size": (1, context, "the tiny model's context"),
+        "pages": (1, INT64_MAX, ""),
+        "seed": (0, INT64_MAX, ""),
+    }
+    for name, (low, high, why) in limits.items():
+        value = getattr(args, name)
+        if not low <= value <= high:
+            raise DsakvError(
+                f"--{name.replace('_', '-')} = {short_repr(value)}: must be an integer in {low}..{high:,}"
+                + (f" ({why})" if why else "")
+            )
+    page_bytes = CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True).page_bytes
+    if args.pages * page_bytes > DEMO_POOL_BYTES:
+        raise DsakvError(
+            f"--pages = {args.pages:,}: {args.pages:,} pages of {page_bytes:,} B exceed the demo's "
+            f"{DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool: at most {DEMO_POOL_BYTES // page_bytes:,} pages "
+            f"at --page-size {args.page_size}"
+        )
+    return page_bytes
+
+
 def run(args) -> int:
-    if args.threads < 1:
-        raise DsakvError(f"--threads = {args.threads}: must be >= 1")
-    for name in ("conversations", "turns", "system_tokens", "max_new_tokens", "pages", "page_size"):
-        if getattr(args, name) < 1:
-            raise DsakvError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
+    page_bytes = _check_limits(args)
     import torch
 
     from dsakv.workloads.chat import chat_workload, pressure_summary
@@ -83,6 +117,12 @@ def run(args) -> int:
     need = workload.pages_needed(args.page_size)
     if args.pages < need:
         raise DsakvError(f"--pages = {args.pages}: the longest request of this workload needs {need} pages")
+    reference = need * workload.num_requests  # the roomy pool of the reference run (pressure_summary)
+    if reference * page_bytes > DEMO_POOL_BYTES:
+        raise DsakvError(
+            f"--conversations {args.conversations} x --turns {args.turns}: the reference run's pool of {reference:,} "
+            f"pages of {page_bytes:,} B exceeds the demo's {DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool"
+        )
     torch.set_num_threads(args.threads)
     summary = pressure_summary(
         workload,
@@ -95,7 +135,7 @@ def run(args) -> int:
         exact=args.exact,
     )
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(dumps(summary, indent=2))
     else:
         print_table(summary)
     # An fp32 checkpoint model is not bit-invariant to chunk sizes, so its cache bytes may differ in the last

@@ -5,16 +5,18 @@ puts the flags in a parser group, ``gpu_setting(args)`` turns them into a valida
 ``available_bytes(args)`` reads ``--available-bytes`` (a pool budget that skips the memory split).
 
 Numbers are taken as strings and parsed here so that bad input is one ``DsakvError`` line (exit 1)
-rather than an argparse usage dump. Byte sizes accept plain integers (``1,048,576`` or ``1_048_576``)
-or a unit: ``GB``/``MB`` (10^9, 10^6) and ``GiB``/``MiB`` (2^30, 2^20).
+rather than an argparse usage dump. Integers stay below 2**63 (a 400-digit value is an error naming the
+limit, not an ``OverflowError`` later). Byte sizes accept plain integers (``1,048,576`` or ``1_048_576``),
+an exponent (``1e15``) or a unit: ``GB``/``MB`` (10^9, 10^6) and ``GiB``/``MiB`` (2^30, 2^20).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from decimal import Decimal
 
-from dsakv.errors import DsakvError
+from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS
 
@@ -23,36 +25,39 @@ UNITS["tib"] = 2**40
 DEFAULT = GpuSetting()  # the flags' defaults
 
 
-def parse_int(flag: str, text: str | None, minimum: int = 1) -> int | None:
+def parse_int(flag: str, text: str | None, minimum: int = 1, maximum: int = INT64_MAX) -> int | None:
+    """An integer in ``minimum..maximum`` (default: up to 2**63 - 1); ``,`` and ``_`` may group digits."""
     if text is None:
         return None
-    try:
-        value = int(str(text).replace(",", "").replace("_", ""))
-    except ValueError:
-        raise DsakvError(f"{flag} = {text!r}: must be an integer >= {minimum}") from None
-    if value < minimum:
-        raise DsakvError(f"{flag} = {value}: must be an integer >= {minimum}")
-    return value
+    digits = str(text).strip().replace(",", "").replace("_", "")
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be an integer >= {minimum}")
+    if len(digits.lstrip("+-0")) > 19 or not minimum <= int(digits) <= maximum:  # 19 digits: int64 and below
+        if digits.startswith("-") or len(digits.lstrip("+-0")) <= 19 and int(digits) < minimum:
+            raise DsakvError(f"{flag} = {short_repr(text)}: must be an integer >= {minimum}")
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be an integer in {minimum}..{maximum:,}")
+    return int(digits)
 
 
 def parse_bytes(flag: str, text: str | None, minimum: int = 1) -> int | None:
-    """An integer byte count, optionally with a unit (GB = 10^9, GiB = 2^30)."""
+    """An integer byte count, optionally with a unit (GB = 10^9, GiB = 2^30) or an exponent (``1e15``), at most
+    2**63 - 1 (fractions of a byte are dropped)."""
     if text is None:
         return None
-    m = re.fullmatch(r"\s*([0-9][0-9_,]*(?:\.[0-9]+)?|-[0-9][0-9_,]*(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*(-?[0-9][0-9_,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in UNITS:
         raise DsakvError(
-            f"{flag} = {text!r}: must be a byte count (an integer, or with a unit: {', '.join(UNITS)[4:]})"
+            f"{flag} = {short_repr(text)}: must be a byte count (an integer, or with a unit: {', '.join(UNITS)[4:]})"
         )
-    number = (
-        float(m.group(1).replace(",", "").replace("_", ""))
-        if "." in m.group(1)
-        else int(m.group(1).replace(",", "").replace("_", ""))
-    )
-    value = int(number * UNITS[m.group(2).lower()])
+    number = Decimal(m.group(1).replace(",", "").replace("_", ""))
+    value = (
+        number * UNITS[m.group(2).lower()] if -INT64_MAX <= number <= INT64_MAX else number
+    )  # 1e999999999: no product
     if value < minimum:
-        raise DsakvError(f"{flag} = {text!r}: must be at least {minimum} bytes")
-    return value
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be at least {minimum} bytes")
+    if value > INT64_MAX:
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be at most {INT64_MAX:,} bytes (2**63 - 1)")
+    return int(value)
 
 
 def parse_float(flag: str, text: str, *, maximum: float | None = None) -> float:
@@ -61,9 +66,9 @@ def parse_float(flag: str, text: str, *, maximum: float | None = None) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise DsakvError(f"{flag} = {text!r}: must be {allowed}") from None
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be {allowed}") from None
     if not 0 < value < float("inf") or (maximum is not None and value > maximum):
-        raise DsakvError(f"{flag} = {text!r}: must be {allowed}")
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be {allowed}")
     return value
 
 

@@ -13,6 +13,7 @@ from dataclasses import fields
 from rich.console import Console
 
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
+from dsakv.cli.output import dumps
 from dsakv.cli.plan_render import render
 from dsakv.planner.plan import Plan, plan
 from dsakv.spec.layout import CUDA_PAGE_SIZE, KV_DTYPES, CacheLayout
@@ -87,7 +88,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
 def run(args: argparse.Namespace) -> int:
     result = build_plan(args)
     if args.json:
-        print(result.to_json())
+        print(dumps(result.to_dict(), indent=2))  # Plan.to_json's text, with no NaN or Infinity
         return 0
     console = Console(width=None if sys.stdout.isatty() else 160)
     render(result, console, CAPTION)

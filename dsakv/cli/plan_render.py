@@ -65,9 +65,7 @@ def memory_table(p: Plan) -> Table:
     t.add_row("pool pages (whole pages - 1 scratch page)", b(pool.pages), "")
     t.add_row("pool tokens per rank", b(pool.tokens), "")
     t.add_row(f"system tokens ({st.pools} independent pools)", b(p.system_tokens), "")
-    if pool.pages == 0:
-        t.add_row("[bold red]no pool: weights and reserves exceed the static part[/]", "", "")
-    return t
+    return t  # a plan always has a pool page: planner.budget.require_pool refuses the settings that leave none
 
 
 def context_table(p: Plan) -> Table:

@@ -2,30 +2,33 @@
 allocator and radix tree at the planner's pool capacity; print the summary (``--json``: every figure).
 
 ``--out DIR`` writes ``config.json`` (resolved configuration), ``summary.json``, ``requests.jsonl`` (one
-record per request) and the PNG plots. ``--sweep`` runs several configurations in worker processes and
-prints one comparison table. Figures are defined in ``docs/metrics.md``.
+record per request) and the PNG plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the
+run, renamed into place when complete). ``--sweep`` runs several configurations in worker processes and
+prints one comparison table; a sweep whose every point fails exits 1. Figures are defined in
+``docs/metrics.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_float, parse_fraction, parse_int
+from dsakv.cli.output import OutputDir, dumps
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
-from dsakv.sim.loop import simulate
-from dsakv.sim.source import Source, open_source
+from dsakv.sim.loop import arrival_seconds, simulate
+from dsakv.sim.plots import PLOT_FILES
+from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import run_sweep
 from dsakv.spec.layout import KV_DTYPES, ceil_div
@@ -33,6 +36,7 @@ from dsakv.spec.model_spec import PRESETS
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
 DEFAULT, DEFAULT_SOURCE = SimConfig(), Source()  # the flags' defaults
+OUT_FILES = ("config.json", "summary.json", "requests.jsonl", "sweep.json", *PLOT_FILES)  # what --out DIR may hold
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -155,67 +159,85 @@ def run(args: argparse.Namespace) -> int:
     setup = build_setup(cfg)  # impossible settings are reported here, before any trace is read
     show_bar = sys.stderr.isatty() and not args.json
     if args.sweep:
-        points = parse_sweep(args.sweep, cfg)
-        bar, tick = _progress(show_bar, len(points), "sweep points")
-        done = []
+        return _run_sweep(args, cfg, source, show_bar)
+    with _output_dir(args.out) as out:  # a bad --out is reported here, before the run
+        opened = _open(source, cfg.time_scale)
+        total = ceil_div(opened.num_requests, cfg.gpu.dp_attention)  # DP attention: group 0 gets every d-th request
+        bar, tick = _progress(show_bar and total >= 200, total, "requests")
         if bar:
             bar.start()
         try:
-            rows = run_sweep(
-                cfg,
-                points,
-                source,
-                parse_int("--workers", args.workers),
-                lambda r: (done.append(r), tick and tick(len(done))),
-            )
+            result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
         finally:
             if bar:
                 bar.stop()
-        if args.json:
-            print(json.dumps({"source": source.to_dict(), "base": cfg.to_dict(), "rows": [r.to_dict() for r in rows]}))
-        else:
-            render_sweep(rows, source, Console(width=None if sys.stdout.isatty() else 200))
-        if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "sweep.json").write_text(json.dumps([r.to_dict() for r in rows], indent=1))
-        return 0
-    opened = open_source(source)
-    for note in opened.warnings:
-        print(f"dsakv: warning: {note}", file=sys.stderr)
-    total = ceil_div(opened.num_requests, cfg.gpu.dp_attention)  # DP attention: group 0 gets every d-th request
-    bar, tick = _progress(show_bar and total >= 200, total, "requests")
-    if bar:
-        bar.start()
-    try:
-        result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
-    finally:
-        if bar:
-            bar.stop()
-    resolved = {"source": source.to_dict(), "config": cfg.to_dict(), "setup": setup.to_dict()}
-    if args.out:
-        _write_out(Path(args.out), result, resolved, plots=not args.no_plots)
+        resolved = {"source": source.to_dict(), "config": cfg.to_dict(), "setup": setup.to_dict()}
+        if out is not None:
+            _write_out(out, result, resolved, plots=not args.no_plots)
+            out.commit()
     if args.json:
-        print(json.dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
+        print(dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
     else:
         render_summary(result, setup, source, Console(width=None if sys.stdout.isatty() else 160))
     return 0
 
 
-def _write_out(out: Path, result, resolved: dict, plots: bool) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DsakvError(f"--out {str(out)!r}: cannot create the directory ({exc.strerror or exc})") from None
-    (out / "config.json").write_text(json.dumps(resolved, indent=1))
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=1))
-    with (out / "requests.jsonl").open("w") as f:
-        for rec in result.records:
-            f.write(json.dumps(rec.to_dict()) + "\n")
-    if plots:
-        from dsakv.sim.plots import write_plots
+def _output_dir(out: str | None) -> OutputDir | contextlib.nullcontext:
+    return contextlib.nullcontext() if out is None else OutputDir(out, OUT_FILES)
 
-        write_plots(out, result)
+
+def _open(source: Source, time_scale: float | None) -> OpenedSource:
+    """Open (and validate) the source, print its notes, and check that its last arrival fits the clock at
+    ``time_scale`` (None: each sweep point checks its own)."""
+    opened = open_source(source)
+    for note in opened.warnings:
+        print(f"dsakv: warning: {note}", file=sys.stderr)
+    if time_scale is not None:
+        arrival_seconds(opened.last_timestamp_ms, time_scale, opened.last_line)
+    return opened
+
+
+def _run_sweep(args: argparse.Namespace, cfg: SimConfig, source: Source, show_bar: bool) -> int:
+    points = parse_sweep(args.sweep, cfg)
+    workers = parse_int("--workers", args.workers)
+    with _output_dir(args.out) as out:
+        check_rereadable(source)  # every worker reads the source again: a pipe could be read only once
+        _open(source, None)  # a bad trace is one error here, not the same error in every row
+        bar, tick = _progress(show_bar, len(points), "sweep points")
+        done = []
+        if bar:
+            bar.start()
+        try:
+            rows = run_sweep(cfg, points, source, workers, lambda r: (done.append(r), tick and tick(len(done))))
+        finally:
+            if bar:
+                bar.stop()
+        failed = [r for r in rows if r.summary is None]
+        if out is not None and len(failed) < len(rows):
+            out.write_text("sweep.json", dumps([r.to_dict() for r in rows], indent=1))
+            out.commit()
+    if args.json:
+        print(dumps({"source": source.to_dict(), "base": cfg.to_dict(), "rows": [r.to_dict() for r in rows]}))
+    else:
+        render_sweep(rows, source, Console(width=None if sys.stdout.isatty() else 200))
+    if rows and len(failed) == len(rows):
+        raise DsakvError(f"every sweep point failed (the first: {failed[0].label}: {failed[0].error})")
+    return 0
+
+
+def _write_out(out: OutputDir, result, resolved: dict, plots: bool) -> None:
+    out.write_text("config.json", dumps(resolved, indent=1))
+    out.write_text("summary.json", dumps(result.summary, indent=1))
+    try:
+        with (out.path / "requests.jsonl").open("w") as f:
+            for rec in result.records:
+                f.write(dumps(rec.to_dict()) + "\n")
+        if plots:
+            from dsakv.sim.plots import write_plots
+
+            write_plots(out.path, result)
+    except OSError as exc:
+        raise DsakvError(f"{out.flag}: cannot write ({exc.strerror or exc})") from None
 
 
 __all__ = ["add_parser", "build_config", "run"]

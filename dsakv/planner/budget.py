@@ -184,6 +184,29 @@ def pool_capacity(
     )
 
 
+def require_pool(capacity: PoolCapacity) -> None:
+    """Raise ``DsakvError`` with the reason unless the pool holds at least one page beyond the scratch pages.
+
+    The one check of a usable pool, shared by ``dsakv plan`` (``dsakv.planner.plan.plan``) and ``dsakv
+    simulate`` (``dsakv.sim.config.build_setup``), so both refuse the same settings with the same words.
+    """
+    if capacity.pages >= 1:
+        return
+    mem = capacity.memory
+    if mem is None:
+        head = f"available bytes = {capacity.available_bytes:,} B"
+    else:
+        head = (
+            f"the GPU setting leaves {capacity.available_bytes:,} B per rank for the pool "
+            f"(static {mem.static_bytes:,} B - weights {mem.weights_bytes:,} B - activations "
+            f"{mem.activation_bytes:,} B - top-k buffer {mem.topk_buffer_bytes:,} B)"
+        )
+    n = capacity.scratch_pages
+    raise DsakvError(
+        f"{head}: less than one page ({capacity.page_bytes:,} B) beyond the {n} scratch page{'s' if n > 1 else ''}"
+    )
+
+
 @dataclass(frozen=True)
 class ContextRow:
     """One request of ``tokens`` tokens on one rank: written bytes of each cache and reserved pages."""
@@ -252,5 +275,6 @@ __all__ = [
     "pool_capacity",
     "rank_memory",
     "request_fit",
+    "require_pool",
     "scratch_pages",
 ]

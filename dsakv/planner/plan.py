@@ -22,6 +22,7 @@ from dsakv.planner.budget import (
     mean_tail_waste_bytes,
     pool_capacity,
     request_fit,
+    require_pool,
 )
 from dsakv.planner.diagnose import Explanation, explain_tokens
 from dsakv.planner.savings import PrefixSavings, prefix_savings
@@ -108,7 +109,9 @@ def plan(
     explain: int | None = None,
     patterns: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Compute every planner figure. ``available_bytes`` replaces the setting's memory split for the pool."""
+    """Compute every planner figure. ``available_bytes`` replaces the setting's memory split for the pool.
+
+    Raises ``DsakvError`` (``budget.require_pool``) when the memory leaves no pool page beyond the scratch pages."""
     layout = layout or CacheLayout(spec)
     setting = setting or GpuSetting()
     cell = RankCell(layout, setting.dcp)
@@ -116,6 +119,7 @@ def plan(
         pool, source = pool_capacity(layout, setting), "gpu setting"
     else:
         pool, source = pool_capacity(layout, available_bytes=available_bytes, dcp=setting.dcp), "available bytes"
+    require_pool(pool)  # the same check (and words) as dsakv simulate
     weights = None
     if setting.weights_bytes is None and spec.arch_value("hidden_size"):
         weights = weights_per_rank(

@@ -17,6 +17,11 @@ at its first match (not at arrival: a long waiting queue would hold every prompt
 the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
 encoded twice. The key carries the request's namespace (``extra_key``, ``cache_salt``): every lookup and
 insert of the request happens in it, so requests of different namespaces never share a page.
+
+A prompt is a list, a 1-D integer array, or a compact sequence that ``np.asarray`` expands (the simulator's
+``dsakv.workloads.traces.MooncakePrompt`` keeps a trace prompt as its hash ids): such a prompt is expanded
+when it is checked on arrival and when its key is encoded, and never kept expanded, so a waiting request
+costs what its compact form costs.
 """
 
 from __future__ import annotations
@@ -201,7 +206,9 @@ class Request:
         encoding the prompt (first call) or the output tokens it does not cover yet (each is encoded once)."""
         key = self.key
         if key is None:
-            key = self.key = RadixKey(self.prompt, self.extra_key, self.cache_salt)
+            prompt = self.prompt  # a compact prompt (not a list or an array) is expanded here, once
+            tokens = prompt if isinstance(prompt, list | tuple | np.ndarray) else np.asarray(prompt)
+            key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt)
         if end > key.num_tokens:
             key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
         return key if end == key.num_tokens else key.prefix(end)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from dsakv.cache.eviction import get_policy
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.errors import DsakvError, check_choice
-from dsakv.planner.budget import PoolCapacity, RankCell
+from dsakv.planner.budget import PoolCapacity, RankCell, require_pool
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.variants import Variant, variant_capacity
@@ -35,6 +35,10 @@ from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
 STEP_MODELS = ("roofline", "constant")
+# Largest pool the simulator runs (2**23 pages: 536,870,912 tokens at 64 per page). The page allocator keeps a
+# Python list of the free page ids (about 40 B a page, 340 MB at the limit); real DSA pools are a few
+# thousand to a million pages (GLM-5.3 on 8 x H200: 9,064; the tiny model on one MI300X: 934,874).
+MAX_SIM_POOL_PAGES = 2**23
 
 
 @dataclass(frozen=True)
@@ -160,16 +164,16 @@ def build_setup(cfg: SimConfig) -> SimSetup:
                 + (f" (page_size {layout.page_size} x dcp {setting.dcp})" if setting.dcp > 1 else "")
             )
     else:
+        require_pool(capacity)  # the same check (and words) as dsakv plan
         pages = capacity.pages
         source = "--available-bytes" if cfg.available_bytes is not None else "planner (GPU setting)"
-        if pages < 1:
-            mem = capacity.memory
-            raise DsakvError(
-                f"{'--available-bytes gives' if mem is None else 'the GPU setting leaves'} "
-                f"{capacity.available_bytes} B for the pool, less than one page "
-                f"({capacity.page_bytes} B) beyond the scratch page"
-                + (f": weights take {mem.weights_bytes} B per rank" if mem else "")
-            )
+    if pages > MAX_SIM_POOL_PAGES:
+        what = f"pool_tokens = {cfg.pool_tokens:,}" if cfg.pool_tokens is not None else f"the {source} pool"
+        raise DsakvError(
+            f"{what}: {pages:,} pages of {tokens_per_page} tokens; the simulator takes at most "
+            f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * tokens_per_page:,} tokens): its page allocator "
+            f"keeps every free page id in memory, about 40 B each"
+        )
     if cfg.step_model == "constant":
         step_time = ConstantStepTime()
     else:

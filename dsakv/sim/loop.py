@@ -3,7 +3,7 @@ real ``PageAllocator`` and ``RadixCache``, no pool) serves them; a step-time mod
 
 One iteration (``Simulation.run``)::
 
-    arrive:  add every request whose arrival time <= now      (token ids created here, dropped at finish;
+    arrive:  add every request whose arrival time <= now      (prompt as hash ids: expanded at admission;
                                                                 the trace's tenant / cache_salt is its namespace)
     idle?    jump the clock to the next arrival
     plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
@@ -36,15 +36,32 @@ from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
+from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_record, summarize
-from dsakv.workloads.traces import TraceRequest, mooncake_tokens
+from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
+# Latest arrival the clock accepts (about 317 years). Float seconds still resolve microseconds there, so
+# step times of milliseconds add up; far beyond (1e308 ms, --time-scale 1e300) they vanish or overflow.
+MAX_ARRIVAL_S = 1e10
 OUTPUT_TOKEN_TOP = 2**32 - 1  # radix keys are uint32 token ids
 PROGRESS_EVERY_STEPS = 256
+
+
+def arrival_seconds(timestamp_ms: float, time_scale: float, line: int = 0) -> float:
+    """Arrival time in simulated seconds, ``timestamp_ms / 1000 x time_scale``; ``DsakvError`` naming the
+    trace line (0: a generated request) unless it is at most ``MAX_ARRIVAL_S``."""
+    seconds = timestamp_ms * (time_scale / 1000.0)
+    if not seconds <= MAX_ARRIVAL_S:  # also catches inf and nan
+        where = f"trace line {line}" if line else "a scenario request"
+        raise DsakvError(
+            f"{where}: timestamp {timestamp_ms:g} ms x time_scale {time_scale:g} = {seconds:g} s after the start: "
+            f"arrivals must lie within {MAX_ARRIVAL_S:g} s (about 317 years)"
+        )
+    return seconds
 
 
 @dataclass(slots=True)
@@ -83,10 +100,11 @@ class Simulation:
         self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
         self.records: list[RequestRecord] = []
         self.timeline = Timeline()
-        self._ms_to_s = cfg.time_scale / 1000.0
         self._rng = random.Random(cfg.seed)
         self._arrivals = self._route(requests)
-        self._pending = next(self._arrivals, None)
+        self._pending: TraceRequest | None = None
+        self._pending_s = 0.0  # arrival time of ``_pending`` (checked: ``arrival_seconds``)
+        self._take_next()
         self._serial = 0
         conc = cfg.max_concurrency
         # closed loop: a heap of the times each client slot is free again (None: open loop)
@@ -105,10 +123,15 @@ class Simulation:
             else:
                 self.counters.other_group_requests += 1
 
+    def _take_next(self) -> None:
+        pending = self._pending = next(self._arrivals, None)
+        if pending is not None:
+            self._pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
+
     def next_arrival_s(self) -> float | None:
         if self._pending is None or self._slots == []:
             return None
-        start = self._pending.timestamp_ms * self._ms_to_s
+        start = self._pending_s
         return start if self._slots is None else max(start, self._slots[0])
 
     def arrive(self, now: float) -> None:
@@ -117,7 +140,7 @@ class Simulation:
             trace_req = self._pending
             if self._slots is not None:
                 heapq.heappop(self._slots)
-            prompt = mooncake_tokens(trace_req.hash_ids, trace_req.input_length)
+            prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
             req = self.scheduler.add_request(
                 prompt,
                 trace_req.output_length,
@@ -133,7 +156,7 @@ class Simulation:
                 tracker = self.live[req.id]
                 tracker.admit_s = tracker.first_token_s = arrival_s
                 self.leave(req, arrival_s, "finished")
-            self._pending = next(self._arrivals, None)
+            self._take_next()
 
     # ----- one step -------------------------------------------------------------------------------
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from dsakv.sim.report import SimResult
 
 GIB = 2**30
+PLOT_FILES = ("pool_use.png", "hit_rate.png", "prefix_cdf.png", "timeline.png")  # what write_plots writes
 
 
 def _pyplot():

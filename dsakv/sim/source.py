@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dsakv.errors import DsakvError, check_choice
 from dsakv.sim.report import Counters
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS, generate_scenario
-from dsakv.workloads.traces import MooncakeTrace, TraceOrderWarning, TraceRequest
+from dsakv.workloads.traces import MooncakeTrace, TraceOrderWarning, TraceRequest, is_regular_file
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,26 @@ class OpenedSource:
     num_requests: int
     counters: Counters
     warnings: tuple[str, ...] = ()
+    last_timestamp_ms: float = 0  # the latest arrival's timestamp (0 when empty) ...
+    last_line: int = 0  # ... and its trace line (0 for a scenario); ``check_arrival`` vets it before a run
+
+
+def check_rereadable(source: Source) -> None:
+    """``DsakvError`` unless ``source`` can be opened more than once (each sweep point opens it again): a trace
+    must then be a regular file, not a pipe or FIFO, whose lines the first reader would take."""
+    if source.trace is not None and not is_regular_file(source.trace):
+        raise DsakvError(
+            f"trace {source.trace!r}: a pipe or FIFO can be read only once and every sweep point reads the "
+            "trace again: save it to a file first"
+        )
 
 
 def open_source(source: Source) -> OpenedSource:
     """Validate and open the source; a trace's out-of-order warning is returned, not printed."""
     if source.trace is None:
         reqs = generate_scenario(source.scenario or DEFAULT_SCENARIO, seed=source.seed, scale=source.scale)
-        return OpenedSource(reqs, len(reqs), Counters())
+        last = reqs[-1].timestamp_ms if reqs else 0
+        return OpenedSource(reqs, len(reqs), Counters(), last_timestamp_ms=last)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceOrderWarning)
         trace = MooncakeTrace(source.trace, skip_bad=source.skip_bad)
@@ -74,4 +87,4 @@ def open_source(source: Source) -> OpenedSource:
     if len(trace) == 0:
         notes += (f"trace {source.trace!r} holds no request: nothing to simulate",)
     counters = Counters(skipped_lines=trace.skipped, reordered_lines=trace.out_of_order)
-    return OpenedSource(trace, len(trace), counters, notes)
+    return OpenedSource(trace, len(trace), counters, notes, trace.last_timestamp_ms, trace.last_line)

@@ -5,7 +5,8 @@ product. ``--sweep what-if`` is a preset: the base configuration, then one knob 
 policy, indexer schedule 39 / 78 full layers and an IndexCache pattern when the pattern file is present,
 MTP, DCP, KV dtype, insertion mode, half and double pool). Each point re-opens the source in its worker (a
 trace is re-read and validated there; a scenario is regenerated from its seed), so no request crosses a
-process boundary. A point whose setting is impossible becomes a row with the error, not a crash.
+process boundary; a trace must therefore be a regular file (a pipe can be read only once). A point whose
+setting is impossible becomes a row with the error, not a crash.
 
 A point is a dict of overrides keyed by ``SimConfig`` field names or by ``GpuSetting`` field names (``dcp``,
 ``dp_attention``, ``gpu_memory_bytes``, ``max_batched_tokens``, ...), which change the nested ``SimConfig.gpu``.
@@ -21,8 +22,8 @@ from dataclasses import dataclass, fields, replace
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
-from dsakv.sim.source import Source, open_source
+from dsakv.sim.loop import arrival_seconds, simulate
+from dsakv.sim.source import Source, check_rereadable, open_source
 from dsakv.spec.patterns import indexer_patterns
 
 
@@ -90,6 +91,7 @@ def _run_point(job: tuple[str, SimConfig, dict, Source]) -> SweepRow:
         cfg = apply_point(base, overrides)
         setup = build_setup(cfg)
         opened = open_source(source)
+        arrival_seconds(opened.last_timestamp_ms, cfg.time_scale, opened.last_line)  # before the run, not late in it
         result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
     except DsakvError as exc:
         return SweepRow(label, cfg, None, str(exc))
@@ -108,6 +110,7 @@ def run_sweep(
     An unknown key or a bad ``SimConfig`` value (an unknown policy, say) raises ``DsakvError`` before
     anything runs; an impossible GPU setting or pool (a DP-attention size that does not divide TP, no room
     for one page) becomes that point's row with the error."""
+    check_rereadable(source)
     jobs = []
     for over in points:
         sim, _ = _split(over)

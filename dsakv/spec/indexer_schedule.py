@@ -17,12 +17,12 @@ Pure functions; bad input raises ``DsakvError``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dsakv.errors import DsakvError
+from dsakv.errors import INT64_MAX, DsakvError, short_repr
+from dsakv.spec.jsonio import read_json_file
 
 FULL = "full"
 SHARED = "shared"
@@ -30,11 +30,10 @@ INDEXER_TYPES = (FULL, SHARED)
 
 
 def config_int(cfg: Mapping[str, Any], key: str, *, allow_zero: bool = False) -> int:
-    """``cfg[key]`` as a positive (or, with ``allow_zero``, non-negative) integer, else ``DsakvError``."""
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        allowed = "an integer >= 0" if allow_zero else "a positive integer"
-        raise DsakvError(f"config field {key!r} = {value!r}: must be {allowed}")
+    """``cfg[key]`` as an integer in 1..2**63-1 (``allow_zero``: 0..2**63-1), else ``DsakvError``."""
+    value, low = cfg[key], 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT64_MAX:
+        raise DsakvError(f"config field {key!r} = {short_repr(value)}: must be an integer in {low}..2**63-1")
     return value
 
 
@@ -100,10 +99,7 @@ def resolve_indexer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[tupl
 
 def load_indexcache_patterns(path: str | Path) -> dict[str, str]:
     """Read an IndexCache pattern file (``{name: {"pattern": "FFS..."}}``) into ``{name: pattern}``."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DsakvError(f"indexer pattern file {str(path)!r}: cannot read ({exc})") from None
+    data = read_json_file(path, "indexer pattern file")
     if not isinstance(data, dict):
         raise DsakvError(f"indexer pattern file {str(path)!r}: must be a JSON object of {{name: {{'pattern': ...}}}}")
     return {k: v["pattern"] for k, v in data.items() if isinstance(v, dict) and "pattern" in v}

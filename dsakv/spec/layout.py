@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError, check_choice
-from dsakv.spec.model_spec import ModelSpec
+from dsakv.spec.model_spec import ModelSpec, check_layer_count
 
 CUDA_PAGE_SIZE = 64  # the DSA indexer kernels on CUDA read 64-token pages
 FP8_E4M3_MAX = 448.0
@@ -106,8 +106,7 @@ class CacheLayout:
             raise DsakvError(
                 f"index_kpool = {self.index_kpool!r}: must be a positive divisor of page_size = {self.page_size}"
             )
-        if not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
-            raise DsakvError(f"mtp_layers = {self.mtp_layers!r}: must be an integer >= 0")
+        check_layer_count("mtp_layers", self.mtp_layers, 0)
         if fmt.scale_tile and self.spec.kv_lora_rank % fmt.scale_tile:
             raise DsakvError(
                 f"kv_lora_rank = {self.spec.kv_lora_rank}: kv_dtype {self.kv_dtype!r} needs a multiple of {fmt.scale_tile}"

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dsakv.errors import DsakvError, check_choice
+from dsakv.errors import INT64_MAX, DsakvError, check_choice, short_repr
 from dsakv.spec.hf_defaults import with_defaults
 from dsakv.spec.indexer_schedule import (
     FULL,
@@ -26,8 +26,12 @@ from dsakv.spec.indexer_schedule import (
     load_indexcache_patterns,
     resolve_indexer_types,
 )
+from dsakv.spec.jsonio import read_json_file
 
 PRESETS = ("glm-5.3", "glm-5.2", "glm-5.1", "glm-5", "deepseek-v3.2", "tiny")
+# Decoder layers and MTP layers a spec may have. The spec keeps one entry per layer and the planner loops over
+# layers; shipped DSA models have under 100, so a larger count is a typo, not a model (10^9 would need GBs).
+MAX_LAYERS = 4096
 
 # Fields every DSA config must carry (the cache shape depends on them).
 REQUIRED_FIELDS = (
@@ -79,10 +83,10 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for key in REQUIRED_FIELDS + ("max_position_embeddings",):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DsakvError(f"spec field {key!r} = {value!r}: must be a positive integer")
-        if self.num_nextn_predict_layers < 0:
-            raise DsakvError(f"spec field 'num_nextn_predict_layers' = {self.num_nextn_predict_layers}: must be >= 0")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT64_MAX:
+                raise DsakvError(f"spec field {key!r} = {short_repr(value)}: must be an integer in 1..2**63-1")
+        check_layer_count("spec field 'num_hidden_layers'", self.num_hidden_layers, 1)
+        check_layer_count("spec field 'num_nextn_predict_layers'", self.num_nextn_predict_layers, 0)
         if len(self.indexer_types) != self.num_hidden_layers:
             raise DsakvError(
                 f"spec field 'indexer_types' has {len(self.indexer_types)} entries: "
@@ -190,14 +194,7 @@ class ModelSpec:
         another model type must carry every ``REQUIRED_FIELDS`` entry."""
         if isinstance(config, (str, Path)):
             path = Path(config)
-            try:
-                text = path.read_text()
-            except OSError as exc:
-                raise DsakvError(f"config {str(path)!r}: cannot read ({exc.strerror or exc})") from None
-            try:
-                config = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DsakvError(f"config {str(path)!r}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            config = read_json_file(path, "config")
             name = name or path.stem
         if not isinstance(config, Mapping):
             raise DsakvError(f"config must be a JSON object, got {type(config).__name__}")
@@ -209,20 +206,18 @@ class ModelSpec:
             )
         values = {k: config_int(config, k) for k in REQUIRED_FIELDS}
         num_layers = values["num_hidden_layers"]
+        check_layer_count("config field 'num_hidden_layers'", num_layers, 1)  # before one entry per layer is built
         types, source = resolve_indexer_types(config, num_layers)
         max_pos = config.get("max_position_embeddings")
         max_pos = config_int(config, "max_position_embeddings") if max_pos is not None else 163840
         mtp = config.get("num_nextn_predict_layers") or 0
-        if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
-            raise DsakvError(f"config field 'num_nextn_predict_layers' = {mtp!r}: must be an integer >= 0")
+        check_layer_count("config field 'num_nextn_predict_layers'", mtp, 0)
         arch = {}
         for key in ARCH_FIELDS:
             v = config.get(key)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise DsakvError(f"config field {key!r} = {v!r}: must be an integer >= 0")
-            arch[key] = v
+            arch[key] = config_int(config, key, allow_zero=True)
         quant = config.get("quantization_config") or {}
         if not isinstance(quant, Mapping):
             raise DsakvError(f"config field 'quantization_config' = {quant!r}: must be a JSON object")
@@ -247,6 +242,15 @@ class ModelSpec:
         return cls.from_hf_config(json.loads(text), name=name)
 
 
+def check_layer_count(name: str, value: object, minimum: int) -> None:
+    """``DsakvError`` unless ``value`` is an integer in ``minimum..MAX_LAYERS``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_LAYERS:
+        raise DsakvError(
+            f"{name} = {short_repr(value)}: must be an integer in {minimum}..{MAX_LAYERS} "
+            f"(the spec keeps one entry per layer; DSA models have under 100)"
+        )
+
+
 def load_spec(model: str | None = None, config: str | Path | None = None) -> ModelSpec:
     """Resolve ``--model NAME`` / ``--config PATH`` (exactly one; default preset glm-5.3)."""
     if model is not None and config is not None:
@@ -260,10 +264,12 @@ __all__ = [
     "ARCH_FIELDS",
     "FULL",
     "INDEXER_TYPES",
+    "MAX_LAYERS",
     "PRESETS",
     "REQUIRED_FIELDS",
     "SHARED",
     "ModelSpec",
+    "check_layer_count",
     "indexer_types_from_freq",
     "indexer_types_from_pattern",
     "load_indexcache_patterns",

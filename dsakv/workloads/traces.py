@@ -17,25 +17,38 @@ the ids above it are free for outputs (the simulator's count down from 2**32 - 1
 Reading is two passes over the file: the first validates every line (so a bad line is reported, with its
 line number, before anything is simulated) and checks the timestamp order; the second yields the requests
 one at a time. Only when timestamps are out of order are the records held in memory and sorted (stable),
-with a ``TraceOrderWarning``. Token ids are never held for the whole trace: callers create them per request.
+with a ``TraceOrderWarning``. Token ids are never held for the whole trace: callers create them per request
+(``MooncakePrompt`` keeps a prompt as its hash ids and expands it only when asked).
+
+A pipe, FIFO or other non-regular file (``/dev/stdin``) can be read only once: the first pass copies it to
+an anonymous temporary file and the later passes read that copy. Lines are read as bytes and decoded one at
+a time, so a line that is not UTF-8 is a bad line like any other (named, or skipped with ``skip_bad``); a
+line longer than ``MAX_LINE_BYTES`` stops the reading (it cannot be skipped without reading it whole).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
+import os
+import stat
+import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
-from dsakv.errors import DsakvError
+from dsakv.errors import INT64_MAX, DsakvError, short_repr
+from dsakv.spec.jsonio import parse_json
 from dsakv.spec.layout import ceil_div
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces
 PROMPT_TOKEN_LIMIT = 2**31  # prompt token ids lie below it; the ids above are left to outputs
+MAX_LINE_BYTES = 16 * 2**20  # one request per line: a 10M-token prompt is about 200 KB of hash ids
 
 
 class TraceOrderWarning(UserWarning):
@@ -67,14 +80,54 @@ def mooncake_tokens(hash_ids: Iterable[int], input_length: int, block: int = MOO
     return tokens[:input_length]
 
 
+class MooncakePrompt(Sequence):
+    """The token ids of a trace prompt, kept as its hash ids and expanded only when read.
+
+    ``np.asarray(prompt)`` (and a slice) gives exactly ``mooncake_tokens(hash_ids, input_length)``, as uint32
+    when the ids fit (int64 otherwise, so a range check downstream sees the true values); ``len`` is
+    ``input_length``. The simulator queues requests with these, so a backlog of waiting requests costs their
+    hash ids (one per 512 tokens, shared with the ``TraceRequest``), not 8 bytes a token: the scheduler
+    expands a prompt when it encodes the prompt's radix key, at admission.
+    """
+
+    __slots__ = ("hash_ids", "input_length", "block")
+
+    def __init__(self, hash_ids: Sequence[int], input_length: int, block: int = MOONCAKE_BLOCK) -> None:
+        if input_length > len(hash_ids) * block:
+            raise DsakvError(
+                f"input_length = {input_length}: {len(hash_ids)} hash ids cover at most {len(hash_ids) * block} tokens"
+            )
+        self.hash_ids, self.input_length, self.block = hash_ids, input_length, block
+
+    def __len__(self) -> int:
+        return self.input_length
+
+    def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
+        top = (max(self.hash_ids) + 1) * self.block if self.hash_ids else 0
+        ids = np.asarray(self.hash_ids, dtype=np.uint32 if top <= 2**32 else np.int64)
+        tokens = (ids[:, None] * self.block + np.arange(self.block, dtype=ids.dtype)[None, :]).reshape(-1)
+        tokens = tokens[: self.input_length]
+        return tokens if dtype is None else tokens.astype(dtype, copy=False)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return np.asarray(self)[index]
+        i = index + self.input_length if index < 0 else index
+        if not 0 <= i < self.input_length:
+            raise IndexError(f"prompt index {index} out of range for {self.input_length} tokens")
+        return self.hash_ids[i // self.block] * self.block + i % self.block
+
+
 def _field_int(row: dict, key: str, lineno: int, minimum: int) -> int:
     if key not in row:
         raise DsakvError(
             f"trace line {lineno}: missing field {key!r} (required: timestamp, input_length, output_length, hash_ids)"
         )
     value = row[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise DsakvError(f"trace line {lineno}: field {key!r} = {value!r}: must be an integer >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT64_MAX:
+        raise DsakvError(
+            f"trace line {lineno}: field {key!r} = {short_repr(value)}: must be an integer in {minimum}..2**63-1"
+        )
     return value
 
 
@@ -85,16 +138,24 @@ def _field_namespace(row: dict, key: str, lineno: int) -> str | int | None:
     if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
         return value
     raise DsakvError(
-        f"trace line {lineno}: field {key!r} = {value!r}: must be a string or a 64-bit integer (or null: none)"
+        f"trace line {lineno}: field {key!r} = {short_repr(value)}: must be a string or a 64-bit integer (or null: none)"
     )
 
 
-def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> TraceRequest:
-    """Validate one JSON line and return its request; raises ``DsakvError`` naming the line number."""
+def _milliseconds(value: object) -> bool:
+    """A JSON number usable as a timestamp: finite, >= 0, and convertible to a float (10**400 is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
     try:
-        row = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DsakvError(f"trace line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        return math.isfinite(float(value)) and value >= 0
+    except OverflowError:
+        return False
+
+
+def parse_mooncake_line(text: str | bytes, lineno: int, block: int = MOONCAKE_BLOCK) -> TraceRequest:
+    """Validate one JSON line (text, or bytes decoded as UTF-8) and return its request; raises ``DsakvError``
+    naming the line number."""
+    row = parse_json(text, f"trace line {lineno}", with_line=False)
     if not isinstance(row, dict):
         raise DsakvError(f"trace line {lineno}: must be a JSON object, got {type(row).__name__}")
     if "timestamp" not in row:
@@ -102,8 +163,10 @@ def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> 
             f"trace line {lineno}: missing field 'timestamp' (required: timestamp, input_length, output_length, hash_ids)"
         )
     ts = row["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-        raise DsakvError(f"trace line {lineno}: field 'timestamp' = {ts!r}: must be a number of milliseconds >= 0")
+    if not _milliseconds(ts):
+        raise DsakvError(
+            f"trace line {lineno}: field 'timestamp' = {short_repr(ts)}: must be a finite number of milliseconds >= 0"
+        )
     input_length = _field_int(row, "input_length", lineno, 1)
     output_length = _field_int(row, "output_length", lineno, 0)
     if "hash_ids" not in row:
@@ -117,7 +180,7 @@ def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> 
     for h in hash_ids:
         if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < limit:
             raise DsakvError(
-                f"trace line {lineno}: field 'hash_ids' contains {h!r}: must be integers in 0..{limit - 1} "
+                f"trace line {lineno}: field 'hash_ids' contains {short_repr(h)}: must be integers in 0..{limit - 1} "
                 f"(prompt token ids stay below 2**31)"
             )
     expected = ceil_div(input_length, block)
@@ -131,13 +194,41 @@ def parse_mooncake_line(text: str, lineno: int, block: int = MOONCAKE_BLOCK) -> 
     return TraceRequest(ts, input_length, output_length, tuple(hash_ids), lineno, tenant, salt)
 
 
+def is_regular_file(path: str | Path) -> bool:
+    """True for a regular file (it can be read again), False for a pipe, FIFO, device or socket (it may not).
+
+    Opens nothing, so a FIFO without a writer does not block. Raises ``DsakvError`` for a path that does not
+    exist, cannot be inspected, or is a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise DsakvError(f"trace {str(path)!r}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise DsakvError(f"trace {str(path)!r}: cannot read (it is a folder)")
+    return stat.S_ISREG(mode)
+
+
+def _spooled_lines(spool: IO[bytes], size: int) -> Iterator[bytes]:
+    """The lines of the first ``size`` bytes of ``spool``, through a private map (no shared file position)."""
+    if size == 0:
+        return
+    with mmap.mmap(spool.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        pos = 0
+        while pos < size:
+            end = mm.find(b"\n", pos)
+            end = size if end < 0 else end + 1
+            yield mm[pos:end]
+            pos = end
+
+
 class MooncakeTrace:
     """A validated Mooncake trace file; iterate it for ``TraceRequest`` in timestamp order.
 
     Construction reads the file once (validation, counts, order check) and keeps only counts, unless
     the timestamps are out of order, in which case the sorted records are kept. With ``skip_bad`` a bad
     line is counted in ``skipped`` (its first message in ``first_error``) instead of raising.
-    Iterating is repeatable and does not change the object.
+    Iterating is repeatable and does not change the object. A pipe or FIFO is read once, into an anonymous
+    temporary file that lives as long as the object (``spooled`` is then True).
     """
 
     def __init__(self, path: str | Path, *, skip_bad: bool = False, block: int = MOONCAKE_BLOCK) -> None:
@@ -150,45 +241,76 @@ class MooncakeTrace:
         self.input_tokens = 0
         self.output_tokens = 0
         self.out_of_order = 0  # lines whose timestamp lies below an earlier line's
+        self.last_timestamp_ms: float = 0  # the latest timestamp, on line ``last_line`` (0: no request)
+        self.last_line = 0
         self._sorted: list[TraceRequest] | None = None
+        self._spool: IO[bytes] | None = None if is_regular_file(self.path) else tempfile.TemporaryFile()
+        self._spool_size = 0
         prev = -math.inf
-        for req in self._scan():
+        for req in self._scan(first=True):
             self.num_requests += 1
             self.input_tokens += req.input_length
             self.output_tokens += req.output_length
             if req.timestamp_ms < prev:
                 self.out_of_order += 1
-            prev = max(prev, req.timestamp_ms)
+            elif req.timestamp_ms > prev:
+                prev = req.timestamp_ms
+                self.last_timestamp_ms, self.last_line = prev, req.line
         if self.out_of_order:
-            self._sorted = sorted(self._scan(count=False), key=lambda r: r.timestamp_ms)
+            self._sorted = sorted(self._scan(first=False), key=lambda r: r.timestamp_ms)
             warnings.warn(
                 f"trace {str(self.path)!r}: {self.out_of_order} lines have timestamps out of order; sorted by timestamp",
                 TraceOrderWarning,
                 stacklevel=2,
             )
 
-    def _scan(self, count: bool = True) -> Iterator[TraceRequest]:
+    @property
+    def spooled(self) -> bool:
+        """True when the trace was not a regular file and is replayed from a temporary copy."""
+        return self._spool is not None
+
+    def _lines(self, first: bool) -> Iterator[bytes]:
+        """Raw lines: from the file (the first pass copies a non-regular one to the spool), or from the spool."""
+        if self._spool is not None and not first:
+            yield from _spooled_lines(self._spool, self._spool_size)
+            return
         try:
-            f = self.path.open("r", encoding="utf-8")
+            f = self.path.open("rb")
         except OSError as exc:
             raise DsakvError(f"trace {str(self.path)!r}: cannot read ({exc.strerror or exc})") from None
+        spool = self._spool
         with f:
-            for lineno, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    yield parse_mooncake_line(text, lineno, self.block)
-                except DsakvError as exc:
-                    if not self.skip_bad:
-                        raise
-                    if count:
-                        self.skipped += 1
-                        self.first_error = self.first_error or str(exc)
+            lineno = 0
+            while line := f.readline(MAX_LINE_BYTES + 1):
+                lineno += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise DsakvError(
+                        f"trace line {lineno}: longer than {MAX_LINE_BYTES:,} bytes (one request per line)"
+                    )
+                if spool is not None:
+                    spool.write(line)
+                yield line
+        if spool is not None:
+            spool.flush()
+            self._spool_size = spool.tell()
+
+    def _scan(self, first: bool) -> Iterator[TraceRequest]:
+        for lineno, data in enumerate(self._lines(first), start=1):
+            if not data.strip():
+                continue
+            try:
+                yield parse_mooncake_line(data, lineno, self.block)
+            except DsakvError as exc:
+                if not self.skip_bad:
+                    raise
+                if first:
+                    self.skipped += 1
+                    self.first_error = self.first_error or str(exc)
 
     def __iter__(self) -> Iterator[TraceRequest]:
         if self._sorted is not None:
             return iter(self._sorted)
-        return self._scan(count=False)
+        return self._scan(first=False)
 
     def __len__(self) -> int:
         return self.num_requests

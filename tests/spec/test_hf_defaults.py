@@ -29,7 +29,7 @@ def test_absent_fields_take_the_transformers_defaults(model_type, tmp_path):
 
 
 def test_an_invalid_value_is_still_a_one_line_error():
-    with pytest.raises(DsakvError, match=r"^config field 'index_topk' = 0: must be a positive integer$"):
+    with pytest.raises(DsakvError, match=r"^config field 'index_topk' = 0: must be an integer in 1\.\.2\*\*63-1$"):
         ModelSpec.from_hf_config({"model_type": "deepseek_v32", "index_topk": 0})
 
 

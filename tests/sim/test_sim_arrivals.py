@@ -1,0 +1,84 @@
+"""Arrivals (issue 11): a waiting request costs its hash ids, not its token ids (memory follows the running
+set, not the backlog), and an arrival time the float clock cannot hold is an error naming the line."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from dsakv.cache.key import RadixKey
+from dsakv.errors import DsakvError
+from dsakv.scheduler.request import Request, check_prompt
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.loop import MAX_ARRIVAL_S, Simulation, arrival_seconds, simulate
+from dsakv.workloads.traces import MooncakePrompt, TraceRequest, mooncake_tokens
+
+BACKLOG, PROMPT = 1000, 8192  # 1,000 requests of 8,192 tokens, all arriving at once
+
+
+def test_a_waiting_backlog_holds_no_token_ids():
+    reqs = [TraceRequest(0.0, PROMPT, 8, tuple(range(16 * i, 16 * i + 16)), i + 1) for i in range(BACKLOG)]
+    cfg = SimConfig(step_model="constant", pool_tokens=64 * 400, max_running=4)
+    sim = Simulation(cfg, build_setup(cfg), iter(reqs))
+    tracemalloc.start()
+    try:
+        sim.arrive(0.0)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(sim.scheduler.waiting) == BACKLOG
+    # As int64 token ids the backlog would hold 1,000 x 8,192 x 8 B = 65.5 MB; as hash ids it is what the
+    # Request objects and their trackers cost (about 1 KB each), plus one prompt expanded while checked.
+    assert current < 4e6 and peak < 8e6, (current, peak)
+    assert all(r.key is None for r in sim.scheduler.waiting)  # no radix key before the first admission
+
+
+def test_compact_prompts_give_the_figures_of_expanded_ones():
+    # The same requests as token-id arrays through the scheduler directly: identical keys, identical hits.
+    reqs = [TraceRequest(float(i), 1000 + 37 * i, 5, (0, 1, 2 + i % 3), i + 1) for i in range(12)]
+    cfg = SimConfig(step_model="constant", pool_tokens=64 * 64)
+    result = simulate(cfg, reqs, check_every=1)
+    assert sum(r.hit_tokens for r in result.records) > 0 and result.summary["finished"] == 12
+    for r in reqs:
+        compact = MooncakePrompt(r.hash_ids, r.input_length)
+        expanded = mooncake_tokens(r.hash_ids, r.input_length)
+        a = Request(0, compact, 1, None, 0)
+        b = Request(0, expanded, 1, None, 0)
+        check_prompt(compact)
+        assert a.radix_key(a.num_tokens).data == b.radix_key(b.num_tokens).data
+
+
+@pytest.mark.parametrize("length", [1, 511, 512, 513, 1500])
+def test_a_compact_prompt_reads_as_its_token_ids(length):
+    ids = (7, 3, 9)
+    prompt, tokens = MooncakePrompt(ids, length), mooncake_tokens(ids, length)
+    assert len(prompt) == length and np.asarray(prompt).dtype == np.uint32
+    assert np.array_equal(np.asarray(prompt), tokens) and np.array_equal(prompt[2:-1], tokens[2:-1])
+    assert prompt[0] == tokens[0] and prompt[-1] == tokens[-1] and prompt[length // 2] == tokens[length // 2]
+    with pytest.raises(IndexError):
+        prompt[length]
+    assert RadixKey(np.asarray(prompt)).data == RadixKey(tokens).data
+
+
+def test_a_compact_prompt_beyond_uint32_keeps_its_true_ids():
+    big = MooncakePrompt((2**32 // 512,), 10)  # ids from 2**32: refused by the scheduler's range check
+    assert np.asarray(big).dtype == np.int64 and int(np.asarray(big)[0]) == 2**32
+    with pytest.raises(DsakvError, match="must lie in"):
+        check_prompt(big)
+
+
+@pytest.mark.parametrize(
+    ("timestamp_ms", "time_scale"), [(1e308, 1.0), (1e308, 1e300), (1.0, 1e300), (2e13, 1.0), (float("nan"), 1.0)]
+)
+def test_an_arrival_beyond_the_clock_is_an_error_naming_the_line(timestamp_ms, time_scale):
+    with pytest.raises(DsakvError, match="trace line 42: timestamp .* arrivals must lie within 1e\\+10 s"):
+        arrival_seconds(timestamp_ms, time_scale, 42)
+    assert arrival_seconds(MAX_ARRIVAL_S * 1000, 1.0, 1) == MAX_ARRIVAL_S
+
+
+def test_the_loop_refuses_a_late_arrival_before_it_enters_the_clock():
+    reqs = [TraceRequest(0.0, 10, 2, (1,), 1), TraceRequest(1e308, 10, 2, (2,), 2)]
+    with pytest.raises(DsakvError, match="trace line 2"):
+        simulate(SimConfig(step_model="constant", pool_tokens=6400), reqs)
