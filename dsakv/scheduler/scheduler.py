@@ -164,12 +164,9 @@ class Scheduler(SchedulerState):
                 if total > len(req.pages) * ps and not take_pages(self, req, total, plan, scheduled, True):
                     continue
                 budget -= 1
+                self._schedule(plan, item, scheduled)
             else:
-                item = next_item(req, budget, self.config, self.page_size)
-                if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
-                    continue
-                budget -= item.num_tokens
-            self._schedule(plan, item, scheduled)
+                budget -= self._plan_next(req, budget, plan, scheduled)
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return self._in_flight(plan)
@@ -180,14 +177,19 @@ class Scheduler(SchedulerState):
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.prompt_len + len(req.outputs) - req.num_computed <= 1:
                 continue  # preempted earlier in this step, or decoding
-            item = next_item(req, budget, self.config, self.page_size)
-            if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
-                continue
-            budget -= item.num_tokens
-            self._schedule(plan, item, scheduled)
+            budget -= self._plan_next(req, budget, plan, scheduled)
         if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return bool(plan.items or plan.admitted)
+
+    def _plan_next(self, req: Request, budget: int, plan: BatchPlan, scheduled: set[int]) -> int:
+        """Plan ``req``'s next item (``batch.next_item``: a prefill chunk, or a decode with drafts) within
+        ``budget`` and take its pages; returns the tokens it uses (0: nothing planned for it this step)."""
+        item = next_item(req, budget, self.config, self.page_size)
+        if item is None or not take_pages(self, req, item.end + item.num_draft, plan, scheduled, True):
+            return 0
+        self._schedule(plan, item, scheduled)
+        return item.num_tokens
 
     def _schedule(self, plan: BatchPlan, item: BatchItem, scheduled: set[int]) -> None:
         """Add a running request's ``item`` to the plan; in allocate mode its full pages enter the prefix cache
