@@ -28,18 +28,15 @@ from dsakv.model.dsa_config import DsaConfig
 from dsakv.model.dsa_layers import (
     DenseMlp,
     Indexer,
-    IndexerQuery,
     IndexerRounding,
     Mla,
-    MlaProjection,
     Moe,
     Weights,
     rms_norm,
 )
-from dsakv.model.indexer import indexer_topk
-from dsakv.model.inputs import Batch, PagedCache, SeqInput, validate_batch
+from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
+from dsakv.model.paged_attention import attend_layer
 from dsakv.model.rope import RopeTables
-from dsakv.model.sparse_mla import compact_selection, sparse_mla
 from dsakv.model.tiny_dsa import PagedOutput
 
 __all__ = ["DsaModel"]
@@ -103,45 +100,17 @@ class DsaModel:
                 idx = self.indexer[layer]
                 pool.store_indexer(layer, batch.slots, idx.key(xn, rope, rounding))
                 query = idx.query(xn, proj.qr, rope, rounding)
-            parts = [
-                self._attend(pool, layer, batch, i, proj, query, sel_by_layer, budget_bytes)
-                for i in range(len(batch.seqs))
-            ]
-            sel_by_layer.append(tuple(p[1] for p in parts))
-            main_read.append(sum(p[2] for p in parts))
-            index_read.append(sum(p[3] for p in parts))
-            x = x + self.mla[layer].output(torch.cat([p[0] for p in parts]))
+            reused = None if query is not None else sel_by_layer[self.spec.indexer_source_layer[layer]]
+            att = attend_layer(
+                pool, layer, batch, proj.q_latent, proj.q_rope, query, reused,
+                self.spec.index_topk, self.mla[layer].sm_scale, budget_bytes,
+            )  # fmt: skip
+            sel_by_layer.append(att.chosen)
+            main_read.append(att.main_rows)
+            index_read.append(att.indexer_rows)
+            x = x + self.mla[layer].output(att.out)
             x = x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer], cfg.rms_norm_eps))
         if not all_logits:
             x = x[batch.last_rows]
         logits = F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head)
         return PagedOutput(logits, tuple(sel_by_layer), tuple(main_read), tuple(index_read))
-
-    def _attend(
-        self,
-        pool: PagedCache,
-        layer: int,
-        batch: Batch,
-        i: int,
-        proj: MlaProjection,
-        query: IndexerQuery | None,
-        sel_by_layer: list[tuple[torch.Tensor, ...]],
-        budget_bytes: int | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """Sequence ``i``: (latent output ``[n, heads, rank]``, chosen positions, main rows, indexer rows read)."""
-        seq, context, rows = batch.seqs[i], batch.context[i], batch.rows[i]
-        n_index = 0
-        if query is not None:
-            k, k_scale = pool.read_indexer(layer, context)
-            n_index = len(context)
-            chosen = indexer_topk(
-                query.q[rows], query.weights[rows], k, k_scale, seq.positions + 1, self.spec.index_topk,
-                budget_bytes=budget_bytes,
-            ).indices  # fmt: skip
-        else:
-            chosen = sel_by_layer[self.spec.indexer_source_layer[layer]][i]
-        compact = compact_selection(chosen)
-        latent, rope = pool.read_main(layer, context.take(compact.positions))
-        mla = self.mla[layer]
-        out = sparse_mla(proj.q_latent[rows], proj.q_rope[rows], latent, rope, compact.local, mla.sm_scale)
-        return out, chosen, compact.positions.numel(), n_index

@@ -47,11 +47,11 @@ import torch
 from dsakv.errors import DsakvError
 from dsakv.kernels.cache_ops import decode_main_rows, encode_main_rows, quantize_tiles
 from dsakv.model.indexer import indexer_topk
-from dsakv.model.inputs import Batch, PagedCache, SeqInput, validate_batch
-from dsakv.model.lightning import IndexerLayer, IndexerQuery
-from dsakv.model.mla import MlaLayer, MlaProjection
+from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
+from dsakv.model.lightning import IndexerLayer
+from dsakv.model.mla import MlaLayer
 from dsakv.model.nn import init_linear, init_norm, rms_norm
-from dsakv.model.sparse_mla import compact_selection, sparse_mla
+from dsakv.model.paged_attention import attend_layer
 from dsakv.spec.model_spec import ARCH_FIELDS, ModelSpec
 
 __all__ = ["DENSE_ARCH_FIELDS", "DenseOutput", "PagedOutput", "SeqInput", "TinyDsaModel"]
@@ -86,14 +86,6 @@ class DenseOutput:
 
     logits: torch.Tensor
     selections: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class _SeqAttention:
-    out: torch.Tensor  # [n, heads, kv_lora_rank]
-    chosen: torch.Tensor  # [n, width] selected positions
-    main_rows: int
-    indexer_rows: int
 
 
 class _Mlp:
@@ -165,49 +157,18 @@ class TinyDsaModel:
             if full:
                 pool.store_indexer(layer, batch.slots, self.indexer[layer].key(xn, batch.positions).float())
                 query = self.indexer[layer].query(xn, proj.qr, batch.positions)
-            parts = [
-                self._attend(pool, layer, batch, i, proj, query if full else None, sel_by_layer, budget_bytes)
-                for i in range(len(batch.seqs))
-            ]
-            sel_by_layer.append(tuple(p.chosen for p in parts))
-            main_read.append(sum(p.main_rows for p in parts))
-            index_read.append(sum(p.indexer_rows for p in parts))
-            outs = [p.out for p in parts]
-            x = self._finish_layer(layer, x, self.mla[layer].output(torch.cat(outs)))
+            reused = None if full else sel_by_layer[spec.indexer_source_layer[layer]]
+            att = attend_layer(
+                pool, layer, batch, proj.q_latent, proj.q_rope, query if full else None, reused,
+                spec.index_topk, self.mla[layer].sm_scale, budget_bytes,
+            )  # fmt: skip
+            sel_by_layer.append(att.chosen)
+            main_read.append(att.main_rows)
+            index_read.append(att.indexer_rows)
+            x = self._finish_layer(layer, x, self.mla[layer].output(att.out.to(self.dtype)))
         if not all_logits:
             x = x[batch.last_rows]
         return PagedOutput(self._head(x), tuple(sel_by_layer), tuple(main_read), tuple(index_read))
-
-    def _attend(
-        self,
-        pool: PagedCache,
-        layer: int,
-        batch: Batch,
-        i: int,
-        proj: MlaProjection,
-        query: IndexerQuery | None,
-        sel_by_layer: list[tuple[torch.Tensor, ...]],
-        budget_bytes: int | None,
-    ) -> _SeqAttention:
-        """Sequence ``i`` of the batch: select (full layer: from the pool's indexer K; shared: the source
-        layer's choice), read only the selected main rows, attend."""
-        seq, context, rows = batch.seqs[i], batch.context[i], batch.rows[i]
-        n_index = 0
-        if query is not None:
-            k8, k_scale = pool.read_indexer(layer, context)
-            n_index = len(context)
-            sel = indexer_topk(
-                query.q[rows], query.weights[rows], k8, k_scale, seq.positions + 1, self.spec.index_topk,
-                budget_bytes=budget_bytes,
-            )  # fmt: skip
-            chosen = sel.indices
-        else:
-            chosen = sel_by_layer[self.spec.indexer_source_layer[layer]][i]
-        compact = compact_selection(chosen)
-        latent, rope = pool.read_main(layer, context.take(compact.positions))
-        scale = self.mla[layer].sm_scale
-        out = sparse_mla(proj.q_latent[rows], proj.q_rope[rows], latent, rope, compact.local, scale)
-        return _SeqAttention(out.to(self.dtype), chosen, compact.positions.numel(), n_index)
 
     # ----- dense reference -------------------------------------------------------------------------------
     def forward_dense(
