@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from dsakv.errors import DsakvError
 from dsakv.kernels.cache_ops import quantize_tiles
 from dsakv.model.dsa_config import INDEXER_NORM_EPS, DsaConfig
+from dsakv.model.mla import MlaProjection
 from dsakv.model.nn import hadamard_matrix
 from dsakv.model.rope import RopeTables
 
@@ -50,15 +51,6 @@ def _take(w: Weights, name: str, shape: tuple[int, ...] | None = None) -> torch.
     if shape is not None and tuple(t.shape) != shape:
         raise DsakvError(f"checkpoint: tensor {name!r} has shape {list(t.shape)}: the config implies {list(shape)}")
     return t
-
-
-@dataclass(frozen=True)
-class MlaProjection:
-    qr: torch.Tensor  # [T, q_lora_rank]
-    q_latent: torch.Tensor  # [T, heads, kv_lora_rank]
-    q_rope: torch.Tensor  # [T, heads, rope]
-    latent: torch.Tensor  # [T, kv_lora_rank]
-    k_rope: torch.Tensor  # [T, rope]
 
 
 class Mla:
