@@ -43,7 +43,7 @@ from dsakv.model.dsa_model import DsaModel
 from dsakv.model.inputs import request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
-from dsakv.scheduler.request import Request, RequestStats, check_prompt
+from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens, check_prompt
 from dsakv.scheduler.scheduler import Scheduler
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -189,9 +189,9 @@ class Engine:
         each prompt's ``(extra_key, cache_salt)`` is its prefix-cache namespace (``add_request``).
 
         Every prompt and namespace is validated before any is queued: a bad one raises ``DsakvError`` and
-        changes nothing (a bad ``max_new_tokens`` is the scheduler's to refuse, with the first prompt, before
-        it is queued).
+        changes nothing.
         """
+        check_max_new_tokens(max_new_tokens)
         self._check_eos(eos_token_id)
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence | np.ndarray):
             raise DsakvError(f"prompts: got {type(prompts).__name__}; must be a list of prompts (token id lists)")

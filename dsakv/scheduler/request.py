@@ -39,6 +39,12 @@ from dsakv.cache.tree import Node
 from dsakv.errors import DsakvError
 
 
+def check_max_new_tokens(max_new_tokens: object) -> None:
+    """``max_new_tokens`` must be an integer >= 0 (0: the request finishes at once with no output)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
+
+
 def check_prompt(prompt: Sequence[int]) -> None:
     """Raise ``DsakvError`` unless ``prompt`` is a 1-D list or array of integer token ids in 0..MAX_TOKEN_ID.
 

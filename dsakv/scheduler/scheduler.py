@@ -44,7 +44,14 @@ from dsakv.scheduler.batch import BatchItem, BatchPlan, check_sampled, next_item
 from dsakv.scheduler.checks import check_scheduler
 from dsakv.scheduler.pages import insert_computed, insert_planned, release
 from dsakv.scheduler.preemption import preempt, take_pages
-from dsakv.scheduler.request import Request, Status, check_eos_token_id, check_prompt, check_request_id
+from dsakv.scheduler.request import (
+    Request,
+    Status,
+    check_eos_token_id,
+    check_max_new_tokens,
+    check_prompt,
+    check_request_id,
+)
 from dsakv.scheduler.rollback import accept_tokens
 from dsakv.scheduler.state import SchedulerState
 
@@ -85,8 +92,7 @@ class Scheduler(SchedulerState):
         it matches and inserts only there, so requests of different namespaces never share a page.
         """
         check_prompt(prompt)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
+        check_max_new_tokens(max_new_tokens)
         check_eos_token_id(eos_token_id)
         check_namespace_part("cache_salt", cache_salt)
         check_namespace_part("extra_key", extra_key)

@@ -177,3 +177,15 @@ def test_engine_bad_input_raises_and_changes_nothing(name: str) -> None:
 def test_engine_refuses_a_config_of_the_wrong_type() -> None:
     with pytest.raises(DsakvError, match="EngineConfig"):
         Engine({"num_pages": 4})
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, None, "8"])
+@pytest.mark.parametrize("prompts", [[], [[1, 2, 3]]], ids=["no prompts", "one prompt"])
+def test_generate_refuses_a_bad_max_new_tokens_even_with_no_prompt(prompts, value) -> None:
+    """``max_new_tokens`` is checked once, up front: also when there is no prompt to queue, and nothing queues."""
+    engine = Engine(EngineConfig(num_pages=8, page_size=16))
+    free = engine.allocator.num_free
+    with pytest.raises(DsakvError, match="max_new_tokens"):
+        engine.generate(prompts, value)
+    assert engine.scheduler.is_idle and engine.allocator.num_free == free
+    engine.check_integrity()
