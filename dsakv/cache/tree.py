@@ -216,6 +216,15 @@ def reconcile_pages(
     return dup, cached + pages[matched:npages]
 
 
+def path_pages(node: Node | None) -> list[int]:
+    """Page ids on the path from the root to ``node``, read from the tree (valid while ``node`` is locked)."""
+    parts = []
+    while node is not None:
+        parts.append(node.pages)
+        node = node.parent
+    return [p for part in reversed(parts) for p in part]
+
+
 def evictable_leaf(node: Node) -> bool:
     return node.alive and not node.children and not node.lock_ref
 

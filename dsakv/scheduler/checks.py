@@ -14,19 +14,10 @@
 
 from __future__ import annotations
 
-from dsakv.cache.tree import Node
+from dsakv.cache.tree import path_pages
 from dsakv.scheduler.pages import pages_for
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.state import SchedulerState
-
-
-def tree_path_pages(node: Node | None) -> list[int]:
-    """Page ids on the path from the root to ``node``, read from the tree (valid while ``node`` is locked)."""
-    parts = []
-    while node is not None and node.parent is not None:
-        parts.append(node.pages)
-        node = node.parent
-    return [p for part in reversed(parts) for p in part]
 
 
 def check_scheduler(state: SchedulerState) -> None:
@@ -57,7 +48,7 @@ def check_scheduler(state: SchedulerState) -> None:
             raise AssertionError(f"{r}: shared pages without a locked radix node")
         if r.node is not None:
             locks += 1
-            if r.node.lock_ref < 1 or tree_path_pages(r.node) != r.pages[: r.num_shared_pages]:
+            if r.node.lock_ref < 1 or path_pages(r.node) != r.pages[: r.num_shared_pages]:
                 raise AssertionError(f"{r}: shared pages are not the tree's pages on its locked path")
         if len(set(r.pages)) != len(r.pages):
             raise AssertionError(f"{r}: a page appears twice in its page table")

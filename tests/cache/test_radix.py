@@ -8,6 +8,7 @@ from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache, RadixKey
+from dsakv.cache.tree import path_pages
 from dsakv.errors import DsakvError
 
 PS = 4
@@ -78,14 +79,6 @@ def test_insert_reports_cached_tokens_and_duplicate_pages() -> None:
     assert r.cached_tokens == 8 and r.duplicate_pages == second[:2]
     alloc.free(r.duplicate_pages + second[2:])
     check_all(cache)
-
-
-def path_pages(node) -> list[int]:
-    chunks = []
-    while node is not None:
-        chunks.append(node.pages)
-        node = node.parent
-    return [p for chunk in reversed(chunks) for p in chunk]
 
 
 def test_insert_result_pages_are_the_tree_pages_on_the_path_to_its_node() -> None:

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import RadixCache
+from dsakv.cache.tree import path_pages
 from dsakv.errors import DsakvError
 
 PS = 2
@@ -23,14 +24,6 @@ salt_st = st.sampled_from([None, "a"])
 class Running:
     def __init__(self, tokens, salt, node, pages, own) -> None:
         self.tokens, self.salt, self.node, self.pages, self.own = tokens, salt, node, pages, own
-
-
-def path_pages(node) -> list[int]:
-    chunks = []
-    while node is not None:
-        chunks.append(node.pages)
-        node = node.parent
-    return [p for chunk in reversed(chunks) for p in chunk]
 
 
 class RadixMachine(RuleBasedStateMachine):
