@@ -63,8 +63,14 @@ def check_prompt(prompt: Sequence[int]) -> None:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi > MAX_TOKEN_ID:
             raise DsakvError(f"prompt token ids {lo}..{hi}: must lie in 0..{MAX_TOKEN_ID}")
-        # numpy reads a bool among ints as 0 / 1: look for one (only a list holding a 0 or a 1 can hide one)
-        if lo <= 1 and ids is not prompt and any(t is True or t is False for t in prompt):
+        # numpy reads a bool among ints as 0 / 1: look for one (only a sequence of Python objects holding a 0 or
+        # a 1 can hide one; a compact prompt that converts itself through ``__array__`` holds no Python ints)
+        if (
+            lo <= 1
+            and ids is not prompt
+            and not hasattr(prompt, "__array__")
+            and any(t is True or t is False for t in prompt)
+        ):
             raise DsakvError("prompt: contains a bool: token ids must be integers")
 
 
