@@ -29,6 +29,7 @@ page id still names both caches and allocation, eviction, move and offload stay 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.model_spec import ModelSpec, check_layer_count
@@ -82,6 +83,8 @@ class CacheLayout:
 
     ``mtp_layers`` adds draft/MTP cache layers; each prices a main row and a full indexer entry.
     Set ``allow_any_page_size`` ("not for CUDA kernels") to use a page size other than 64.
+    The layout is immutable, so the figures the simulator's step-time model reads every step (row, page and
+    cell bytes, the indexer layers) are computed once per layout (``cached_property``).
     """
 
     spec: ModelSpec
@@ -129,7 +132,7 @@ class CacheLayout:
     def main_rope_bytes(self) -> int:
         return self.main_format.rope_bytes(self.spec.qk_rope_head_dim)
 
-    @property
+    @cached_property
     def main_row_bytes(self) -> int:
         """Bytes of one token in one attention layer (656 for fp8_ds_mla)."""
         return self.main_latent_bytes + self.main_scale_bytes + self.main_rope_bytes
@@ -149,7 +152,7 @@ class CacheLayout:
         """Cache layers holding main KV: decoder layers plus MTP/draft layers."""
         return self.spec.num_hidden_layers + self.mtp_layers
 
-    @property
+    @cached_property
     def indexer_layers(self) -> tuple[int, ...]:
         """Cache layer ids holding indexer K: the spec's full layers, then every MTP layer."""
         n = self.spec.num_hidden_layers
@@ -199,7 +202,7 @@ class CacheLayout:
         """Indexer-K bytes of one page id over all indexer layers."""
         return self.indexer_page_bytes_per_layer * self.num_indexer_layers
 
-    @property
+    @cached_property
     def page_bytes(self) -> int:
         """Bytes of one page id in both caches; also the block size of the ``packed`` layout."""
         return self.main_page_bytes + self.indexer_page_bytes
@@ -223,7 +226,7 @@ class CacheLayout:
         """132 x indexer layers / kpool (an int unless kpool leaves a fraction)."""
         return exact_div(self.indexer_page_bytes, self.page_size)
 
-    @property
+    @cached_property
     def cell_bytes(self) -> float | int:
         """Bytes one token costs in both caches (53,940 for GLM-5.3 fp8_ds_mla)."""
         return exact_div(self.page_bytes, self.page_size)

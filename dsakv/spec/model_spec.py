@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,10 @@ class ModelSpec:
             )
 
     # ----- derived schedule -------------------------------------------------------------------
-    @property
+    @cached_property
     def full_indexer_layers(self) -> tuple[int, ...]:
-        """Model layer ids that run (and cache) their own lightning indexer."""
+        """Model layer ids that run (and cache) their own lightning indexer. Computed once per spec (the spec is
+        immutable): the simulator's step-time model reads it every step."""
         return tuple(i for i, t in enumerate(self.indexer_types) if t == FULL)
 
     @property
