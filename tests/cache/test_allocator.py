@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -14,7 +16,7 @@ PAGE = 4
 
 
 def _state(a: PageAllocator) -> tuple:
-    return (list(a._free), bytes(a._allocated), a.num_free, a.num_allocated)
+    return (a.free_stack(), bytes(a._allocated), a.num_free, a.num_allocated)
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -193,3 +195,59 @@ def test_bad_free_names_the_page_and_frees_nothing(bad, needle):
     assert _state(a) == before
     a.free(held)
     a.check_integrity()
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 9), st.randoms(use_true_random=False)), max_size=40))
+def test_reuse_order_matches_a_plain_list_stack(ops) -> None:
+    """The fresh range + freed array hands out exactly what one descending list used as a stack would."""
+    first, num = 2, 10
+    a = PageAllocator(num, page_size=PAGE, first_page=first)
+    model = list(range(first + num - 1, first - 1, -1))  # the stack, top last
+    held: list[int] = []
+    for is_alloc, n, rng in ops:
+        if is_alloc:
+            if n > len(model):
+                with pytest.raises(OutOfPagesError):
+                    a.alloc(n)
+                continue
+            expected = model[len(model) - n :][::-1]
+            del model[len(model) - n :]
+            assert a.alloc(n) == expected
+            held += expected
+        else:
+            pages = rng.sample(held, min(n, len(held)))
+            a.free(pages)
+            model.extend(reversed(pages))
+            held = [p for p in held if p not in pages]
+        assert a.free_stack() == model and a.num_free == len(model)
+        a.check_integrity()
+
+
+def test_a_billion_token_pool_costs_bytes_per_page_not_objects() -> None:
+    """15.6 M page ids: one flag byte each and two integers for the untouched range (no list of ids)."""
+    tracemalloc.start()
+    try:
+        a = PageAllocator(10**9 // 64, page_size=64, first_page=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert a.num_free == 10**9 // 64
+    assert peak < 1.1 * (a.end_page + 2**20)  # the flags, plus a MiB of slack
+    pages = a.alloc(3)
+    assert pages == [1, 2, 3]
+    a.free(pages)
+    assert a.alloc(1) == [1]  # the freed top, then the untouched range
+    a.check_integrity()
+
+
+def test_check_integrity_catches_a_freed_page_in_the_fresh_range_and_a_marked_fresh_page() -> None:
+    a = PageAllocator(6, page_size=PAGE, first_page=1)
+    a.free(a.alloc(2))
+    a._freed.append(5)  # never handed out, so listed twice in the stack
+    with pytest.raises(AssertionError, match="out of range"):
+        a.check_integrity()
+    b = PageAllocator(6, page_size=PAGE, first_page=1)
+    b._allocated[6] = 1
+    with pytest.raises(AssertionError, match="fresh range"):
+        b.check_integrity()

@@ -45,7 +45,7 @@ def busy() -> SimpleNamespace:
         events=events,
         node=running.node,
         held=held,
-        free_page=alloc._free[-1],
+        free_page=alloc.free_stack()[-1],
         tree_page=running.pages[0],
         a_pages=a_pages,
         other_node=other.match(A).node,
@@ -56,7 +56,7 @@ def state(s: SimpleNamespace) -> tuple:
     alloc, cache = s.alloc, s.cache
     nodes = sorted((n.key, tuple(n.pages), n.lock_ref, n.own_locks, n.tick) for n in cache._iter_nodes())
     sizes = (cache.evictable_tokens, cache.protected_tokens, cache.outstanding_locks, len(cache._roots))
-    return alloc.num_free, list(alloc._free), bytes(alloc.allocated_flags), nodes, sizes, len(s.events)
+    return alloc.num_free, alloc.free_stack(), bytes(alloc.allocated_flags), nodes, sizes, len(s.events)
 
 
 def per_value(label: str, call, values: dict) -> dict:

@@ -37,7 +37,7 @@ def page_lists(alloc: PageAllocator) -> st.SearchStrategy[list]:
 
 
 def _allocator_state(alloc: PageAllocator) -> tuple:
-    return list(alloc._free), bytes(alloc.allocated_flags)
+    return alloc.free_stack(), bytes(alloc.allocated_flags)
 
 
 def _verdict(check_fn, *args) -> str | None:
@@ -61,7 +61,7 @@ def test_free_fast_path_accepts_exactly_what_check_free_accepts(data) -> None:
             alloc.free(pages)
             assert not slow.called  # the fast path decided alone
             assert all(not alloc.is_allocated(p) for p in pages)
-            assert list(alloc._free) == before[0] + list(reversed(pages))
+            assert alloc.free_stack() == before[0] + list(reversed(pages))
         else:
             with pytest.raises(DsakvError) as exc:
                 alloc.free(pages)

@@ -37,7 +37,7 @@ def snapshot(cache: RadixCache) -> tuple:
     alloc = cache.allocator
     nodes = sorted((n.key, tuple(n.pages), n.lock_ref) for n in cache._iter_nodes())
     sizes = (cache.evictable_tokens, cache.protected_tokens, cache._locks, len(cache._roots))
-    return nodes, list(alloc._free), bytes(alloc._allocated), bytes(cache._in_tree), sizes
+    return nodes, alloc.free_stack(), bytes(alloc._allocated), bytes(cache._in_tree), sizes
 
 
 def test_match_returns_longest_page_aligned_prefix_and_splits_the_node() -> None:
@@ -234,7 +234,7 @@ def test_inserting_pages_not_allocated_raises_and_changes_nothing() -> None:
     alloc, cache = make()
     serve(cache, list(range(1, 10)))
     before = snapshot(cache)
-    free_page = alloc._free[-1]
+    free_page = alloc.free_stack()[-1]
     tree_page = next(cache._iter_nodes()).pages[0]
     for pages, msg in (
         ([free_page, free_page + 1], "not allocated"),

@@ -58,7 +58,7 @@ CORRUPTIONS = {
     "missing heap entry": (lambda a, c: c._heap.entries.clear(), "radix"),
     "key vs pages": (lambda a, c: leaf(c).pages.pop(), "radix"),
     "node count": (lambda a, c: setattr(c, "_nodes", c._nodes + 1), "radix"),
-    "allocator free list": (lambda a, c: a._free.append(a._free[-1]), "allocator"),
+    "allocator free list": (lambda a, c: a._freed.append(a.free_stack()[-1]), "allocator"),
 }
 
 
@@ -93,7 +93,7 @@ def test_request_held_pages_enter_the_page_balance() -> None:
 def test_radix_check_leaves_the_allocator_and_the_page_balance_to_their_owners() -> None:
     """Each structure checks its own state once: the driver runs the allocator's check and the balance."""
     alloc, cache = built()
-    alloc._free.append(alloc._free[-1])  # the allocator's own corruption
+    alloc._freed.append(alloc.free_stack()[-1])  # the allocator's own corruption
     alloc.alloc(1)  # and a leak
     cache.check_integrity()
     with pytest.raises(AssertionError):

@@ -48,7 +48,7 @@ def state(s: Scheduler) -> tuple:
     radix = s.radix
     return (
         s.allocator.num_free,
-        list(s.allocator._free),
+        s.allocator.free_stack(),
         reqs,
         sorted(map(repr, s.live)),
         sorted(map(repr, s.done)),
