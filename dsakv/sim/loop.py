@@ -22,8 +22,10 @@ measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client
 
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
-prompt (the trace reader keeps prompt ids below ``2**31``). Deterministic: the same config, trace and seed
-give the same records.
+prompt (prompt token ids lie below ``WIDE_TOKEN_LIMIT``, 2**31 + 2**30: ``dsakv.workloads.traces``), for up to
+2**30 requests. Hash ids are unbounded (the trace's wide ids need pages of at least 3 tokens dividing 512:
+checked at the first request that has one). Deterministic: the same config, trace and seed give the same
+records.
 """
 
 from __future__ import annotations
@@ -41,13 +43,20 @@ from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_record, summarize
-from dsakv.workloads.traces import MooncakePrompt, TraceRequest
+from dsakv.workloads.traces import (
+    DIRECT_HASH_IDS,
+    WIDE_TOKEN_LIMIT,
+    MooncakePrompt,
+    TraceRequest,
+    check_wide_page_size,
+)
 
 HOST_COPY_BYTES_PER_S = 55e9  # PCIe Gen5 x16, effective (docs/steptime.md, assumption 9)
 # Latest arrival the clock accepts (about 317 years). Float seconds still resolve microseconds there, so
 # step times of milliseconds add up; far beyond (1e308 ms, --time-scale 1e300) they vanish or overflow.
 MAX_ARRIVAL_S = 1e10
 OUTPUT_TOKEN_TOP = 2**32 - 1  # radix keys are uint32 token ids
+MAX_REQUESTS = OUTPUT_TOKEN_TOP - WIDE_TOKEN_LIMIT + 1  # output ids count down to WIDE_TOKEN_LIMIT, one each
 PROGRESS_EVERY_STEPS = 256
 
 
@@ -106,6 +115,7 @@ class Simulation:
         self._pending_s = 0.0  # arrival time of ``_pending`` (checked: ``arrival_seconds``)
         self._take_next()
         self._serial = 0
+        self._wide_ids_checked = False  # pages vetted for wide hash ids (at the first request that has one)
         conc = cfg.max_concurrency
         # closed loop: a heap of the times each client slot is free again (None: open loop)
         self._slots = None if conc is None else [0.0] * math.ceil(conc / self.counters.dp_attention)
@@ -140,6 +150,12 @@ class Simulation:
             trace_req = self._pending
             if self._slots is not None:
                 heapq.heappop(self._slots)
+            if self._serial == MAX_REQUESTS:
+                raise DsakvError(f"trace line {trace_req.line}: more than {MAX_REQUESTS} requests in one simulation")
+            if not self._wide_ids_checked and trace_req.hash_ids and max(trace_req.hash_ids) >= DIRECT_HASH_IDS:
+                if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
+                    raise DsakvError(f"trace line {trace_req.line}: {why}")
+                self._wide_ids_checked = True
             prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
             req = self.scheduler.add_request(
                 prompt,

@@ -10,9 +10,21 @@ isolate tenants: ``tenant`` and ``cache_salt`` (each a string or a 64-bit intege
 become the request's prefix-cache namespace, ``extra_key = tenant`` and ``cache_salt = cache_salt``, so
 requests that differ in either never share a page, whatever their hash ids. Two requests that
 share a hash-id prefix share those prompt tokens. ``mooncake_tokens`` turns hash ids into concrete token
-ids (block ``h`` -> ids ``h*512 .. h*512+511``) so the radix tree sees exactly the sharing the trace states.
-Hash ids are range-checked here, at the edge: prompt token ids stay below ``PROMPT_TOKEN_LIMIT`` (2**31), so
-the ids above it are free for outputs (the simulator's count down from 2**32 - 1) and never match a prompt.
+ids so the radix tree sees exactly the sharing the trace states. Hash ids are any integers in 0..2**63-1
+(a cluster's traffic, or copies of a trace offset per user, runs past any small range); token ids are the
+prefix cache's uint32, so two encodings share that range:
+
+* a *direct* id ``h < DIRECT_HASH_IDS`` (2**22) is block ``h`` -> ids ``h*512 .. h*512+511``: every token
+  id names its block and position, and all of them lie below ``PROMPT_TOKEN_LIMIT`` (2**31);
+* a *wide* id ``h >= 2**22`` writes ``v = h - 2**22`` in ``WIDE_DIGITS`` (3) base-``2**21`` digits; the token
+  at position ``i`` of the block is ``2**31 + digit[i mod 3] * 512 + i``, in ``[2**31, WIDE_TOKEN_LIMIT)``
+  (``2**31 + 2**30``). One token does not name its block, but every run of 3 tokens does, so any two
+  different blocks differ on every page of ``page_size >= 3`` tokens that divides 512 (the prefix cache
+  compares whole pages, at the same offset of the same path); ``check_wide_page_size`` says so before a run.
+
+The ids from ``WIDE_TOKEN_LIMIT`` up (2**30 of them) are left to outputs (the simulator's count down from
+2**32 - 1) and never match a prompt. The direct encoding is the only one the ids below 2**22 ever had, so a
+trace within them simulates exactly as before wide ids existed.
 
 Reading is two passes over the file: the first validates every line (so a bad line is reported, with its
 line number, before anything is simulated) and checks the timestamp order; the second yields the requests
@@ -47,7 +59,13 @@ from dsakv.spec.jsonio import parse_json
 from dsakv.spec.layout import ceil_div
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces
-PROMPT_TOKEN_LIMIT = 2**31  # prompt token ids lie below it; the ids above are left to outputs
+PROMPT_TOKEN_LIMIT = 2**31  # direct hash ids' token ids lie below it
+WIDE_TOKEN_SPAN = 2**30  # wide hash ids' token ids lie in [PROMPT_TOKEN_LIMIT, WIDE_TOKEN_LIMIT)
+WIDE_TOKEN_LIMIT = PROMPT_TOKEN_LIMIT + WIDE_TOKEN_SPAN  # every prompt token id lies below it; outputs above
+DIRECT_HASH_IDS = PROMPT_TOKEN_LIMIT // MOONCAKE_BLOCK  # hash ids below it map to h*512 + i (2**22)
+WIDE_DIGIT_BASE = WIDE_TOKEN_SPAN // MOONCAKE_BLOCK  # one digit per token, position beside it (2**21)
+WIDE_DIGITS = math.ceil(63 / math.log2(WIDE_DIGIT_BASE))  # digits of a hash id below 2**63 (3)
+MAX_HASH_ID = 2**63 - 1
 MAX_LINE_BYTES = 16 * 2**20  # one request per line: a 10M-token prompt is about 200 KB of hash ids
 
 
@@ -68,26 +86,64 @@ class TraceRequest:
     cache_salt: str | int | None = None  # the prefix-cache namespace's salt
 
 
+def _block_tokens(hash_ids: object, input_length: int, block: int) -> np.ndarray:
+    """Token ids of a prompt as int64 (the module docstring's two encodings), cut at ``input_length``."""
+    ids = np.asarray(hash_ids, dtype=np.int64).reshape(-1)
+    if input_length > ids.size * block:
+        raise DsakvError(f"input_length = {input_length}: {ids.size} hash ids cover at most {ids.size * block} tokens")
+    direct_limit = PROMPT_TOKEN_LIMIT // block
+    positions = np.arange(block, dtype=np.int64)
+    if not ids.size or int(ids.max()) < direct_limit:  # the common case: direct ids only
+        tokens = (ids[:, None] * block + positions[None, :]).reshape(-1)
+    else:
+        base = WIDE_TOKEN_SPAN // block
+        digits = math.ceil(63 / math.log2(base))
+        wide = np.maximum(ids - direct_limit, 0)  # row r's digits, least significant first
+        digit = (wide[:, None] // base ** np.arange(digits, dtype=np.int64)[None, :]) % base
+        wide_tokens = PROMPT_TOKEN_LIMIT + digit[:, positions % digits] * block + positions[None, :]
+        direct_tokens = ids[:, None] * block + positions[None, :]
+        tokens = np.where((ids >= direct_limit)[:, None], wide_tokens, direct_tokens).reshape(-1)
+    return tokens[:input_length]
+
+
+def block_token(hash_id: int, position: int, block: int = MOONCAKE_BLOCK) -> int:
+    """The token id at ``position`` of block ``hash_id`` (one element of ``mooncake_tokens``)."""
+    direct_limit = PROMPT_TOKEN_LIMIT // block
+    if hash_id < direct_limit:
+        return hash_id * block + position
+    base = WIDE_TOKEN_SPAN // block
+    digit = (hash_id - direct_limit) // base ** (position % math.ceil(63 / math.log2(base))) % base
+    return PROMPT_TOKEN_LIMIT + digit * block + position
+
+
+def check_wide_page_size(page_size: int, block: int = MOONCAKE_BLOCK) -> str | None:
+    """Why pages of ``page_size`` tokens cannot tell wide hash ids apart, or None (they can: the size divides
+    the block and holds every digit position)."""
+    digits = math.ceil(63 / math.log2(WIDE_TOKEN_SPAN // block))
+    if block % page_size == 0 and page_size >= digits:
+        return None
+    return (
+        f"hash ids >= {PROMPT_TOKEN_LIMIT // block} need pages of at least {digits} tokens dividing {block}; "
+        f"page_size = {page_size}"
+    )
+
+
 def mooncake_tokens(hash_ids: Iterable[int], input_length: int, block: int = MOONCAKE_BLOCK) -> np.ndarray:
-    """Token ids of a prompt: block ``h`` becomes ``h*block .. h*block+block-1``, cut at ``input_length``.
+    """Token ids of a prompt (the module docstring's encodings: block ``h < 2**22`` becomes
+    ``h*block .. h*block+block-1``), cut at ``input_length``.
 
     Returns a fresh 1-D int64 array (the caller owns it; drop it when the request finishes).
     """
-    ids = np.asarray(tuple(hash_ids) if not isinstance(hash_ids, np.ndarray) else hash_ids, dtype=np.int64)
-    if input_length > ids.size * block:
-        raise DsakvError(f"input_length = {input_length}: {ids.size} hash ids cover at most {ids.size * block} tokens")
-    tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).reshape(-1)
-    return tokens[:input_length]
+    return _block_tokens(tuple(hash_ids) if not isinstance(hash_ids, np.ndarray) else hash_ids, input_length, block)
 
 
 class MooncakePrompt(Sequence):
     """The token ids of a trace prompt, kept as its hash ids and expanded only when read.
 
-    ``np.asarray(prompt)`` (and a slice) gives exactly ``mooncake_tokens(hash_ids, input_length)``, as uint32
-    when the ids fit (int64 otherwise, so a range check downstream sees the true values); ``len`` is
-    ``input_length``. The simulator queues requests with these, so a backlog of waiting requests costs their
-    hash ids (one per 512 tokens, shared with the ``TraceRequest``), not 8 bytes a token: the scheduler
-    expands a prompt when it encodes the prompt's radix key, at admission.
+    ``np.asarray(prompt)`` (and a slice) gives exactly ``mooncake_tokens(hash_ids, input_length)`` (uint32);
+    ``len`` is ``input_length``. The simulator queues requests with these, so a backlog of waiting requests
+    costs their hash ids (one per 512 tokens, shared with the ``TraceRequest``), not 8 bytes a token: the
+    scheduler expands a prompt when it encodes the prompt's radix key, at admission.
     """
 
     __slots__ = ("hash_ids", "input_length", "block")
@@ -103,11 +159,7 @@ class MooncakePrompt(Sequence):
         return self.input_length
 
     def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
-        top = (max(self.hash_ids) + 1) * self.block if self.hash_ids else 0
-        ids = np.asarray(self.hash_ids, dtype=np.uint32 if top <= 2**32 else np.int64)
-        tokens = (ids[:, None] * self.block + np.arange(self.block, dtype=ids.dtype)[None, :]).reshape(-1)
-        tokens = tokens[: self.input_length]
-        return tokens if dtype is None else tokens.astype(dtype, copy=False)
+        return _block_tokens(self.hash_ids, self.input_length, self.block).astype(dtype or np.uint32)
 
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):
@@ -115,7 +167,7 @@ class MooncakePrompt(Sequence):
         i = index + self.input_length if index < 0 else index
         if not 0 <= i < self.input_length:
             raise IndexError(f"prompt index {index} out of range for {self.input_length} tokens")
-        return self.hash_ids[i // self.block] * self.block + i % self.block
+        return block_token(self.hash_ids[i // self.block], i % self.block, self.block)
 
 
 def _field_int(row: dict, key: str, lineno: int, minimum: int) -> int:
@@ -176,12 +228,10 @@ def parse_mooncake_line(text: str | bytes, lineno: int, block: int = MOONCAKE_BL
     hash_ids = row["hash_ids"]
     if not isinstance(hash_ids, list):
         raise DsakvError(f"trace line {lineno}: field 'hash_ids' must be a list of integers >= 0")
-    limit = PROMPT_TOKEN_LIMIT // block
     for h in hash_ids:
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < limit:
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= MAX_HASH_ID:
             raise DsakvError(
-                f"trace line {lineno}: field 'hash_ids' contains {short_repr(h)}: must be integers in 0..{limit - 1} "
-                f"(prompt token ids stay below 2**31)"
+                f"trace line {lineno}: field 'hash_ids' contains {short_repr(h)}: must be integers in 0..2**63-1"
             )
     expected = ceil_div(input_length, block)
     if len(hash_ids) != expected:

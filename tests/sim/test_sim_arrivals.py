@@ -62,11 +62,12 @@ def test_a_compact_prompt_reads_as_its_token_ids(length):
     assert RadixKey(np.asarray(prompt)).data == RadixKey(tokens).data
 
 
-def test_a_compact_prompt_beyond_uint32_keeps_its_true_ids():
-    big = MooncakePrompt((2**32 // 512,), 10)  # ids from 2**32: refused by the scheduler's range check
-    assert np.asarray(big).dtype == np.int64 and int(np.asarray(big)[0]) == 2**32
-    with pytest.raises(DsakvError, match="must lie in"):
-        check_prompt(big)
+def test_a_compact_prompt_of_wide_hash_ids_reads_as_its_token_ids():
+    ids = (5, 2**22, 2**40 + 3)  # a direct id, then wide ones: still uint32, the same ids as expanded
+    prompt, tokens = MooncakePrompt(ids, 1500), mooncake_tokens(ids, 1500)
+    assert np.asarray(prompt).dtype == np.uint32 and np.array_equal(np.asarray(prompt), tokens)
+    assert [prompt[i] for i in (0, 511, 512, 1024, 1499)] == [int(tokens[i]) for i in (0, 511, 512, 1024, 1499)]
+    check_prompt(prompt)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,18 +96,25 @@ def test_request_larger_than_pool_is_rejected_not_crashed():
     assert "whole pool" in res.records[0].reason
 
 
-def test_hash_id_beyond_the_token_id_range_names_the_line(tmp_path):
+def test_wide_hash_ids_simulate_exactly_like_the_same_trace_in_direct_ids(chat):
+    """No ceiling on hash ids: mapping every id to one from 2**22 up (injectively) changes no figure. Ids from
+    the top of the range down, so the largest id a trace can hold (2**63 - 1, hash id 0's image) is in it."""
+    wide = [replace(r, hash_ids=tuple(2**63 - 1 - 977 * h for h in r.hash_ids)) for r in chat]
+    assert min(min(r.hash_ids) for r in wide) >= 2**22 and max(max(r.hash_ids) for r in wide) == 2**63 - 1
+    direct, widened = simulate(SimConfig(), chat, check_every=97), simulate(SimConfig(), wide, check_every=97)
+    assert widened.summary == direct.summary
+    assert widened.summary["hit_tokens"] > 0
+
+
+def test_hash_id_beyond_2_to_the_63_names_the_line(tmp_path):
     # The trace reader is the edge that range-checks ids: the simulator's source refuses line 7 before any run.
-    lines = [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [h]} for h in [1] * 6 + [2**22]]
+    lines = [{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [h]} for h in [2**40] * 6 + [2**63]]
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in lines))  # 2**22 blocks of 512 = 2**31 tokens
-    with pytest.raises(DsakvError, match="trace line 7"):
+    path.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    with pytest.raises(
+        DsakvError, match=r"trace line 7: field 'hash_ids' contains 9223372036854775808: .*0..2\*\*63-1"
+    ):
         open_source(Source(trace=str(path)))
-
-
-def test_generated_request_beyond_the_token_id_range_is_refused_by_the_scheduler():
-    with pytest.raises(DsakvError, match="prompt token ids"):
-        simulate(SimConfig(**CONST), [TraceRequest(0, 10, 1, (2**31,), line=7)])
 
 
 def test_pool_smaller_than_one_page_is_reported():

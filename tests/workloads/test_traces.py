@@ -8,13 +8,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsakv.errors import DsakvError
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import (
+    DIRECT_HASH_IDS,
+    MOONCAKE_BLOCK,
+    WIDE_TOKEN_LIMIT,
+    MooncakePrompt,
     MooncakeTrace,
     TraceOrderWarning,
     TraceRequest,
+    check_wide_page_size,
     mooncake_tokens,
     read_mooncake,
     write_mooncake,
@@ -133,14 +140,42 @@ def test_mooncake_conversation_trace_counts():
     assert trace.skipped == 0 and trace.out_of_order == 0
 
 
-def test_hash_ids_keep_prompt_token_ids_below_2_to_the_31(tmp_path):
-    # Block h holds ids h*512 .. h*512+511: the last allowed block ends at 2**31 - 1; the next is refused
-    # with its line, so the simulator's output ids (counted down from 2**32 - 1) never meet a prompt id.
-    last = 2**31 // 512 - 1
-    ok = MooncakeTrace(_write(tmp_path / "ok.jsonl", [_row(n=512, ids=[last])]))
-    assert int(mooncake_tokens(next(iter(ok)).hash_ids, 512)[-1]) == 2**31 - 1
-    with pytest.raises(DsakvError, match=r"trace line 2: field 'hash_ids' contains 4194304"):
-        MooncakeTrace(_write(tmp_path / "big.jsonl", [_row(), _row(n=512, ids=[last + 1])]))
+def test_direct_hash_ids_end_at_2_to_the_31_and_wide_ones_stay_below_outputs(tmp_path):
+    # Block h < 2**22 holds ids h*512 .. h*512+511 (as always); from 2**22 up an id is spread over its tokens'
+    # digits, in [2**31, 2**31 + 2**30), so the simulator's output ids (counted down from 2**32 - 1) never meet one.
+    last = DIRECT_HASH_IDS - 1
+    trace = MooncakeTrace(
+        _write(tmp_path / "ok.jsonl", [_row(n=512, ids=[last]), _row(n=1024, ids=[last + 1, 2**63 - 1])])
+    )
+    direct, wide = (mooncake_tokens(r.hash_ids, r.input_length) for r in trace)
+    assert int(direct[-1]) == 2**31 - 1 and int(direct[0]) == 2**31 - 512
+    assert 2**31 <= int(wide.min()) and int(wide.max()) < WIDE_TOKEN_LIMIT == 2**31 + 2**30
+    assert wide[:3].tolist() == [2**31, 2**31 + 1, 2**31 + 2]  # v = 0: every digit 0, the position beside it
+    with pytest.raises(
+        DsakvError, match=r"trace line 2: field 'hash_ids' contains -1: must be integers in 0..2\*\*63-1"
+    ):
+        MooncakeTrace(_write(tmp_path / "neg.jsonl", [_row(), _row(n=512, ids=[-1])]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    a=st.integers(0, 2**63 - 1),
+    b=st.integers(0, 2**63 - 1),
+    page=st.sampled_from([4, 8, 64, 512]),
+    offset=st.integers(0, 7),
+)
+def test_different_hash_ids_never_share_a_page(a, b, page, offset):
+    """Any two blocks differ on every page of a size the simulator accepts (at least 3 tokens, dividing 512)."""
+    assert check_wide_page_size(page) is None
+    start = (offset * page) % MOONCAKE_BLOCK
+    ta, tb = (mooncake_tokens([h], MOONCAKE_BLOCK)[start : start + page] for h in (a, b))
+    assert (ta.tolist() == tb.tolist()) == (a == b)
+    assert int(ta[-1]) == MooncakePrompt((a,), MOONCAKE_BLOCK)[start + page - 1]
+
+
+def test_pages_too_small_or_straddling_blocks_are_refused_for_wide_ids():
+    assert "at least 3 tokens dividing 512; page_size = 2" in check_wide_page_size(2)
+    assert "page_size = 192" in check_wide_page_size(192)
 
 
 def test_tenant_and_cache_salt_fields_are_read_and_written_back(tmp_path):
