@@ -42,7 +42,7 @@ from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
-from dsakv.sim.report import Counters, RequestRecord, SimResult, Timeline, make_record, summarize
+from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, make_record, summarize
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
     WIDE_TOKEN_LIMIT,
@@ -107,7 +107,7 @@ class Simulation:
         self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler)
         self.counters = replace(counters or Counters(), dp_attention=setup.setting.dp_attention)
         self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
-        self.records: list[RequestRecord] = []
+        self.records = RecordTable()  # compact columns: a long trace's records cost bytes, not objects
         self.timeline = Timeline()
         self._rng = random.Random(cfg.seed)
         self._arrivals = self._route(requests)
@@ -292,7 +292,7 @@ class Simulation:
         return self.result()
 
     def result(self) -> SimResult:
-        self.records.sort(key=lambda r: r.id)
+        self.records.sort_by_id()
         setup = self.setup
         result = SimResult(
             config=self.cfg.to_dict(),

@@ -6,13 +6,20 @@ pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FL
 (``dsakv.planner.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
 never change afterwards; the loop's own counts (steps, evictions, preemptions, DP routing) and the trace
 reader's (skipped and reordered lines) travel in ``Counters``.
+
+A run keeps its records in a ``RecordTable``: one typed array per field (8 bytes a figure, about 220 bytes a
+request, instead of a ``RequestRecord`` object and its boxed numbers, about 1 KB), read back as
+``RequestRecord`` objects one at a time; ``summarize`` sums the columns (exact integers, in record order).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from array import array
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -125,6 +132,112 @@ def make_record(
     )
 
 
+_OPTIONAL_TIMES = ("admit_s", "first_token_s", "finish_s")  # None is stored as NaN (a time is never NaN)
+_TEXT = ("outcome", "reason")
+
+
+class RecordTable(Sequence):
+    """The records of a run as columns: ``append`` a ``RequestRecord``, read ``table[i]`` (a new
+    ``RequestRecord`` equal to the one appended), iterate, or take a whole ``column(name)``.
+
+    A numeric column is an ``array`` typed by its first value (``q`` for ints, ``d`` for floats); a value that
+    does not fit (an int beyond 64 bits, a float among ints) turns that column into a plain list, so a figure
+    is never rounded. The times that may be None are NaN in a ``d`` array; ``outcome`` is a byte code into the
+    distinct outcomes; ``reason`` is kept only where it is not empty.
+    """
+
+    NAMES = tuple(f.name for f in fields(RequestRecord))
+
+    def __init__(self, records: Iterable[RequestRecord] = ()) -> None:
+        self._columns: dict[str, array | list] = {}
+        self._outcome_names: list[str] = []
+        self._outcomes = array("B")
+        self._reasons: dict[int, str] = {}
+        self._size = 0
+        for record in records:
+            self.append(record)
+
+    def append(self, record: RequestRecord) -> None:
+        row, columns = self._size, self._columns
+        for name in self.NAMES:
+            if name in _TEXT:
+                continue
+            value = getattr(record, name)
+            if name in _OPTIONAL_TIMES and value is None:
+                value = math.nan
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = array("d" if name in _OPTIONAL_TIMES or type(value) is float else "q")
+            try:
+                column.append(value)
+            except (TypeError, OverflowError):  # does not fit the array's type: keep the exact value
+                column = columns[name] = list(column)
+                column.append(value)
+        try:
+            code = self._outcome_names.index(record.outcome)
+        except ValueError:
+            code = len(self._outcome_names)
+            self._outcome_names.append(record.outcome)
+        self._outcomes.append(code)
+        if record.reason:
+            self._reasons[row] = record.reason
+        self._size = row + 1
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _record(self, row: int) -> RequestRecord:
+        values = {name: column[row] for name, column in self._columns.items()}
+        for name in _OPTIONAL_TIMES:
+            if math.isnan(values[name]):
+                values[name] = None
+        values["outcome"] = self._outcome_names[self._outcomes[row]]
+        values["reason"] = self._reasons.get(row, "")
+        return RequestRecord(**values)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self._record(row) for row in range(*index.indices(self._size))]
+        row = index + self._size if index < 0 else index
+        if not 0 <= row < self._size:
+            raise IndexError(f"record {index} out of range for {self._size} records")
+        return self._record(row)
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return map(self._record, range(self._size))
+
+    def column(self, name: str) -> array | list:
+        """The values of one field in record order (``outcome`` and ``reason`` as lists of strings; the
+        optional times with NaN for None). The table's own storage for numeric fields: do not modify."""
+        if name == "outcome":
+            return [self._outcome_names[code] for code in self._outcomes]
+        if name == "reason":
+            return [self._reasons.get(row, "") for row in range(self._size)]
+        if self._size == 0:
+            return array("d" if name in _OPTIONAL_TIMES else "q")
+        return self._columns[name]
+
+    def outcome_mask(self, outcome: str) -> list[bool]:
+        """Per record: does its outcome equal ``outcome``."""
+        if outcome not in self._outcome_names:
+            return [False] * self._size
+        code = self._outcome_names.index(outcome)
+        return [c == code for c in self._outcomes]
+
+    def sort_by_id(self) -> None:
+        """Reorder every column by the records' ids (stable)."""
+        if self._size < 2:
+            return
+        ids = self._columns["id"]
+        order = sorted(range(self._size), key=ids.__getitem__)
+        for name, column in self._columns.items():
+            moved = map(column.__getitem__, order)
+            self._columns[name] = array(column.typecode, moved) if isinstance(column, array) else list(moved)
+        self._outcomes = array("B", map(self._outcomes.__getitem__, order))
+        position = {row: new for new, row in enumerate(order)}
+        self._reasons = {position[row]: reason for row, reason in self._reasons.items()}
+
+
 @dataclass
 class Counters:
     """Counts the records cannot give: the loop's (steps, evictions, preemptions, offloads, DP routing) and
@@ -161,7 +274,7 @@ class SimResult:
     cell: RankCell
     capacity: PoolCapacity
     capacity_pages: int
-    records: list[RequestRecord]
+    records: RecordTable  # or any sequence of ``RequestRecord`` (``summarize`` tables it)
     timeline: Timeline
     counters: Counters
     summary: dict = field(default_factory=dict)
@@ -177,8 +290,8 @@ class SimResult:
         return self.cell.indexer_page_bytes
 
 
-def _pct(values: list[float]) -> dict[str, float | None]:
-    if not values:
+def _pct(values: np.ndarray) -> dict[str, float | None]:
+    if not len(values):
         return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
     arr = np.asarray(values, dtype=np.float64)
     out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
@@ -195,53 +308,80 @@ def _time_weighted(t: np.ndarray, v: np.ndarray) -> float:
 
 
 def summarize(result: SimResult) -> dict:
-    """Summary figures (``docs/metrics.md``) from the records, the timeline and the loop's counters."""
+    """Summary figures (``docs/metrics.md``) from the records, the timeline and the loop's counters.
+
+    Integer figures are exact sums of the record columns (Python ints, in record order); the times go
+    through numpy as float64 in record order, so a record list and its table give the same summary."""
     recs, timeline, counts = result.records, result.timeline, result.counters
-    admitted = [r for r in recs if r.admit_s is not None]
-    finished = [r for r in recs if r.outcome == "finished"]
-    rejected = [r for r in recs if r.outcome == "rejected"]
-    input_adm = sum(r.input_tokens for r in admitted)
-    hit = sum(r.hit_tokens for r in admitted)
+    if not isinstance(recs, RecordTable):
+        recs = RecordTable(recs)
+    col = recs.column
+    admitted = [not math.isnan(t) for t in col("admit_s")]
+    finished = recs.outcome_mask("finished")
+    rejected = recs.outcome_mask("rejected")
+
+    def total(name: str, mask: list[bool] | None = None) -> int:
+        values = col(name)
+        return sum(values if mask is None else itertools.compress(values, mask))
+
+    input_adm = total("input_tokens", admitted)
+    hit = total("hit_tokens", admitted)
+    num_admitted, num_finished, num_rejected = sum(admitted), sum(finished), sum(rejected)
     t, used = np.asarray(timeline.time_s), np.asarray(timeline.used_pages, dtype=np.float64)
     makespan = float(t[-1]) if t.size else 0.0
     page_main, page_idx = result.page_main_bytes, result.page_indexer_bytes
-    out_tokens = sum(r.output_tokens for r in recs)
+    out_tokens = total("output_tokens")
+    fin = np.asarray(finished, dtype=bool)
+    arrival = np.asarray(col("arrival_s"), dtype=np.float64)[fin]
+    first_token = np.asarray(col("first_token_s"), dtype=np.float64)[fin]
+    finish = np.asarray(col("finish_s"), dtype=np.float64)[fin]
+    outputs = np.asarray(col("output_tokens"), dtype=np.int64)[fin]
+    ttft = (first_token - arrival)[~np.isnan(first_token)]
+    has_tpot = ~np.isnan(finish) & ~np.isnan(first_token) & (outputs >= 2)
+    tpot = (finish - first_token)[has_tpot] / (outputs[has_tpot] - 1)
+    reasons = itertools.compress(col("reason"), rejected)
     s = {
         "requests": len(recs),
-        "admitted": len(admitted),
-        "finished": len(finished),
-        "rejected": len(rejected),
-        "rejected_reasons": dict(Counter(_reason_kind(r.reason) for r in rejected)),
-        "unfinished": len(recs) - len(finished) - len(rejected),
+        "admitted": num_admitted,
+        "finished": num_finished,
+        "rejected": num_rejected,
+        "rejected_reasons": dict(Counter(map(_reason_kind, reasons))),
+        "unfinished": len(recs) - num_finished - num_rejected,
         "skipped_lines": counts.skipped_lines,
         "reordered_lines": counts.reordered_lines,
         "dp_attention": counts.dp_attention,
         "other_group_requests": counts.other_group_requests,
-        "input_tokens": sum(r.input_tokens for r in recs),
+        "input_tokens": total("input_tokens"),
         "admitted_input_tokens": input_adm,
-        "rejected_input_tokens": sum(r.input_tokens for r in rejected),
+        "rejected_input_tokens": total("input_tokens", rejected),
         "output_tokens": out_tokens,
         "hit_tokens": hit,
         "hit_rate_tokens": hit / input_adm if input_adm else 0.0,
-        "hit_rate_requests": sum(1 for r in admitted if r.hit_tokens) / len(admitted) if admitted else 0.0,
-        "computed_tokens": sum(r.computed_tokens for r in recs),
-        "pages_written": sum(r.pages_written for r in recs),
-        "pages_saved": sum(r.pages_saved for r in recs),
-        "main_bytes_written": sum(r.main_bytes_written for r in recs),
-        "indexer_bytes_written": sum(r.indexer_bytes_written for r in recs),
-        "main_bytes_saved": sum(r.main_bytes_saved for r in recs),
-        "indexer_bytes_saved": sum(r.indexer_bytes_saved for r in recs),
-        "indexer_pairs_saved": sum(r.indexer_pairs_saved for r in recs),
-        "indexer_pairs_paid": sum(r.indexer_pairs_paid for r in recs),
-        "indexer_cross_pairs_paid": sum(r.indexer_cross_pairs_paid for r in recs),
-        "indexer_flops_saved": sum(r.indexer_flops_saved for r in recs),
-        "indexer_flops_paid": sum(r.indexer_flops_paid for r in recs),
+        "hit_rate_requests": (
+            sum(1 for h in itertools.compress(col("hit_tokens"), admitted) if h) / num_admitted if num_admitted else 0.0
+        ),
+        "computed_tokens": total("computed_tokens"),
+        "pages_written": total("pages_written"),
+        "pages_saved": total("pages_saved"),
+        "main_bytes_written": total("main_bytes_written"),
+        "indexer_bytes_written": total("indexer_bytes_written"),
+        "main_bytes_saved": total("main_bytes_saved"),
+        "indexer_bytes_saved": total("indexer_bytes_saved"),
+        "indexer_pairs_saved": total("indexer_pairs_saved"),
+        "indexer_pairs_paid": total("indexer_pairs_paid"),
+        "indexer_cross_pairs_paid": total("indexer_cross_pairs_paid"),
+        "indexer_flops_saved": total("indexer_flops_saved"),
+        "indexer_flops_paid": total("indexer_flops_paid"),
         "evicted_tokens": counts.evicted_tokens,
         "evictions": counts.eviction_steps,
         "preemptions": counts.preemptions,
         "offloaded_pages": counts.offloaded_pages,
-        "tail_waste_tokens_mean": float(np.mean([r.tail_waste_tokens for r in finished])) if finished else 0.0,
-        "tail_waste_bytes_mean": float(np.mean([r.tail_waste_bytes for r in finished])) if finished else 0.0,
+        "tail_waste_tokens_mean": float(np.mean(list(itertools.compress(col("tail_waste_tokens"), finished))))
+        if num_finished
+        else 0.0,
+        "tail_waste_bytes_mean": float(np.mean(list(itertools.compress(col("tail_waste_bytes"), finished))))
+        if num_finished
+        else 0.0,
         "pool_pages": result.capacity_pages,
         "pool_tokens": result.capacity_pages * result.cell.tokens_per_page,
         "pool_main_bytes": result.capacity_pages * page_main,
@@ -256,12 +396,12 @@ def summarize(result: SimResult) -> dict:
         "mean_pool_use": _time_weighted(t, used) / result.capacity_pages if result.capacity_pages else 0.0,
         "steps": counts.steps,
         "makespan_s": makespan,
-        "ttft_s": _pct([r.ttft_s for r in finished if r.ttft_s is not None]),
-        "tpot_s": _pct([r.tpot_s for r in finished if r.tpot_s is not None]),
-        "e2e_s": _pct([r.finish_s - r.arrival_s for r in finished]),
+        "ttft_s": _pct(ttft),
+        "tpot_s": _pct(tpot),
+        "e2e_s": _pct(finish - arrival),
         "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
         "input_tokens_per_s": input_adm / makespan if makespan else 0.0,
-        "computed_tokens_per_s": sum(r.computed_tokens for r in recs) / makespan if makespan else 0.0,
+        "computed_tokens_per_s": total("computed_tokens") / makespan if makespan else 0.0,
     }
     result.summary = s
     return s
