@@ -175,7 +175,7 @@ def test_plan_refuses_what_simulate_refuses_in_the_same_words(capsys):
 
 def test_skip_bad_skips_lines_that_are_not_utf8_and_hash_ids_out_of_range(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
-    bad_hash = '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [4194304]}\n'
+    bad_hash = '{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [9223372036854775808]}\n'
     path.write_bytes(GOOD.encode() + b'{"timestamp": 1\xff}\n' + bad_hash.encode() + GOOD.encode())
     assert main([*SIM, "--trace", str(path), "--skip-bad", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
