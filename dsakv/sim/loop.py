@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
@@ -156,7 +157,9 @@ class Simulation:
                 if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
                     raise DsakvError(f"trace line {trace_req.line}: {why}")
                 self._wide_ids_checked = True
-            prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
+            # Waiting, the prompt costs its hash ids as 8-byte array items (a tuple of parsed ints costs ~36 bytes
+            # an id); the token ids exist only from admission.
+            prompt = MooncakePrompt(array("q", trace_req.hash_ids), trace_req.input_length)
             req = self.scheduler.add_request(
                 prompt,
                 trace_req.output_length,

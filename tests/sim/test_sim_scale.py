@@ -4,16 +4,19 @@ plain objects gave, and a summary pinned to the figures the code before it produ
 from __future__ import annotations
 
 import math
+import tracemalloc
+from array import array
 from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsakv.sim.config import SimConfig
-from dsakv.sim.loop import simulate
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.loop import Simulation, simulate
 from dsakv.sim.report import RecordTable, RequestRecord, summarize
 from dsakv.workloads.scenarios import generate_scenario
+from dsakv.workloads.traces import TraceRequest
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +99,26 @@ def test_records_cost_a_few_hundred_bytes_each():
     stored = sum(column.itemsize * len(column) for column in table._columns.values())
     assert stored == 8 * 25 * 1000 and len(table._outcomes) == 1000 and not table._reasons
     assert table[999] == record
+
+
+def test_a_waiting_request_costs_about_a_kilobyte_not_its_boxed_hash_ids():
+    """Waiting requests keep their hash ids as 8-byte array items (a trace reader's tuple of ints, ~36 bytes
+    an id, is dropped at arrival) and no token ids: 2,000 waiting prompts of 24 blocks each."""
+    blocks, count = 24, 2000
+
+    def arrivals():  # fresh tuples of large ids, as the trace reader makes them
+        for i in range(count):
+            yield TraceRequest(0.0, blocks * 512, 10, tuple(range(10**6 + i * blocks, 10**6 + (i + 1) * blocks)))
+
+    cfg = SimConfig(step_model="constant")
+    sim = Simulation(cfg, build_setup(cfg), arrivals())
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        sim.arrive(0.0)
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    waiting = sim.scheduler.waiting
+    assert len(waiting) == count and all(type(r.prompt.hash_ids) is array for r in waiting)
+    assert (after - before) / count < 1300  # a tuple of 24 boxed ids alone would add ~1,100
