@@ -1,6 +1,7 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
+    python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
 ``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
@@ -12,12 +13,17 @@ Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C
 starts when request k - C finishes; TTFT from that moment). The scheduling policy follows the engine of the
 row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the id or note names SGLang
 (``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step.
+
+``--fit`` replays every row at every point of ``FIT_GRID`` (the roofline's free parameters) and prints the
+points by loss (sum over rows and metrics of log(ratio)^2), best first; the best point's table follows.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import itertools
 import json
 import math
 import statistics
@@ -34,6 +40,13 @@ from dsakv.sim.source import Source, open_source
 BANDS = {"ttft_ms": (0.5, 2.0)}
 DEFAULT_BAND = (0.75, 1.33)
 RATES = ("out_tok_s", "out_tok_s_gpu")
+# Free parameters of the roofline step time (dsakv.sim.steptime.RooflineStepTime) that --fit searches.
+FIT_GRID = {
+    "gemm_eff": (0.7, 0.5, 0.35),
+    "moe_eff": (0.45, 0.3, 0.2, 0.15),
+    "link_eff": (0.7, 0.5, 0.35),
+    "layer_floor_s": (40e-6, 80e-6, 120e-6),
+}
 
 
 @dataclass(frozen=True)
@@ -90,11 +103,14 @@ def _stat(values: list[float], how: str) -> float:
     return statistics.median(values) if how == "p50" else statistics.fmean(values)
 
 
-def replay(anchor: dict, traces: Path) -> list[Row]:
-    """Run one anchor and compare every figure it publishes."""
+def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
+    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields."""
     cfg = sim_config(anchor)
+    setup = build_setup(cfg)
+    if step_params:
+        setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    result = simulate(cfg, opened.requests, setup=build_setup(cfg), counters=opened.counters)
+    result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
@@ -131,11 +147,27 @@ def worst(rows: list[Row]) -> Row:
     return max(rows, key=lambda r: abs(math.log(r.ratio)))
 
 
+def loss(rows: list[Row]) -> float:
+    """Sum of squared log ratios: a 2x miss either way costs the same."""
+    return sum(math.log(r.ratio) ** 2 for r in rows)
+
+
+def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
+    """Replay every anchor at every ``FIT_GRID`` point; (loss, rows out of band, params), best first."""
+    points = []
+    for values in itertools.product(*FIT_GRID.values()):
+        params = dict(zip(FIT_GRID, values))
+        rows = [row for a in anchors for row in replay(a, traces, params)]
+        points.append((loss(rows), sum(not r.band_ok for r in rows), params))
+    return sorted(points, key=lambda p: p[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
     ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
+    ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
@@ -144,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             keep = set(args.only.split(","))
             anchors = [a for a in anchors if a["id"] in keep]
-        rows = [row for a in anchors for row in replay(a, path.parent / "traces")]
+        best = None
+        if args.fit:
+            points = fit(anchors, path.parent / "traces")
+            best = points[0][2]
+            if not args.json:
+                for value, out, params in points:
+                    print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
+        rows = [row for a in anchors for row in replay(a, path.parent / "traces", best)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
@@ -153,14 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     means, bad = geomeans(rows), worst(rows)
     if args.json:
-        print(json.dumps({"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict()}))
+        out = {"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict(), "loss": loss(rows)}
+        if best is not None:
+            out["fit"] = best
+        print(json.dumps(out))
     else:
         print(f"{'id':<22} {'metric':<14} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
         for r in rows:
             ok = "ok" if r.band_ok else "OUT"
             print(f"{r.id:<22} {r.metric:<14} {r.published:>11.2f} {r.dsakv:>11.2f} {r.ratio:>6.2f}  {ok}")
         print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in means.items()))
-        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}")
+        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
     return 0 if all(r.band_ok for r in rows) else 1
 
 
