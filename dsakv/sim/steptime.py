@@ -8,12 +8,14 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
   group::
 
-      t = overhead + sum over components c of max(flops_c / (peak_c * compute_eff), bytes_c / (hbm_bw * bw_eff))
-          + allreduce_bytes / (link_bw * link_eff)
+      t = overhead + layers * floor + sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
+          + collective_bytes / (link_bw * link_eff) + collectives * link_latency + MTP draft passes
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
-  (top-k latent rows read per query), the lightning indexer (every context key scored per query on the
-  full layers, fp8), and the cache writes of both caches.
+  (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
+  lightning indexer (every context key scored per query on the full layers, fp8), the cache writes of both
+  caches, collectives (bandwidth + latency), MTP draft passes, a per-layer floor and a per-step overhead.
+  Everything constant for a model and deployment is computed once in the constructor (``_constants``).
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
 Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
@@ -63,7 +65,7 @@ class StepCost:
         return sum(self.seconds.values())
 
 
-MOE_A2A = ("none", "deepep")
+MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
 # vLLM's FlashMLA-sparse backend runs prefill tokens through the fp8 decode kernel ("mixed batch" mode) when a
 # rank has fewer query heads than this and the cache is fp8 (vllm/v1/attention/backends/mla/flashmla_sparse.py:
 # MIN_HEADS_FOR_BF16_PREFILL); SGLang's NSA backend keeps a prefill kernel.
@@ -74,7 +76,7 @@ def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_p
     """Whether vLLM (the ``mixed`` schedule policy) serves this layout's prefill with the fp8 decode kernel."""
     heads_rank = layout.spec.arch_value("num_attention_heads") / max(tp // dp_attention, 1)
     fp8_cache = layout.kv_dtype == "fp8_ds_mla"
-    return schedule_policy == "mixed" and fp8_cache and heads_rank < VLLM_MIN_HEADS_FOR_BF16_PREFILL  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
+    return schedule_policy == "mixed" and fp8_cache and heads_rank < VLLM_MIN_HEADS_FOR_BF16_PREFILL
 
 
 @dataclass(frozen=True)
