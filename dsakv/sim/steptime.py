@@ -205,11 +205,11 @@ class RooflineStepTime:
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
         topk = c["topk"]
-        # Decode sums: the plain sum is C-level; the clipped ones need a Python pass only past top-k.
+        # Decode sums: the plain sum is C-level; the clipped ones need a pass only past top-k (equal when q = 1).
         dec_sum = sum(decode)
         longest = max(decode) if n_dec else 0
-        dec_topk = dec_sum if longest <= topk else sum(min(d, topk) for d in decode)
-        dec_rows = dec_sum if longest <= q * topk else sum(min(d, q * topk) for d in decode)
+        dec_topk = _clipped_sum(decode, dec_sum, longest, topk)
+        dec_rows = dec_topk if q == 1 else _clipped_sum(decode, dec_sum, longest, q * topk)
         pf_tokens = pf_keys = pf_idx_pairs = pf_pairs = pf_chunk_rows = 0
         for n, ctx in prefill:
             pf_tokens += n
@@ -321,6 +321,15 @@ class RooflineStepTime:
             mla_head_pad=self.gpu.mla_head_pad,
         )
         return out
+
+
+def _clipped_sum(values: Sequence[int], total: int, largest: int, cap: int) -> int:
+    """``sum(min(v, cap) for v in values)`` given their sum and maximum: only the values above ``cap`` are
+    visited, without a ``min`` call each (the step time runs once per simulated step)."""
+    if largest <= cap:
+        return total
+    over = [v for v in values if v > cap]
+    return total - sum(over) + cap * len(over)
 
 
 def _sparse_pairs(n: int, ctx: int, topk: int) -> int:
