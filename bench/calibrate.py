@@ -49,7 +49,7 @@ RATES = ("out_tok_s", "out_tok_s_gpu")
 # the best loss by under 2% (docs/steptime.md, calibration).
 FIT_GRID = {
     "gemm_eff": (0.7,),
-    "moe_eff": (0.45, 0.3, 0.2, 0.15),
+    "moe_eff": (0.6, 0.45, 0.3, 0.2),
     "link_eff": (0.7, 0.5, 0.35),
     "layer_floor_s": (40e-6, 80e-6, 120e-6),
 }

@@ -79,6 +79,19 @@ def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_p
     return schedule_policy == "mixed" and fp8_cache and heads_rank < VLLM_MIN_HEADS_FOR_BF16_PREFILL
 
 
+def vllm_padded_topk(schedule_policy: str) -> bool:
+    """Whether the engine's sparse-MLA kernels compute all top-k slots of every query, padding included.
+
+    vLLM (the ``mixed`` schedule policy) runs every DSA query through FlashMLA's sparse kernels, and its wrapper
+    of the calibrated version (v0.13: ``flash_mla_with_kvcache(..., is_fp8_kvcache, indices)``,
+    ``flash_mla_sparse_prefill(q, kv, indices, sm_scale, d_v)``) passes no per-query ``topk_length``: a query
+    with fewer than top-k visible keys still runs the whole width, its ``-1`` slots masked (docs/steptime.md,
+    fact 8). The SGLang stand-in (``prefill_first``) is priced as gpustack ran it, with the FA3 NSA backends,
+    which take each query's key count ``min(context, top-k)`` as its sequence length.
+    """
+    return schedule_policy == "mixed"
+
+
 @dataclass(frozen=True)
 class RooflineStepTime:
     """Analytic roofline of one TP group (``tp`` GPUs) serving the batch; see ``docs/steptime.md``.
@@ -94,6 +107,9 @@ class RooflineStepTime:
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
     kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
+    ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
+    query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
+    stay the valid ones (padded slots gather nothing).
     """
 
     layout: CacheLayout
@@ -107,8 +123,9 @@ class RooflineStepTime:
     mtp_draft: int = 0
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
+    mla_padded_topk: bool = False
     gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
-    moe_eff: float = 0.3  # grouped MoE GEMMs (small per-expert M); fitted
+    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M); fitted
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
     mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
     indexer_eff: float = 0.5
@@ -237,8 +254,10 @@ class RooflineStepTime:
             pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
         else:  # one prefill kernel per chunk: each selected row read once for the chunk
             pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
-        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
         mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
+        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
+            pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
+        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
         mla_compute_s = (
             layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / self.mla_decode_eff)
         ) / g.bf16_flops
@@ -307,6 +326,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
+            "mla_padded_topk",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
             "overhead_s",

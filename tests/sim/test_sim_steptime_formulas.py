@@ -105,6 +105,30 @@ def test_vllm_mixed_batch_follows_vllms_rule(dsv32):
     assert not vllm_mixed_batch(CacheLayout(dsv32.spec, kv_dtype="bf16"), 8, 1, "mixed")
 
 
+def test_padded_topk_computes_every_topk_slot_and_reads_only_valid_rows(dsv32):
+    # FlashMLA's sparse kernels without topk_length: a query seeing c < top-k keys still computes top-k slots.
+    plain, padded = RooflineStepTime(dsv32), RooflineStepTime(dsv32, mla_padded_topk=True)
+    layers, per_pair, topk = dsv32.num_attention_layers, 64 * 2 * (512 + 64 + 512), dsv32.spec.index_topk
+    n, decodes = 128, [300, 5000]
+    assert plain.cost([(n, 0)], []).flops["sparse_mla"] == layers * n * (n + 1) // 2 * per_pair
+    assert padded.cost([(n, 0)], []).flops["sparse_mla"] == layers * n * topk * per_pair
+    assert padded.cost([], decodes).flops["sparse_mla"] == layers * 2 * topk * per_pair
+    assert plain.cost([], decodes).flops["sparse_mla"] == layers * (300 + topk) * per_pair
+    for step in (([(n, 0)], []), ([], decodes)):  # padded slots gather nothing: the bytes are the valid rows
+        assert padded.cost(*step).bytes["sparse_mla"] == plain.cost(*step).bytes["sparse_mla"]
+    # Past top-k context nothing is padded: a long decode costs the same.
+    assert padded.cost([], [5000]).seconds == plain.cost([], [5000]).seconds
+
+
+def test_padded_topk_follows_the_engine(dsv32):
+    from dsakv.sim.steptime import vllm_padded_topk
+
+    assert vllm_padded_topk("mixed") and not vllm_padded_topk("prefill_first")
+    vllm = build_setup(SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16)).step_time
+    sgl = build_setup(SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first"))
+    assert vllm.mla_padded_topk and not sgl.step_time.mla_padded_topk
+
+
 def test_dp_attention_collectives_follow_the_formula(dsv32):
     st, d, tokens = RooflineStepTime(dsv32, dp_attention=8), 8, 13
     layers, hid2 = dsv32.num_attention_layers, 7168 * 2
