@@ -83,7 +83,7 @@ def vllm_padded_topk(schedule_policy: str) -> bool:
     """Whether the engine's sparse-MLA kernels compute all top-k slots of every query, padding included.
 
     vLLM (the ``mixed`` schedule policy) runs every DSA query through FlashMLA's sparse kernels, and its wrapper
-    of the calibrated version (v0.13: ``flash_mla_with_kvcache(..., is_fp8_kvcache, indices)``,
+    of the calibrated era (v0.13: ``flash_mla_with_kvcache(..., is_fp8_kvcache, indices)``,
     ``flash_mla_sparse_prefill(q, kv, indices, sm_scale, d_v)``) passes no per-query ``topk_length``: a query
     with fewer than top-k visible keys still runs the whole width, its ``-1`` slots masked (docs/steptime.md,
     fact 8). The SGLang stand-in (``prefill_first``) is priced as gpustack ran it, with the FA3 NSA backends,
