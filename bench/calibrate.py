@@ -1,6 +1,7 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
+    python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
 ``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
@@ -11,13 +12,21 @@ and the worst row. Exit status 1 if any row is outside its band, 2 on a bad file
 Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
 starts when request k - C finishes; TTFT from that moment). The scheduling policy follows the engine of the
 row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the id or note names SGLang
-(``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step.
+(``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step. ``mem`` empty = the engine's
+own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
+``--gpu-memory-utilization`` 0.9.
+
+``--fit`` replays every row at every point of ``FIT_GRID`` (the roofline's free parameters) and prints the
+points best first: fewest rows outside their band (the issue's criterion), then the smallest loss (sum over
+rows and metrics of log(ratio)^2); the best point's table follows.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import itertools
 import json
 import math
 import statistics
@@ -27,6 +36,7 @@ from pathlib import Path
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
+from dsakv.planner.gpus import gpu_kind
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
@@ -34,6 +44,15 @@ from dsakv.sim.source import Source, open_source
 BANDS = {"ttft_ms": (0.5, 2.0)}
 DEFAULT_BAND = (0.75, 1.33)
 RATES = ("out_tok_s", "out_tok_s_gpu")
+# Free parameters of the roofline step time (dsakv.sim.steptime.RooflineStepTime) that --fit searches. gemm_eff
+# is pinned to DeepGEMM's published dense fp8 rate (docs/steptime.md, fact 4); freeing it (0.5, 0.35) moves
+# the best loss by under 2% (docs/steptime.md, calibration).
+FIT_GRID = {
+    "gemm_eff": (0.7,),
+    "moe_eff": (0.6, 0.45, 0.3, 0.2),
+    "link_eff": (0.7, 0.5, 0.35),
+    "layer_floor_s": (40e-6, 80e-6, 120e-6),
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,39 @@ def policy_of(anchor: dict) -> str:
     return "prefill_first" if "sgl" in text else "mixed"
 
 
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
+
+
+def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool) -> float:
+    """SGLang's default ``--mem-fraction-static`` (``ServerArgs._handle_gpu_memory_settings``, SGLang >= 0.5):
+    reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
+    attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, at least 10 GiB above 60 GiB,
+    + 2 GiB for an EAGLE draft model. Chunked prefill / cuda-graph max batch by memory: 8192 / 512 (TP >= 4)
+    below 160 GiB (H100, H200), 16384 / 512 above (B200, MI300X)."""
+    chunk = 8192 if gpu_memory_mib < 160 * 1024 else 16384
+    graph_bs = 512 if tp >= 4 or gpu_memory_mib >= 160 * 1024 else 256
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
+    if dp_attention > 1:
+        reserved += graph_bs * dp_attention * (4.5 if graph_bs > 300 else 3)
+    if gpu_memory_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if speculative:
+        reserved += 2 * 1024
+    return round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+
+
+def engine_mem_fraction(anchor: dict) -> float:
+    """The row's ``mem`` or, when empty, its engine's default memory fraction."""
+    if (anchor.get("mem") or "").strip():
+        return float(anchor["mem"])
+    if policy_of(anchor) == "mixed":
+        return VLLM_GPU_MEMORY_UTILIZATION
+    gpus, dp = _int(anchor["gpus"]), _int(anchor.get("dp"), 1)
+    return sglang_mem_fraction_static(
+        gpu_kind(anchor["gpu"]).memory_bytes / 2**20, gpus, dp, _int(anchor.get("mtp"), 0) > 0
+    )
+
+
 def sim_config(anchor: dict) -> SimConfig:
     chunk = _int(anchor.get("chunk"), 8192)
     gpus = _int(anchor["gpus"])
@@ -69,7 +121,7 @@ def sim_config(anchor: dict) -> SimConfig:
         gpu=anchor["gpu"],
         num_gpus=gpus,
         dp_attention=_int(anchor.get("dp"), 1),
-        mem_fraction_static=float(anchor.get("mem") or 0.85),
+        mem_fraction_static=engine_mem_fraction(anchor),
         weight_dtype=(anchor.get("weight_dtype") or None),
         max_batched_tokens=_int(anchor.get("budget"), chunk),
     )
@@ -90,11 +142,14 @@ def _stat(values: list[float], how: str) -> float:
     return statistics.median(values) if how == "p50" else statistics.fmean(values)
 
 
-def replay(anchor: dict, traces: Path) -> list[Row]:
-    """Run one anchor and compare every figure it publishes."""
+def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
+    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields."""
     cfg = sim_config(anchor)
+    setup = build_setup(cfg)
+    if step_params:
+        setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    result = simulate(cfg, opened.requests, setup=build_setup(cfg), counters=opened.counters)
+    result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
@@ -131,11 +186,28 @@ def worst(rows: list[Row]) -> Row:
     return max(rows, key=lambda r: abs(math.log(r.ratio)))
 
 
+def loss(rows: list[Row]) -> float:
+    """Sum of squared log ratios: a 2x miss either way costs the same."""
+    return sum(math.log(r.ratio) ** 2 for r in rows)
+
+
+def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
+    """Replay every anchor at every ``FIT_GRID`` point; (loss, rows out of band, params), best first (fewest
+    rows out of band, then the smallest loss)."""
+    points = []
+    for values in itertools.product(*FIT_GRID.values()):
+        params = dict(zip(FIT_GRID, values))
+        rows = [row for a in anchors for row in replay(a, traces, params)]
+        points.append((loss(rows), sum(not r.band_ok for r in rows), params))
+    return sorted(points, key=lambda p: (p[1], p[0]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
     ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
+    ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
@@ -144,7 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             keep = set(args.only.split(","))
             anchors = [a for a in anchors if a["id"] in keep]
-        rows = [row for a in anchors for row in replay(a, path.parent / "traces")]
+        best = None
+        if args.fit:
+            points = fit(anchors, path.parent / "traces")
+            best = points[0][2]
+            if not args.json:
+                for value, out, params in points:
+                    print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
+        rows = [row for a in anchors for row in replay(a, path.parent / "traces", best)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
@@ -153,14 +232,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     means, bad = geomeans(rows), worst(rows)
     if args.json:
-        print(json.dumps({"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict()}))
+        out = {"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict(), "loss": loss(rows)}
+        if best is not None:
+            out["fit"] = best
+        print(json.dumps(out))
     else:
         print(f"{'id':<22} {'metric':<14} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
         for r in rows:
             ok = "ok" if r.band_ok else "OUT"
             print(f"{r.id:<22} {r.metric:<14} {r.published:>11.2f} {r.dsakv:>11.2f} {r.ratio:>6.2f}  {ok}")
         print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in means.items()))
-        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}")
+        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
     return 0 if all(r.band_ok for r in rows) else 1
 
 

@@ -19,9 +19,10 @@ _KEY_ALIASES = {
     "mode": "insert_mode",
     "policy": "eviction_policy",
 }
-_KEY_ALIASES |= {"max_batched_tokens": "max_batched_tokens", "dp": "dp_attention"}
+_KEY_ALIASES |= {"max_batched_tokens": "max_batched_tokens", "dp": "dp_attention", "schedule": "schedule_policy"}
 SWEEP_KEYS = ("eviction_policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode")
 SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
+SWEEP_KEYS += ("ep", "moe_a2a", "schedule_policy")
 TABLE_COLUMNS = (
     ("pool_tokens", "pool tokens"),
     ("hit_rate_tokens", "hit rate (tokens)"),
@@ -39,7 +40,7 @@ TABLE_COLUMNS = (
 
 
 def _convert(key: str, text: str):
-    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention"):
+    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention", "ep"):
         return parse_int(f"--sweep {key}", text, 0 if key == "mtp" else 1)
     if key == "gpu_memory_bytes":
         return parse_bytes(f"--sweep {key}", text)

@@ -11,31 +11,35 @@ driver-reported total and keeps the marketing figure only as a label.
 | H100   | 80GB HBM3 (SXM)     | 81,559 MiB = 85,520,809,984 B     | ``nvidia-smi``: "NVIDIA H100 80GB HBM3 ... / 81559MiB" |
 | H800   | 80GB HBM3 (SXM)     | 81,559 MiB (the H100's)          | same 80GB HBM3 board as the H100 SXM (export variant: NVLink cut to 400 GB/s) |
 | H200   | 141GB HBM3e         | 143,771 MiB = 150,754,820,096 B   | ``nvidia-smi``: "NVIDIA H200 ... / 143771MiB"          |
-| H20    | 96GB HBM3           | 96,000,000,000 B (marketed)      | no driver report on file: the marketed decimal figure, a lower bound |
+| H20    | 96GB HBM3           | 96,000,000,000 B (marketed)      | no driver report on file: the marketed decimal figure, a lower bound (willitrunai.com/es/gpus/h20-96gb: "96 GB HBM3 - 4,000 GB/s") |
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
-| B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure      |
+| B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (HGX B300: "288 GB HBM3e per GPU", acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
 | MI300X | 192GB HBM3          | 205,822,885,888 B                 | ``rocm-smi --showmeminfo vram``: "VRAM Total Memory (B): 205822885888" |
-| MI355X | 288GB HBM3E         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure      |
+| MI355X | 288GB HBM3E         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (theregister.com/2025/06/12/amd_mi355x: "288 GB of HBM3E, and 8 TBps") |
 
 Pass ``--gpu-memory BYTES`` for any other device or a different driver reservation.
 
 Speed. Dense peak throughput (vendor datasheets, no sparsity), HBM bandwidth, the per-GPU one-direction
 NVLink / Infinity Fabric bandwidth and its small-message latency, and the head count the sparse-MLA kernels
 pad a rank's query heads to (FlashMLA: 64 on Hopper, 128 on Blackwell); ``docs/steptime.md`` lists them
-with the efficiencies applied.
+with the efficiencies applied. AMD: SGLang's NSA backend on MI355X runs TileLang / Triton sparse-MLA kernels at
+the rank's own head count (h_q = 16 at TP8), measured at 1.09-1.41 ms for 1,024 queries x top-k 2,048
+(github.com/vivienfanghuagood/sglang README_PR.md), i.e. 52-67 TFLOP/s, 2-3% of the bf16 peak; the catalogue
+keeps Hopper's 64-head padding at FlashMLA's efficiency for the AMD rows, which prices their sparse MLA ~3x
+too cheap (docs/steptime.md, known gaps).
 
 | kind   | bf16 / fp8 dense TFLOP/s | HBM TB/s | link (one direction) | source |
 |--------|--------------------------|----------|----------------------|--------|
 | H100   | 989.4 / 1978.9           | 3.35     | NVLink 4, 450 GB/s   | NVIDIA H100 SXM datasheet |
 | H800   | 989.4 / 1978.9           | 3.35     | NVLink 4, 200 GB/s   | H800 SXM: H100 compute, NVLink 400 GB/s bidirectional (DeepSeek-V3 report, sec. 3.1) |
 | H200   | 989.4 / 1978.9           | 4.8      | NVLink 4, 450 GB/s   | NVIDIA H200 SXM datasheet |
-| H20    | 148 / 296                | 4.0      | NVLink 4, 450 GB/s   | NVIDIA H20 product brief |
+| H20    | 148 / 296                | 4.0      | NVLink 4, 450 GB/s   | H20 product brief as reported (willitrunai.com/es/gpus/h20-96gb: 148 TFLOPS FP16, 296 INT8, 4.0 TB/s, NVLink 900 GB/s bidirectional); fp8 = the int8 rate, as on every Hopper part |
 | B200   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B200 datasheet (dense) |
-| B300   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B300 datasheet (dense: half the sparse figures) |
+| B300   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | HGX B300 per GPU (glennklockwood.com/garden/processors/B300: BF16 2250 / FP8 4500 dense, 8 TB/s; NVLink 5 1.8 TB/s bidirectional, acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | NVIDIA GB200 NVL72 datasheet, per GPU, dense |
-| MI300X | 1307.4 / 2614.9          | 5.3      | Infinity Fabric, 448 GB/s | AMD Instinct MI300X datasheet |
-| MI355X | 2516.6 / 5033.2          | 8.0      | Infinity Fabric, 537.6 GB/s | AMD Instinct MI355X datasheet (7 links x 153.6 GB/s, bidirectional / 2) |
+| MI300X | 1307.4 / 2614.9          | 5.3      | Infinity Fabric, 448 GB/s | AMD Instinct MI300X datasheet; computed: 304 CUs x 4,096 FP8 FLOP per CU per clock x 2.1 GHz |
+| MI355X | 2516.6 / 5033.2          | 8.0      | Infinity Fabric, 537.6 GB/s | computed: 256 CUs x 8,192 FP8 FLOP per CU per clock (CDNA 4, doubled from the MI300X's 4,096; ISSCC 2026 as reported by world-today-news.com/?p=7253162) x 2.4 GHz = 5033.2 TFLOP/s, bf16 half; 8 TB/s (theregister.com, above); links: 7 x 153.6 GB/s bidirectional / 2 |
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ from dsakv.errors import check_choice
 
 MIB = 2**20
 TERA = 1e12
+
+
+def cdna_fp8_flops(compute_units: int, fp8_flop_per_cu_clock: int, clock_hz: float) -> float:
+    """Dense FP8 matrix peak of an AMD CDNA part from its CUs, per-CU FLOP per clock and peak clock (bf16: half)."""
+    return compute_units * fp8_flop_per_cu_clock * clock_hz
+
+
+MI300X_FP8 = cdna_fp8_flops(304, 4096, 2.1e9)  # CDNA 3: 304 CUs (38 x 8 XCDs), 2.1 GHz -> 2614.9 TFLOP/s
+MI355X_FP8 = cdna_fp8_flops(256, 8192, 2.4e9)  # CDNA 4: 256 CUs (32 x 8 XCDs), 2.4 GHz -> 5033.2 TFLOP/s
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,12 @@ GPU_KINDS: dict[str, GpuKind] = {
         ),
         GpuKind(
             "MI300X", 205_822_885_888, "192GB HBM3", "rocm-smi VRAM Total Memory 205822885888 B",
-            1307.4 * TERA, 2614.9 * TERA, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet",
+            MI300X_FP8 / 2, MI300X_FP8, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet (304 CUs x 4,096 x 2.1 GHz)",
             "Infinity Fabric", 12e-6, 64,
         ),
         GpuKind(
             "MI355X", 288_000_000_000, "288GB HBM3E", "marketed 288 GB (no driver report on file)",
-            2516.6 * TERA, 5033.2 * TERA, 8.0 * TERA, 537.6e9, "AMD Instinct MI355X datasheet (dense)",
+            MI355X_FP8 / 2, MI355X_FP8, 8.0 * TERA, 537.6e9, "CDNA 4: 256 CUs x 8,192 FP8 FLOP/clock x 2.4 GHz (ISSCC 2026)",
             "Infinity Fabric", 12e-6, 64,
         ),
     )

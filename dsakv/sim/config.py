@@ -29,7 +29,7 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
-from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime
+from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime, vllm_mixed_batch, vllm_padded_topk
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
@@ -188,6 +188,10 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             weight_dtype=setting.weight_dtype,
             mtp_draft=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
+            mla_mixed_batch=vllm_mixed_batch(
+                layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy
+            ),
+            mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
         )
     chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
     sched = SchedulerConfig(

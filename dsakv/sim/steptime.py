@@ -8,12 +8,14 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
   group::
 
-      t = overhead + sum over components c of max(flops_c / (peak_c * compute_eff), bytes_c / (hbm_bw * bw_eff))
-          + allreduce_bytes / (link_bw * link_eff)
+      t = overhead + layers * floor + sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
+          + collective_bytes / (link_bw * link_eff) + collectives * link_latency + MTP draft passes
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
-  (top-k latent rows read per query), the lightning indexer (every context key scored per query on the
-  full layers, fp8), and the cache writes of both caches.
+  (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
+  lightning indexer (every context key scored per query on the full layers, fp8), the cache writes of both
+  caches, collectives (bandwidth + latency), MTP draft passes, a per-layer floor and a per-step overhead.
+  Everything constant for a model and deployment is computed once in the constructor (``_constants``).
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
 Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
@@ -64,6 +66,30 @@ class StepCost:
 
 
 MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
+# vLLM's FlashMLA-sparse backend runs prefill tokens through the fp8 decode kernel ("mixed batch" mode) when a
+# rank has fewer query heads than this and the cache is fp8 (vllm/v1/attention/backends/mla/flashmla_sparse.py:
+# MIN_HEADS_FOR_BF16_PREFILL); SGLang's NSA backend keeps a prefill kernel.
+VLLM_MIN_HEADS_FOR_BF16_PREFILL = 32
+
+
+def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
+    """Whether vLLM (the ``mixed`` schedule policy) serves this layout's prefill with the fp8 decode kernel."""
+    heads_rank = layout.spec.arch_value("num_attention_heads") / max(tp // dp_attention, 1)
+    fp8_cache = layout.kv_dtype == "fp8_ds_mla"
+    return schedule_policy == "mixed" and fp8_cache and heads_rank < VLLM_MIN_HEADS_FOR_BF16_PREFILL
+
+
+def vllm_padded_topk(schedule_policy: str) -> bool:
+    """Whether the engine's sparse-MLA kernels compute all top-k slots of every query, padding included.
+
+    vLLM (the ``mixed`` schedule policy) runs every DSA query through FlashMLA's sparse kernels, and its wrapper
+    of the calibrated era (v0.13: ``flash_mla_with_kvcache(..., is_fp8_kvcache, indices)``,
+    ``flash_mla_sparse_prefill(q, kv, indices, sm_scale, d_v)``) passes no per-query ``topk_length``: a query
+    with fewer than top-k visible keys still runs the whole width, its ``-1`` slots masked (docs/steptime.md,
+    fact 8). The SGLang stand-in (``prefill_first``) is priced as gpustack ran it, with the FA3 NSA backends,
+    which take each query's key count ``min(context, top-k)`` as its sequence length.
+    """
+    return schedule_policy == "mixed"
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,12 @@ class RooflineStepTime:
     bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
     (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
     expected yield, for reports. ``weight_dtype`` (None: the config's) prices the linear layers.
+    ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
+    where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
+    kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
+    ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
+    query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
+    stay the valid ones (padded slots gather nothing).
     """
 
     layout: CacheLayout
@@ -90,8 +122,10 @@ class RooflineStepTime:
     weight_dtype: str | None = None
     mtp_draft: int = 0
     mtp_accept: float = 0.8
+    mla_mixed_batch: bool = False
+    mla_padded_topk: bool = False
     gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
-    moe_eff: float = 0.3  # grouped MoE GEMMs (small per-expert M); fitted
+    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M); fitted
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
     mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
     indexer_eff: float = 0.5
@@ -156,12 +190,20 @@ class RooflineStepTime:
         padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
         # Absorbed MLA per (query, key) pair and layer: scores over latent+rope, values over the latent.
         c["mla_flops_per_pair"] = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
-        c["fp8_weights"] = 1.0 if dtype == "fp8" else 0.0
         c["hidden"] = a("hidden_size")
         c["experts"] = a("n_routed_experts")
         c["topk_experts"] = a("num_experts_per_tok")
         c["attn_tp"] = attn_tp
         c["layers"] = spec.num_hidden_layers + lay.mtp_layers
+        # Per-step constants of cost(): layer counts, per-pair / per-row figures, peaks and bandwidths.
+        c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, lay.num_indexer_layers, spec.index_topk
+        c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
+        c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
+        c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
+        c["cell_bytes"] = lay.cell_bytes
+        c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
+        c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
+        c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
         return c
 
     @property
@@ -177,35 +219,50 @@ class RooflineStepTime:
 
     def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
         c, g = self._const, self.gpu
-        lay, spec = self.layout, self.layout.spec
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
-        tokens = sum(n for n, _ in prefill) + n_dec * q  # this DP group's tokens
+        topk = c["topk"]
+        # Decode sums: the plain sum is C-level; the clipped ones need a pass only past top-k (equal when q = 1).
+        dec_sum = sum(decode)
+        longest = max(decode) if n_dec else 0
+        dec_topk = _clipped_sum(decode, dec_sum, longest, topk)
+        dec_rows = dec_topk if q == 1 else _clipped_sum(decode, dec_sum, longest, q * topk)
+        pf_tokens = pf_keys = pf_idx_pairs = pf_pairs = pf_chunk_rows = 0
+        for n, ctx in prefill:
+            pf_tokens += n
+            pf_keys += n + ctx
+            pf_idx_pairs += n * ctx + n * (n + 1) // 2
+            pf_pairs += _sparse_pairs(n, ctx, topk)
+            pf_chunk_rows += min(n + ctx, n * topk)
+        tokens = pf_tokens + n_dec * q  # this DP group's tokens
         moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
         rows = len(prefill) + n_dec * q  # rows that reach the lm_head
-        layers, idx_layers, topk = lay.num_attention_layers, lay.num_indexer_layers, spec.index_topk
-        lin_peak = g.fp8_flops if c["fp8_weights"] else g.bf16_flops
+        layers, idx_layers = c["attn_layers"], c["idx_layers"]
+        lin_peak = c["lin_peak"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
         lin_bytes = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
         lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
         moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
         moe_flops = moe_tokens * c["expert_flops_per_token"]
         # Indexer pairs (query, key) per full layer, causal; keys read once per chunk / per decode.
-        idx_pairs = sum(n * ctx + n * (n + 1) // 2 for n, ctx in prefill) + sum(decode) * q
-        idx_keys = sum(n + ctx for n, ctx in prefill) + sum(decode)
-        idx_flops = idx_layers * idx_pairs * spec.indexer_flops_per_pair
-        idx_bytes = idx_layers * (idx_keys * lay.indexer_row_bytes / lay.index_kpool + idx_pairs * 8)
-        # Sparse MLA: each query attends to min(position, top-k) keys; rows read once per chunk.
-        pf_pairs = sum(_sparse_pairs(n, ctx, topk) for n, ctx in prefill)
-        dec_pairs = q * sum(min(d, topk) for d in decode)
-        mla_rows = sum(min(n + ctx, n * topk) for n, ctx in prefill) + sum(min(d, q * topk) for d in decode)
+        idx_pairs = pf_idx_pairs + dec_sum * q
+        idx_flops = idx_layers * idx_pairs * c["idx_flops_per_pair"]
+        idx_bytes = idx_layers * ((pf_keys + dec_sum) * c["idx_key_bytes"] + idx_pairs * 8)
+        # Sparse MLA: each query attends to min(position, top-k) keys.
+        dec_pairs = q * dec_topk
+        if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
+            pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
+        else:  # one prefill kernel per chunk: each selected row read once for the chunk
+            pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
+        mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
+        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
+            pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        mla_bytes = layers * mla_rows * lay.main_row_bytes / self.dcp
         mla_compute_s = (
-            layers * c["mla_flops_per_pair"] * (pf_pairs / self.mla_prefill_eff + dec_pairs / self.mla_decode_eff)
+            layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / self.mla_decode_eff)
         ) / g.bf16_flops
-        write_bytes = tokens * lay.cell_bytes
-        bw = g.hbm_bytes_per_s * self.bw_eff
+        write_bytes = tokens * c["cell_bytes"]
+        bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers)
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
         nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
@@ -217,7 +274,7 @@ class RooflineStepTime:
             "sparse_mla": max(mla_compute_s, mla_bytes / bw),
             "indexer": max(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
             "cache_write": write_bytes / bw,
-            "collectives": coll_bytes / (g.link_bytes_per_s * self.link_eff) + coll_count * g.link_latency_s,
+            "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
         secs["mtp_draft"] = self._draft_seconds(n_dec, lin_peak) if n_dec and self.mtp_draft else 0.0
         secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
@@ -268,7 +325,9 @@ class RooflineStepTime:
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
-            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "gemm_eff",
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
+            "mla_padded_topk",
+            "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
             "overhead_s",
         ):  # fmt: skip
@@ -282,6 +341,15 @@ class RooflineStepTime:
             mla_head_pad=self.gpu.mla_head_pad,
         )
         return out
+
+
+def _clipped_sum(values: Sequence[int], total: int, largest: int, cap: int) -> int:
+    """``sum(min(v, cap) for v in values)`` given their sum and maximum: only the values above ``cap`` are
+    visited, without a ``min`` call each (the step time runs once per simulated step)."""
+    if largest <= cap:
+        return total
+    over = [v for v in values if v > cap]
+    return total - sum(over) + cap * len(over)
 
 
 def _sparse_pairs(n: int, ctx: int, topk: int) -> int:

@@ -51,3 +51,44 @@ def test_calibrate_prints_rows_and_exits_by_band(tmp_path, calibrate, capsys):
     outside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"], "mean"], "out_tok_s": ours["out_tok_s"] / 0.7})
     assert calibrate.main(["--anchors", outside]) == 1
     assert "OUT" in capsys.readouterr().out
+
+
+@pytest.fixture
+def make_traces(repo_dir):
+    spec = importlib.util.spec_from_file_location("make_traces", repo_dir / "bench" / "calibration" / "make_traces.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_heldout_rows_cite_a_source_and_their_traces_are_generated(repo_dir, make_traces):
+    # bench/calibration/heldout.csv: every row names its public source; its committed traces are exactly what
+    # make_traces.py writes from the row (so a trace cannot drift from the settings it stands for).
+    folder = repo_dir / "bench" / "calibration"
+    with (folder / "heldout.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["src"].startswith("https://") and json.loads(r["published"]) for r in rows)
+    for row in rows:
+        committed = (folder / "traces" / f"{row['id']}.jsonl").read_text()
+        assert committed == "\n".join(make_traces.trace_lines(row)) + "\n"
+        first = json.loads(committed.splitlines()[0])
+        assert (first["input_length"], first["output_length"]) == (int(row["isl"]), int(row["osl"]))
+    assert len({r["id"] for r in rows}) == len(rows)
+
+
+def test_make_traces_spaces_arrivals_by_the_rate(make_traces):
+    row = {"n": "3", "isl": "1025", "osl": "2", "rate": "4", "fixed": "True"}
+    lines = [json.loads(x) for x in make_traces.trace_lines(row)]
+    assert [x["timestamp"] for x in lines] == [0.0, 250.0, 500.0]  # one every 1/4 s, in ms
+    assert [x["hash_ids"] for x in lines] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]  # ceil(1025/512) fresh blocks
+
+
+def test_an_empty_mem_takes_the_engines_default(calibrate):
+    # SGLang TP8 + DP8 on an H200 (143,771 MiB): reserve 512 + 1.5 x 8192 + 2 x 512 + 1024 + 512 x 8 x 4.5 = 33,280
+    # MiB -> (143771 - 33280) / 143771 = 0.769; without DP attention 14,848 MiB -> 0.897.
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 8, False) == 0.769
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, False) == 0.897
+    row = {"id": "x-sgl-dp8", "gpu": "H200", "gpus": "8", "dp": "8", "mtp": "0", "mem": ""}
+    assert calibrate.engine_mem_fraction(row) == 0.769
+    assert calibrate.engine_mem_fraction({**row, "id": "x-vllm-tp8", "dp": "1"}) == 0.9
+    assert calibrate.engine_mem_fraction({**row, "mem": "0.85"}) == 0.85

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS, gpu_kind
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _sparse_pairs
+from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _clipped_sum, _sparse_pairs
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -95,3 +97,16 @@ def test_unknown_gpu_has_one_wording_in_the_planner_and_the_step_time():
     with pytest.raises(DsakvError) as step_time_error:
         build_setup(SimConfig(gpu=GpuSetting(gpu="A100", gpu_memory_bytes=200 * 2**30)))
     assert str(planner_error.value) == str(step_time_error.value) == wording
+
+
+def test_amd_peaks_are_computed_from_compute_units_and_clock():
+    # The datasheet figures (MI300X 2614.9, MI355X 5033.2 dense FP8 TFLOP/s) follow from CUs x FLOP/clock x clock.
+    assert GPU_KINDS["MI300X"].fp8_flops == pytest.approx(2614.9e12, rel=1e-4)
+    assert GPU_KINDS["MI355X"].fp8_flops == pytest.approx(5033.2e12, rel=1e-4)
+    assert all(GPU_KINDS[k].bf16_flops * 2 == GPU_KINDS[k].fp8_flops for k in ("MI300X", "MI355X"))
+
+
+@given(st.lists(st.integers(1, 10_000), max_size=40), st.integers(1, 5000))
+def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
+    total, largest = sum(values), max(values, default=0)
+    assert _clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)

@@ -72,3 +72,82 @@ def test_mtp_costs_one_draft_pass_per_draft_token(glm52):
 def test_every_layer_pays_the_launch_floor(glm52):
     st = RooflineStepTime(glm52)
     assert st.cost([], [10]).seconds["floor"] == pytest.approx(glm52.spec.num_hidden_layers * st.layer_floor_s)
+
+
+@pytest.fixture(scope="module")
+def dsv32():
+    return CacheLayout(ModelSpec.preset("deepseek-v3.2"))
+
+
+def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_rate(dsv32):
+    # vLLM, fp8 cache, 16 heads per rank (< 32): every prefill token is a decode query reading its own top-k rows.
+    plain, mixed = RooflineStepTime(dsv32), RooflineStepTime(dsv32, mla_mixed_batch=True)
+    n, layers, row = 1000, dsv32.num_attention_layers, dsv32.main_row_bytes
+    pairs = n * (n + 1) // 2  # query i (1-based) sees i keys, all below top-k 2048
+    assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # each row read once per chunk
+    assert mixed.cost([(n, 0)], []).bytes["sparse_mla"] == layers * pairs * row
+    flops = layers * pairs * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64
+    compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in ((plain, 640 / 989.4), (mixed, 410 / 989.4))}
+    for st in (plain, mixed):
+        c = st.cost([(n, 0)], [])
+        bw = c.bytes["sparse_mla"] / (st.gpu.hbm_bytes_per_s * st.bw_eff)
+        assert c.seconds["sparse_mla"] == pytest.approx(max(compute[st], bw))
+    assert plain.cost([], [3000] * 4).seconds == mixed.cost([], [3000] * 4).seconds  # decodes: the same kernel
+
+
+def test_vllm_mixed_batch_follows_vllms_rule(dsv32):
+    from dsakv.sim.steptime import vllm_mixed_batch
+
+    assert vllm_mixed_batch(dsv32, 8, 1, "mixed")  # 128 / 8 = 16 heads per rank
+    assert not vllm_mixed_batch(dsv32, 8, 8, "mixed")  # DP attention: 128 heads per rank
+    assert not vllm_mixed_batch(dsv32, 4, 1, "mixed")  # 32 heads: the bf16 prefill kernel
+    assert not vllm_mixed_batch(dsv32, 8, 1, "prefill_first")  # SGLang keeps its prefill kernel
+    assert not vllm_mixed_batch(CacheLayout(dsv32.spec, kv_dtype="bf16"), 8, 1, "mixed")
+
+
+def test_padded_topk_computes_every_topk_slot_and_reads_only_valid_rows(dsv32):
+    # FlashMLA's sparse kernels without topk_length: a query seeing c < top-k keys still computes top-k slots.
+    plain, padded = RooflineStepTime(dsv32), RooflineStepTime(dsv32, mla_padded_topk=True)
+    layers, per_pair, topk = dsv32.num_attention_layers, 64 * 2 * (512 + 64 + 512), dsv32.spec.index_topk
+    n, decodes = 128, [300, 5000]
+    assert plain.cost([(n, 0)], []).flops["sparse_mla"] == layers * n * (n + 1) // 2 * per_pair
+    assert padded.cost([(n, 0)], []).flops["sparse_mla"] == layers * n * topk * per_pair
+    assert padded.cost([], decodes).flops["sparse_mla"] == layers * 2 * topk * per_pair
+    assert plain.cost([], decodes).flops["sparse_mla"] == layers * (300 + topk) * per_pair
+    for step in (([(n, 0)], []), ([], decodes)):  # padded slots gather nothing: the bytes are the valid rows
+        assert padded.cost(*step).bytes["sparse_mla"] == plain.cost(*step).bytes["sparse_mla"]
+    # Past top-k context nothing is padded: a long decode costs the same.
+    assert padded.cost([], [5000]).seconds == plain.cost([], [5000]).seconds
+
+
+def test_padded_topk_follows_the_engine(dsv32):
+    from dsakv.sim.steptime import vllm_padded_topk
+
+    assert vllm_padded_topk("mixed") and not vllm_padded_topk("prefill_first")
+    vllm = build_setup(SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16)).step_time
+    sgl = build_setup(SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first"))
+    assert vllm.mla_padded_topk and not sgl.step_time.mla_padded_topk
+
+
+def test_dp_attention_collectives_follow_the_formula(dsv32):
+    st, d, tokens = RooflineStepTime(dsv32, dp_attention=8), 8, 13
+    layers, hid2 = dsv32.num_attention_layers, 7168 * 2
+    t_all = tokens * d  # attention TP = 1: no attention all-reduce
+    gather_scatter = layers * t_all * hid2 * 2 * (d - 1) / d
+    moe_all_reduce = layers * t_all * hid2 * 2 * 7 / 8
+    c = st.cost([], [4096] * tokens)
+    assert c.bytes["collectives"] == pytest.approx(gather_scatter + moe_all_reduce)
+    link = st.gpu.link_bytes_per_s * st.link_eff
+    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 3 * layers * st.gpu.link_latency_s)
+
+
+def test_one_mtp_draft_pass_follows_the_formula(dsv32):
+    st = RooflineStepTime(dsv32, mtp_draft=1)
+    c, g, n = st._const, st.gpu, 16
+    layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(n)) / c["layers"]
+    flops = n * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
+    flops += n * c["lm_head_flops_per_row"]
+    compute = flops / (g.fp8_flops * st.moe_eff)
+    memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
+    expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
+    assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected)

@@ -1,0 +1,90 @@
+"""``dsakv simulate``'s engine flags (issue 15): ``--ep``, ``--moe-a2a``, ``--schedule-policy``, ``--mtp`` and
+``--weight-dtype`` reach the step time and the scheduler; bad values are one-line errors naming the flag and
+what is allowed; ``--sweep`` takes ``ep``, ``moe_a2a`` and ``schedule_policy``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_checks import assert_one_line_error
+
+from dsakv.cli import main
+
+# Eight requests of 1,000 + 12 tokens at t = 0: enough for prefill and decode steps, small enough to be quick.
+TRACE = "".join(
+    f'{{"timestamp": 0, "input_length": 1000, "output_length": 12, "hash_ids": [{2 * k}, {2 * k + 1}]}}\n'
+    for k in range(8)
+)
+BASE = ["simulate", "--model", "deepseek-v3.2", "--pool-tokens", "200000", "--json"]
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(TRACE)
+    return str(path)
+
+
+def _run(capsys, trace: str, *flags: str) -> dict:
+    assert main([*BASE, "--trace", trace, *flags]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _step_time(summary: dict) -> dict:
+    return summary["config"]["setup"]["step_time"]
+
+
+def test_engine_flags_reach_the_step_time_and_the_scheduler(capsys, trace):
+    base = _run(capsys, trace)
+    ep = _run(capsys, trace, "--ep", "8", "--moe-a2a", "deepep")
+    assert (_step_time(ep)["ep"], _step_time(ep)["moe_a2a"]) == (8, "deepep")
+    assert ep["makespan_s"] != base["makespan_s"]  # all-to-all instead of the MoE all-reduce
+    ep_only = _run(capsys, trace, "--ep", "8")  # experts move, a rank's bytes do not (docs/steptime.md)
+    assert ep_only["makespan_s"] == base["makespan_s"]
+    sgl = _run(capsys, trace, "--schedule-policy", "prefill_first")
+    assert sgl["config"]["setup"]["scheduler"]["schedule_policy"] == "prefill_first"
+    assert _step_time(sgl)["mla_mixed_batch"] is False and _step_time(base)["mla_mixed_batch"] is True
+    mtp = _run(capsys, trace, "--mtp", "2")
+    assert _step_time(mtp)["mtp_draft"] == 2 and mtp["steps"] < base["steps"]
+
+
+def test_weight_dtype_reaches_the_step_time(capsys, trace):
+    # glm-5.2 is a bf16 checkpoint: an fp8 deployment of it reads half the weight bytes per decode step.
+    glm = ["--model", "glm-5.2"]
+    bf16 = _run(capsys, trace, *glm)
+    fp8 = _run(capsys, trace, *glm, "--weight-dtype", "fp8")
+    assert _step_time(fp8)["weight_dtype"] == "fp8" and _step_time(bf16)["weight_dtype"] is None
+    assert fp8["makespan_s"] < bf16["makespan_s"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--ep", "3"], ["ep = 3", "must divide tp = 8"]),
+        (["--ep", "0"], ["--ep", "integer >= 1"]),
+        (["--ep", "two"], ["--ep", "integer"]),
+        (["--moe-a2a", "nccl"], ["moe_a2a = 'nccl'", "none, deepep"]),
+        (["--moe-a2a", "deepep"], ["moe_a2a = 'deepep'", "ep >= 2"]),
+        (["--schedule-policy", "fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
+        (["--mtp", "-1"], ["--mtp", "integer >= 0"]),
+        (["--weight-dtype", "int3"], ["weight dtype 'int3'", "fp8"]),
+        (["--sweep", "moe_a2a=none,nccl"], ["moe_a2a = 'nccl'", "none, deepep"]),
+        (["--sweep", "schedule_policy=fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
+        (["--sweep", "ep=1,x"], ["--sweep ep", "integer"]),
+    ],
+)
+def test_bad_engine_flags_are_one_line_errors(capsys, trace, flags, needles):
+    code = main([*BASE, "--trace", trace, "--workers", "1", *flags])
+    assert_one_line_error(code, capsys.readouterr().err, *needles)
+
+
+def test_sweep_over_ep_moe_a2a_and_schedule_policy(capsys, trace):
+    sweep = ["--sweep", "ep=1,8", "--sweep", "moe_a2a=none,deepep", "--workers", "1"]
+    assert main([*BASE, "--trace", trace, *sweep, "--sweep", "schedule_policy=mixed,prefill_first"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    points = [(r["config"]["ep"], r["config"]["moe_a2a"], r["config"]["schedule_policy"]) for r in rows]
+    assert len(points) == 8 and len(set(points)) == 8
+    failed = {p for p, r in zip(points, rows) if r["error"]}
+    assert failed == {(1, "deepep", "mixed"), (1, "deepep", "prefill_first")}  # DeepEP needs ep >= 2
+    assert all(r["summary"]["finished"] == 8 for r in rows if not r["error"])
