@@ -113,6 +113,17 @@ class RedisPageStore:
                 found += 1
         return found
 
+    def present(self, hashes: Sequence[bytes]) -> list[bool] | None:
+        """Whether the server holds each page (EXISTS, pipelined), or None on a fault. Does not modify it."""
+        out: list[bool] = []
+        for start in range(0, len(hashes), self.config.batch_pages):
+            batch = hashes[start : start + self.config.batch_pages]
+            replies = self._pipelined(lambda pipe, b=batch: [pipe.exists(self.key(h)) for h in b])
+            if replies is None:
+                return None
+            out += [bool(r) for r in replies]
+        return out
+
     def fetch_prefix(self, hashes: Sequence[bytes]) -> list[memoryview]:
         """Both caches' bytes of the leading pages of ``hashes`` whose values pass every check.
 
