@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dsakv.engine.offload import HostPages, host_buffer
+from dsakv.engine.offload import host_buffer
 from dsakv.engine.pool import TwinPool
 from dsakv.errors import DsakvError
 
@@ -36,28 +36,23 @@ class HostTierBuffer:
     def nbytes(self) -> int:
         return self.blocks.numel()
 
-    def _rows(self, slots: Sequence[int | None], what: str) -> torch.Tensor:
+    def _rows(self, slots: Sequence[int | None], what: str) -> list[int]:
         if any(s is None or not 0 <= s < self.capacity_pages for s in slots):
             raise DsakvError(f"{what}: host slots {list(slots)} must lie in 0..{self.capacity_pages - 1}")
-        return torch.tensor(list(slots), dtype=torch.long)
+        return list(slots)
 
     def write_from_device(self, pages: Sequence[int], slots: Sequence[int | None]) -> None:
         """Both caches of device ``pages[i]`` into host slot ``slots[i]``. Does not modify the pool."""
-        rows = self._rows(slots, "write_from_device")
-        self.blocks[rows] = self.pool.offload_pages(pages).blocks
+        self.pool.copy_pages_to_host(pages, self.blocks, self._rows(slots, "write_from_device"))
 
     def load_to_device(self, slots: Sequence[int | None], pages: Sequence[int]) -> None:
         """Host slot ``slots[i]`` into device page ``pages[i]`` (allocated), both caches, bit-exact; returns
         once the copy is complete (the forward that follows reads the pages)."""
-        rows = self._rows(slots, "load_to_device")
-        host = HostPages(self.pool.layout, tuple(int(p) for p in pages), self.blocks[rows], self.pool.fp8_scales)
-        self.pool.restore_pages(host, pages)
-        if self.pool.device.type == "cuda":
-            torch.cuda.synchronize(self.pool.device)
+        self.pool.copy_pages_from_host(self.blocks, self._rows(slots, "load_to_device"), pages)
 
     def read_slots(self, slots: Sequence[int | None]) -> torch.Tensor:
         """A copy of the listed slots' bytes (``[n, page_bytes]`` uint8), e.g. to write them to the store."""
-        return self.blocks[self._rows(slots, "read_slots")]
+        return self.blocks[torch.tensor(self._rows(slots, "read_slots"), dtype=torch.long)]
 
 
 __all__ = ["HostTierBuffer"]
