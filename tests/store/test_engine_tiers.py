@@ -18,9 +18,12 @@ import pytest
 
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.scheduler import SchedulerConfig
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
 from dsakv.store.value import HEADER, PageValueFormat
 
 HERE = Path(__file__).resolve().parent
+TINY_PAGE_BYTES = CacheLayout(ModelSpec.preset("tiny"), page_size=16, allow_any_page_size=True).page_bytes
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -66,8 +69,9 @@ def generate(engine: Engine, p: list[int], run_mod, **kw):
     return r
 
 
-def test_prefix_evicted_from_device_loads_back_from_host_bit_exact(run_mod, reference):
-    engine = Engine(run_mod.tier_engine_config(host_bytes=64 * 46208))
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
+def test_prefix_evicted_from_device_loads_back_from_host_bit_exact(run_mod, reference, write_policy):
+    engine = Engine(run_mod.tier_engine_config(host_bytes=64 * TINY_PAGE_BYTES, write_policy=write_policy))
     first = generate(engine, PROMPT, run_mod)
     for filler in FILLERS:
         assert_same_as_reference(generate(engine, filler, run_mod), filler, reference)
@@ -201,3 +205,31 @@ def test_two_tenants_with_identical_prompts_share_no_store_page(run_mod, referen
     assert set(page_keys(engine, PROMPT, "tenant-b")) <= keys_b and len(keys_b) == len(keys_a)
     assert_same_as_reference(a, PROMPT, reference)
     assert_same_as_reference(b, PROMPT, reference)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(store_url="redis://h/0"), "store url 'redis://h/0': needs a host and a port"),
+        (dict(store_url="redis://h:1/0", store_command_timeout_s=0), "command_timeout_s = 0: must be a number"),
+        (dict(store_url="redis://h:1/0", store_connect_timeout_s=float("nan")), "connect_timeout_s = nan"),
+        (dict(store_url="redis://h:1/0", store_budget_bytes=-1), "budget_bytes = -1: must be a positive integer"),
+        (dict(host_bytes=0), "host_bytes = 0: must be a positive integer"),
+        (dict(host_bytes=True), "host_bytes = True: must be a positive integer"),
+        (dict(write_policy="sometimes"), "write_policy = 'sometimes': must be one of write_through, write_back"),
+        (dict(host_bytes=10**6, prefix_cache=False), "host_bytes / store_url: the lower tiers hold prefix-cache"),
+    ],
+)
+def test_bad_tier_config_is_a_one_line_error(fields, message):
+    from dsakv.errors import DsakvError
+
+    with pytest.raises(DsakvError) as info:
+        EngineConfig(**fields)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_store_url_alone_connects_to_nothing_until_used(run_mod):
+    """Building an engine with a store URL has no side effect: an unreachable server costs nothing until a lookup."""
+    engine = Engine(run_mod.tier_engine_config(store_url="redis://127.0.0.1:1/0"))
+    store = engine.tiers.store.store
+    assert store._client is None and store.counters.failed_calls == 0
