@@ -67,6 +67,19 @@ class StoreCounters:
         }
 
 
+@dataclass(frozen=True)
+class ServerMemory:
+    """``used_bytes``: the server's ``used_memory``; ``max_bytes``: its ``maxmemory`` (0 when unlimited)."""
+
+    used_bytes: int
+    max_bytes: int
+
+    def pages_that_fit(self, value_bytes: int) -> int | None:
+        """Values of ``value_bytes`` the limit holds (an upper bound: keys and allocator overhead come on top);
+        None without a limit."""
+        return self.max_bytes // value_bytes if self.max_bytes else None
+
+
 class RedisPageStore:
     """Batched, pipelined get / put of page values; every call bounded in time and never raising on a fault.
 
@@ -168,6 +181,16 @@ class RedisPageStore:
             self.counters.bytes_written += sum(len(v) for _, v in batch)
         return written
 
+    def server_memory(self) -> ServerMemory | None:
+        """The server's memory figures (``INFO memory``): what it uses and its ``maxmemory`` (0: no limit),
+        for a caller that sizes the store tier from the server (the simulator's capacity check). None on a
+        fault. Does not modify the server."""
+        replies = self._pipelined(lambda pipe: [pipe.info("memory")])
+        if replies is None:
+            return None
+        info = replies[0]
+        return ServerMemory(used_bytes=int(info["used_memory"]), max_bytes=int(info.get("maxmemory", 0)))
+
     @property
     def is_down(self) -> bool:
         """True from a fault until the next call that succeeds."""
@@ -258,4 +281,4 @@ class RedisPageStore:
         return str(self.config.parsed_url)
 
 
-__all__ = ["PagePut", "RedisPageStore", "StoreCounters"]
+__all__ = ["PagePut", "RedisPageStore", "ServerMemory", "StoreCounters"]

@@ -174,3 +174,14 @@ def test_timeouts_are_bounded(field):
     for bad in (0, -1, float("inf"), 1e9, True):
         with pytest.raises(DsakvError, match=field):
             StoreConfig("redis://h:1/0", **{field: bad})
+
+
+def test_server_memory_reports_the_budget_and_none_when_down(redis_server):
+    budget = 64 * FORMAT.value_bytes
+    store = make_store(redis_server.url, budget_bytes=budget)
+    memory = store.server_memory()
+    assert memory.max_bytes == budget and memory.used_bytes > 0
+    assert memory.pages_that_fit(FORMAT.value_bytes) == 64
+    assert make_store(redis_server.url).server_memory().max_bytes == budget  # the server keeps it
+    redis_server.stop()
+    assert store.server_memory() is None and store.counters.failed_calls == 1
