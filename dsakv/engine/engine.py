@@ -1,9 +1,10 @@
 """``Engine``: the tiny DSA model on a twin pool, driven by the scheduler. Greedy decoding on CPU.
 
-One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch`` fixes
-(offloads to host, restores into new pages, one paged forward per item, greedy sampling with speculative
-verification) and reports the tokens back with ``Scheduler.update``. The scheduler owns every page
-decision; the engine only moves bytes and computes.
+One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch``
+fixes (offloads to host, write-backs to the lower tiers, restores into new pages, load-backs from host
+memory or the Redis store, one paged forward per item, greedy sampling with speculative verification; the
+tiers' copies are ``dsakv.engine.lower_tiers``) and reports the tokens back with ``Scheduler.update``. The
+scheduler owns every page decision; the engine only moves bytes and computes.
 
 Batch invariance (``EngineConfig.batch_invariant``, on by default). CPU GEMM rounds a row differently
 depending on how many rows share the call (small calls take another kernel path), so a token's cache bytes
