@@ -11,7 +11,9 @@ timeout) returns what a miss returns, counts the failure, logs one warning for t
 store then answers every call as a miss without touching the network until a backoff (doubling per failed
 attempt, ``StoreConfig.retry_initial_s`` .. ``retry_max_s``) has passed; the first call that succeeds ends
 the outage. The server may also drop any page at any time (``maxmemory`` + ``allkeys-lru``), so a prefix
-hit ends at the first page that is absent, and at the first value that fails its checks (counted per reason).
+hit ends at the first page that is absent, and at the first value that fails its checks (counted per reason,
+and deleted: the layout fingerprint is part of the key, so such a value is damage, and deleting it lets a
+good copy be written again).
 
 Not thread-safe: one engine step at a time, like the pool.
 """
@@ -25,12 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsakv.errors import DsakvError
 from dsakv.store.config import StoreConfig
 from dsakv.store.value import PageValueFormat
 
 log = logging.getLogger("dsakv.store")
 
 PagePut = tuple[bytes, bytes | bytearray | memoryview]  # (chained page hash, both caches' bytes)
+KEY_FINGERPRINT_BYTES = 8
 
 
 @dataclass
@@ -95,15 +99,21 @@ class RedisPageStore:
         self.counters = StoreCounters()
         self._clock = clock
         self._client = None
-        self._prefix = config.key_prefix.encode()
+        # the layout fingerprint is part of every key: engines of different models or dtypes sharing a server
+        # never name the same key, so a value that fails its checks is damage, and is deleted
+        self._prefix = (
+            config.key_prefix.encode() + value_format.fingerprint[:KEY_FINGERPRINT_BYTES].hex().encode() + b":"
+        )
         self._down = False
         self._backoff = config.retry_initial_s
         self._next_try = 0.0
         self._config_refused = False
+        self._refusal_logged = False
 
     # ----- keys ----------------------------------------------------------------------------------
     def key(self, page_hash: bytes) -> bytes:
-        """The server key of a page: the prefix, then the hex of its chained hash."""
+        """The server key of a page: ``key_prefix``, 8 bytes of the layout fingerprint and the chained hash,
+        in hex (``dsakv:page:<fingerprint>:<hash>``)."""
         return self._prefix + page_hash.hex().encode()
 
     # ----- the three operations ------------------------------------------------------------------
@@ -156,7 +166,11 @@ class RedisPageStore:
                 page = self.format.decode(value)
                 if not page.ok:
                     self.counters.invalid[page.miss_reason] += 1
-                    log.warning("store: a stored page failed its %s check; recomputing it", page.miss_reason)
+                    log.warning(
+                        "store %s: a stored page failed its %s check; deleted, recomputed", self, page.miss_reason
+                    )
+                    bad = self.key(hashes[len(out)])
+                    self._pipelined(lambda pipe, k=bad: [pipe.delete(k)])  # so that a good copy can be written again
                     return out
                 out.append(page.payload)
                 self.counters.pages_read += 1
@@ -170,10 +184,15 @@ class RedisPageStore:
         caches of one page raises ``DsakvError`` and nothing is written. Writing a page that exists
         rewrites the same bytes (values are a function of the key within one fingerprint).
         """
-        values = [(self.key(h), self.format.encode(p)) for h, p in pages]
+        for i, (_, payload) in enumerate(pages):
+            if memoryview(payload).nbytes != self.format.page_bytes:
+                raise DsakvError(
+                    f"pages[{i}]: {memoryview(payload).nbytes} bytes; a page value holds both caches of one page "
+                    f"({self.format.page_bytes} B)"
+                )
         written = 0
-        for start in range(0, len(values), self.config.batch_pages):
-            batch = values[start : start + self.config.batch_pages]
+        for start in range(0, len(pages), self.config.batch_pages):  # encoded per batch: memory stays bounded
+            batch = [(self.key(h), self.format.encode(p)) for h, p in pages[start : start + self.config.batch_pages]]
             if self._pipelined(lambda pipe, b=batch: [pipe.set(k, v) for k, v in b]) is None:
                 break
             written += len(batch)
@@ -251,6 +270,12 @@ class RedisPageStore:
             pipe = self._connection().pipeline(transaction=False)
             queue(pipe)
             replies = pipe.execute()
+        except redis.ResponseError as exc:  # the server answered but refused (e.g. OOM): not an outage
+            self.counters.failed_calls += 1
+            if not self._refusal_logged:
+                log.warning("store %s: server refused a command (%s); those pages are not stored", self, exc)
+                self._refusal_logged = True
+            return None
         except redis.RedisError as exc:
             self._fail(exc)
             return None

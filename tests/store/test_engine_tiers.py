@@ -174,6 +174,10 @@ def test_corrupted_value_is_detected_counted_and_recomputed(run_mod, reference, 
     assert r.stats.hit_tokens_store == 2 * run_mod.PAGE  # pages 0 and 1; the hit ends at the bad page
     assert reader.tiers.store.store.counters.invalid == {"checksum": 1}
     assert_same_as_reference(r, PROMPT, reference)
+    # the damaged value was deleted and the reader wrote its recomputed page: a third engine hits all 4 pages
+    third = generate(store_engine(run_mod, redis_server.url), PROMPT, run_mod)
+    assert third.stats.hit_tokens_store == 4 * run_mod.PAGE
+    assert_same_as_reference(third, PROMPT, reference)
 
 
 def test_value_with_main_kv_and_without_indexer_pages_is_never_loaded(run_mod, reference, redis_server):

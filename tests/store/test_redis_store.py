@@ -73,16 +73,29 @@ def test_flipped_byte_in_the_server_is_a_counted_miss(redis_server):
     redis_server.flip_byte(store.key(hashes[1]), HEADER.size + 100)
     assert [bytes(p) for p in store.fetch_prefix(hashes)] == [payload(0)]
     assert store.counters.invalid == {"checksum": 1}
+    assert store.present(hashes) == [True, False, True]  # the damaged value is gone; the others stay
 
 
-def test_value_of_another_layout_is_a_fingerprint_miss(redis_server):
+def test_engines_of_different_layouts_share_a_server_without_sharing_keys(redis_server):
     hashes = page_hashes(list(range(16)))
     bf16 = CacheLayout(ModelSpec.preset("tiny"), kv_dtype="bf16", page_size=16, allow_any_page_size=True)
     other = RedisPageStore(StoreConfig(redis_server.url), PageValueFormat.for_layout(bf16))
     other.put_pages([(hashes[0], bytes(bf16.page_bytes))])
     store = make_store(redis_server.url)
+    assert store.key(hashes[0]) != other.key(hashes[0])
+    assert store.lookup_prefix(hashes) == 0 and store.fetch_prefix(hashes) == []
+    assert other.lookup_prefix(hashes) == 1
+
+
+def test_value_of_another_layout_under_our_key_is_a_fingerprint_miss_and_deleted(redis_server):
+    hashes = page_hashes(list(range(16)))
+    bf16 = CacheLayout(ModelSpec.preset("tiny"), kv_dtype="bf16", page_size=16, allow_any_page_size=True)
+    store = make_store(redis_server.url)
+    misfiled = PageValueFormat.for_layout(bf16).encode(bytes(bf16.page_bytes))
+    redis_server.client().set(store.key(hashes[0]), misfiled)
     assert store.lookup_prefix(hashes) == 1 and store.fetch_prefix(hashes) == []
     assert store.counters.invalid == {"fingerprint": 1}
+    assert store.lookup_prefix(hashes) == 0  # deleted, so a good copy can be written again
 
 
 def test_budget_sets_the_servers_lru_limit_and_it_evicts(redis_server):
@@ -132,6 +145,23 @@ def test_hung_server_costs_one_command_timeout_then_backs_off(redis_server):
         redis_server.resume()
     assert 0.3 <= first < 2.0 and backoff < 0.1
     assert store.counters.failed_calls == 1 and store.counters.skipped_calls == 10
+
+
+def test_a_value_the_server_refuses_is_a_counted_failure_not_an_outage(redis_server):
+    store = make_store(redis_server.url)
+    redis_server.client().config_set("maxmemory", 1)  # noeviction by default: every write is refused (OOM)
+    hashes = page_hashes(list(range(16 * 2)))
+    assert store.put_pages([(h, payload(i)) for i, h in enumerate(hashes)]) == 0
+    assert store.counters.failed_calls == 1 and not store.is_down and store.counters.outages == 0
+    assert store.lookup_prefix(hashes) == 0 and store.counters.skipped_calls == 0
+
+
+def test_payload_of_the_wrong_size_writes_nothing(redis_server):
+    store = make_store(redis_server.url)
+    hashes = page_hashes(list(range(16 * 2)))
+    with pytest.raises(DsakvError, match=r"pages\[1\]: 10 bytes; a page value holds both caches"):
+        store.put_pages([(hashes[0], payload(0)), (hashes[1], bytes(10))])
+    assert redis_server.client().dbsize() == 0
 
 
 def test_budget_is_reapplied_after_a_restart(redis_server):
