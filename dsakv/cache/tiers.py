@@ -40,6 +40,7 @@ WRITE_THROUGH, WRITE_BACK, WRITE_THROUGH_SELECTIVE = "write_through", "write_bac
 WRITE_POLICIES = (WRITE_THROUGH, WRITE_BACK, WRITE_THROUGH_SELECTIVE)
 # SGLang HiCache's write_through_selective threshold: a page is written down once it has been hit twice
 DEFAULT_HIT_THRESHOLD = 2
+HEAP_SLACK = 4  # the eviction heap is rebuilt when it holds this many entries per live one (amortised O(1))
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,8 @@ class TierIndex:
             entry.hits += 1
             if not entry.pins:
                 heap.push(entry)
+        if len(heap) > HEAP_SLACK * (len(self._entries) + 1):  # stale entries outnumber live ones: rebuild
+            heap.rebuild(e for e in self._entries.values() if not e.pins)
 
     def pin(self, hashes: Sequence[bytes]) -> None:
         for h in hashes:
