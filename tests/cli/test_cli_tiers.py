@@ -4,6 +4,7 @@ exit status 1 for bad ones."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,19 @@ def test_simulate_tier_flags_report_hits_per_tier(capsys, argv):
             split = s["tier_bytes"][tier][way]
             assert s[f"{tier}_bytes_{way}"] == split["main"] + split["indexer"]
             assert split["main"] * 2_772 == split["indexer"] * 51_168  # both caches move together, page by page
+
+
+def test_simulate_table_shows_the_tiers(capsys):
+    argv = ["simulate", "--scenario", "chat", "--scale", "0.1", "--pool-tokens", "20000", "--host-bytes", "1TB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "loaded from host" in out and "host read (GB)" in out and "store written (GB)" in out
+
+
+def test_the_capacity_table_in_the_docs_is_the_planners(capsys):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tiers.md").read_text()
+    for size in ("500GB", "1TB", "2TB", "4TB"):
+        d = plan_json(capsys, "--host-bytes", size)
+        row = f"| `--host-bytes {size}` | {d['host_tokens']:,} | {d['tiers']['host_tokens_per_rank_pools']:,} |"
+        assert row in doc
+    assert f"| {plan_json(capsys, '--store-bytes', '20TB')['store_tokens']:,} |" in doc
