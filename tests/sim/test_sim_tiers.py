@@ -4,6 +4,7 @@ over the trace's page identities (no dsakv hashing involved)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, read_mooncake
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 PAGE = 64  # the GLM-5.3 page size the simulator runs at
 POOL_TOKENS = 40_000  # a small device pool: most reuse has to come back from the store
+CONVERSATION_REQUESTS = 1_000
 
 
 def walk_hit_tokens(requests: list[TraceRequest], page: int = PAGE) -> list[int]:
@@ -144,13 +146,14 @@ def test_bad_tier_config_is_one_error(kw, message):
 
 @pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} is absent; the generated-trace tests cover the walk")
 def test_unbounded_store_hits_equal_the_page_walk_on_the_conversation_trace():
-    """The Mooncake conversation trace stamps ten requests with each second: to keep requests from
+    """The Mooncake conversation trace stamps about ten requests with each timestamp: to keep requests from
     overlapping they run one at a time (closed loop of 1), with one output token each (the walk reads prompts
-    only; output pages never match a later prompt)."""
-    requests = [replace(r, output_length=1) for r in read_mooncake(TRACE)]
+    only; output pages never match a later prompt). Its first ``CONVERSATION_REQUESTS`` requests (the first
+    minutes of the trace, with their multi-turn reuse) keep the test short."""
+    requests = [replace(r, output_length=1) for r in itertools.islice(read_mooncake(TRACE), CONVERSATION_REQUESTS)]
     cfg = replace(_tiered(store_bytes="unbounded"), max_concurrency=1, pool_tokens=None)
     result = simulate(cfg, requests)
     by_line = {r.line: (r.hit_tokens, r.outcome) for r in result.records}
-    admitted = [r for r in requests if by_line[r.line][1] != "rejected"]
-    assert len(admitted) == len(requests)
-    assert [by_line[r.line][0] for r in requests] == walk_hit_tokens(requests)
+    assert all(by_line[r.line][1] == "finished" for r in requests)
+    walk = walk_hit_tokens(requests)
+    assert [by_line[r.line][0] for r in requests] == walk and sum(walk) > 0
