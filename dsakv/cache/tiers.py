@@ -23,7 +23,7 @@ them. Nothing here holds bytes; the engine copies them, the simulator prices the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,7 @@ WRITE_THROUGH, WRITE_BACK, WRITE_THROUGH_SELECTIVE = "write_through", "write_bac
 WRITE_POLICIES = (WRITE_THROUGH, WRITE_BACK, WRITE_THROUGH_SELECTIVE)
 # SGLang HiCache's write_through_selective threshold: a page is written down once it has been hit twice
 DEFAULT_HIT_THRESHOLD = 2
+HEAP_SLACK = 4  # the eviction heap is rebuilt when it holds this many entries per live one (amortised O(1))
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,6 @@ class TierIndex:
         self._next_slot = 0 if capacity_pages is None else capacity_pages
         self._tick = 0
         self._seq = itertools.count()
-        self.evicted_pages = 0
-        self.written_pages = 0
 
     def _eviction_key(self, entry: TierEntry) -> tuple[PolicyKey, int]:
         return (self._policy_key(entry), -entry.depth)
@@ -204,6 +203,8 @@ class TierIndex:
             entry.hits += 1
             if not entry.pins:
                 heap.push(entry)
+        if len(heap) > HEAP_SLACK * (len(self._entries) + 1):  # stale entries outnumber live ones: rebuild
+            heap.rebuild(e for e in self._entries.values() if not e.pins)
 
     def pin(self, hashes: Sequence[bytes]) -> None:
         for h in hashes:
@@ -253,29 +254,17 @@ class TierIndex:
             entries[h] = entry = TierEntry(h, self._tick, next(self._seq), d, slot)
             self._heap.push(entry)
             slots.append(slot)
-        self.evicted_pages += len(evicted)
         return Reservation(
             tuple(h for h, _ in new), tuple(slots), tuple(e.page_hash for e in evicted), tuple(e.slot for e in evicted)
         )
 
     def record_written(self, hashes: Sequence[bytes]) -> None:
+        """Nothing to record in memory (``reserve`` made the entries); checks they are present."""
         for h in hashes:
             self._present(h, "record_written")
-        self.written_pages += len(hashes)
 
     def slot_of(self, page_hash: bytes) -> int | None:
         return self._present(page_hash, "slot_of").slot
-
-    def discard(self, hashes: Iterable[bytes]) -> int:
-        """Drop the unpinned entries among ``hashes`` (content lost, e.g. a store server's own eviction);
-        returns how many were dropped. Pinned entries stay."""
-        dropped = 0
-        for h in hashes:
-            entry = self._entries.get(h)
-            if entry is not None and not entry.pins:
-                self._drop(entry)
-                dropped += 1
-        return dropped
 
     # ----- internals ------------------------------------------------------------------------------
     def _present(self, page_hash: bytes, what: str) -> TierEntry:

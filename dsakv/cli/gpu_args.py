@@ -68,8 +68,7 @@ def parse_tier_bytes(flag: str, text: str | None) -> int | str | None:
         return parse_bytes(flag, text, 0)
     except DsakvError:
         raise DsakvError(
-            f"{flag} = {short_repr(text)}: must be a byte count (e.g. 2TB, 500GB, 1.5TiB, 1e12) "
-            "or 'unbounded'"
+            f"{flag} = {short_repr(text)}: must be a byte count (e.g. 2TB, 500GB, 1.5TiB, 1e12) or 'unbounded'"
         ) from None
 
 

@@ -270,7 +270,7 @@ class Scheduler(SchedulerState):
         ids = list(request_ids)
         bad = set(failed) - set(ids)
         if bad:
-            raise DsakvError(f"load_backs_done: failed ids {sorted(map(repr, bad))} are not among request_ids")
+            raise DsakvError(f"load_backs_done: failed = {', '.join(sorted(map(repr, bad)))}: not among request_ids")
         for request_id in ids:
             check_request_id("load_backs_done: ", request_id)
             req = self.live.get(request_id)
