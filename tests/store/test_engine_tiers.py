@@ -237,3 +237,34 @@ def test_store_url_alone_connects_to_nothing_until_used(run_mod):
     engine = Engine(run_mod.tier_engine_config(store_url="redis://127.0.0.1:1/0"))
     store = engine.tiers.store.store
     assert store._client is None and store.counters.failed_calls == 0
+
+
+def test_write_through_selective_writes_a_page_down_once_it_has_two_device_hits(run_mod, reference):
+    engine = Engine(run_mod.tier_engine_config(host_bytes=64 * TINY_PAGE_BYTES, write_policy="write_through_selective"))
+    runs = [generate(engine, PROMPT, run_mod) for _ in range(3)]  # computed, then two device hits
+    assert [r.stats.hit_tokens for r in runs] == [0, 4 * run_mod.PAGE, 4 * run_mod.PAGE]
+    assert engine.tiers.totals.written_pages_host == 4  # only PROMPT's pages, after their second hit
+    for filler in FILLERS:
+        assert_same_as_reference(generate(engine, filler, run_mod), filler, reference)
+    again = generate(engine, PROMPT, run_mod)
+    assert again.stats.hit_tokens_host == 4 * run_mod.PAGE
+    assert engine.tiers.totals.written_pages_host == 4  # fillers were never hit: never written down
+    assert_same_as_reference(again, PROMPT, reference)
+
+
+def test_hung_server_costs_bounded_time_and_no_error(run_mod, reference, redis_server):
+    import time
+
+    engine = store_engine(run_mod, redis_server.url)
+    generate(engine, FILLERS[0], run_mod)
+    redis_server.pause()
+    try:
+        t0 = time.monotonic()
+        r = generate(engine, PROMPT, run_mod)
+        elapsed = time.monotonic() - t0
+    finally:
+        redis_server.resume()
+    assert_same_as_reference(r, PROMPT, reference)
+    counters = engine.tiers.store.store.counters
+    assert counters.failed_calls >= 1 and counters.outages == 1
+    assert elapsed < 30  # a few command timeouts of 0.5 s, then misses without the network during backoff
