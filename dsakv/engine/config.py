@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsakv.cache.events import HASH_FUNCTIONS
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.cache.tiers import WRITE_POLICIES
@@ -40,6 +41,9 @@ class EngineConfig:
     store_command_timeout_s: float = 2.0  # bound on one pipelined batch of store commands
     store_budget_bytes: int | None = None  # the store server's maxmemory (allkeys-lru); None: leave the server's
     write_policy: str = "write_through"  # when pages go down a tier: write_through, write_back, write_through_selective
+    # the chained page hash (events, store keys): the store trusts it alone, so a store holding billions of pages
+    # wants blake2b's 32 bytes over xxh3_64's 8 (docs/store.md)
+    hash_name: str = "xxh3_64"
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "min_rows"):
@@ -58,6 +62,7 @@ class EngineConfig:
         for name, allowed in names.items():
             check_choice(name, getattr(self, name), allowed)
         check_choice("write_policy", self.write_policy, WRITE_POLICIES)
+        check_choice("hash_name", self.hash_name, HASH_FUNCTIONS)
         if self.host_bytes is not None and (
             isinstance(self.host_bytes, bool) or not isinstance(self.host_bytes, int) or self.host_bytes < 1
         ):

@@ -130,7 +130,12 @@ class Engine:
         self.allocator = self.pool.allocator
         self._scratch_slots = self.allocator.first_page * config.page_size
         self.radix = (
-            RadixCache(self.allocator, eviction_policy=config.eviction_policy, insert_mode=config.insert_mode)
+            RadixCache(
+                self.allocator,
+                eviction_policy=config.eviction_policy,
+                insert_mode=config.insert_mode,
+                hash_name=config.hash_name,
+            )
             if config.prefix_cache
             else None
         )

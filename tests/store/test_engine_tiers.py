@@ -221,6 +221,7 @@ def test_two_tenants_with_identical_prompts_share_no_store_page(run_mod, referen
         (dict(host_bytes=0), "host_bytes = 0: must be a positive integer"),
         (dict(host_bytes=True), "host_bytes = True: must be a positive integer"),
         (dict(write_policy="sometimes"), "write_policy = 'sometimes': must be one of write_through, write_back"),
+        (dict(hash_name="md5"), "hash_name = 'md5': must be one of xxh3_64, blake2b, sha256"),
         (dict(host_bytes=10**6, prefix_cache=False), "host_bytes / store_url: the lower tiers hold prefix-cache"),
     ],
 )
@@ -268,3 +269,15 @@ def test_hung_server_costs_bounded_time_and_no_error(run_mod, reference, redis_s
     counters = engine.tiers.store.store.counters
     assert counters.failed_calls >= 1 and counters.outages == 1
     assert elapsed < 30  # a few command timeouts of 0.5 s, then misses without the network during backoff
+
+
+def test_blake2b_page_hashes_name_store_keys_and_still_load(run_mod, reference, redis_server):
+    writer = store_engine(run_mod, redis_server.url, hash_name="blake2b")
+    generate(writer, PROMPT, run_mod)
+    keys = page_keys(writer, PROMPT)
+    assert all(len(k.rsplit(b":", 1)[1]) == 64 for k in keys)  # 32-byte digests in hex
+    assert redis_server.client().exists(*keys) == 4
+    reader = store_engine(run_mod, redis_server.url, hash_name="blake2b")
+    r = generate(reader, PROMPT, run_mod)
+    assert r.stats.hit_tokens_store == 4 * run_mod.PAGE
+    assert_same_as_reference(r, PROMPT, reference)
