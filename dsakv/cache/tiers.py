@@ -88,6 +88,9 @@ class LowerTier(Protocol):
     * ``record_written(hashes)``: the reserved pages' bytes are written (for an index, a no-op after
       ``reserve``; for a remote store, the write itself is the executor's).
     * ``slot_of(hash)``: the slot of a present page (None for a tier without slots).
+
+    Optional, read by ``Scheduler.check_integrity`` when present: ``check_integrity()``, ``pins_of(hash)`` and
+    ``pinned_pages`` (a tier that pins: its pinned entries must be exactly those pending load-backs read).
     """
 
     name: str

@@ -232,6 +232,7 @@ class Simulation:
         return min(times) if times else None
 
     def note_admitted(self, plan: BatchPlan, now: float) -> None:
+        """The plan's admissions happened at ``now`` (also a plan with no item: its requests may be loading)."""
         live = self.live
         for req in plan.admitted:
             tracker = live[req.id]

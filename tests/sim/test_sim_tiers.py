@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 
 from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
+from dsakv.scheduler import BatchPlan
+from dsakv.scheduler.tiers import LoadBack, WriteBack
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
+from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, read_mooncake
 
 TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -119,8 +123,6 @@ def test_tier_setup_follows_the_planner():
     assert setup.host_pages == 2 * 10**12 // 3_452_160 == 579_347  # GLM-5.3: 53,940 B/token x 64
     assert setup.store_pages == 20 * 10**12 // 3_452_160
     assert (setup.host_link, setup.host_link_bytes_per_s) == ("PCIe Gen5 x16", 55e9)
-    from dsakv.planner.deployment import GpuSetting
-
     gb200 = build_setup(SimConfig(gpu=GpuSetting(gpu="GB200"), host_bytes=4 * 3_452_160 * 10)).tiers
     assert (gb200.host_link, gb200.host_link_bytes_per_s) == ("NVLink-C2C", 225e9)
     assert gb200.host_pages == 4 * 10  # TP8 spans two 4-GPU trays: each tray's host holds a whole copy
@@ -157,3 +159,22 @@ def test_unbounded_store_hits_equal_the_page_walk_on_the_conversation_trace():
     assert all(by_line[r.line][1] == "finished" for r in requests)
     walk = walk_hit_tokens(requests)
     assert [by_line[r.line][0] for r in requests] == walk and sum(walk) > 0
+
+
+def test_transfer_model_prices_each_queue_in_plan_order():
+    """Host load: pages x rank page / link; store load: the network leg, then the link; eviction write-backs
+    (write_back) stall the step until the d2h queue has read them."""
+    setup = build_setup(SimConfig(host_bytes=10**12, store_bytes=10**13, write_policy="write_back")).tiers
+    link, net, page = setup.host_link_bytes_per_s, setup.store_bytes_per_s, setup.rank_page_bytes
+    model = TransferModel(setup)
+    plan = BatchPlan(step=0)
+    plan.write_backs.append(WriteBack("host", [b"w"] * 3, [1, 2, 3], [0, 1, 2]))
+    plan.load_backs.append(LoadBack("r", "host", [b"a"] * 4, [4, 5, 6, 7], [3, 4, 5, 6]))
+    plan.load_backs.append(LoadBack("r", "store", [b"b"] * 2, [8, 9], []))
+    stall, done = model.carry_out(plan, 10.0)
+    assert stall == pytest.approx(3 * page / link)
+    host_end = 10.0 + 4 * page / link
+    store_net_end = 10.0 + 2 * page / net
+    assert done == [(pytest.approx(max(host_end, store_net_end) + 2 * page / link), "r")]
+    c = model.counters
+    assert (c.host_pages_written, c.host_pages_read, c.store_pages_read, c.load_backs) == (3, 4, 2, 2)
