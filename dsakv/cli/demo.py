@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 
+from dsakv.cli.gpu_args import parse_bytes
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
+from dsakv.store.config import parse_store_url
 
 DEMO_POOL_BYTES = 2**30  # each of the demo's two pools lives in CPU memory (torch tensors): at most 1 GiB
 MAX_CONVERSATIONS, MAX_TURNS = 1000, 100  # the tiny model runs on the CPU: larger workloads take hours
@@ -39,6 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
+    p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
+    p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
     return p
 
 
@@ -97,6 +101,15 @@ def _check_limits(args) -> int:
 
 def run(args) -> int:
     page_bytes = _check_limits(args)
+    host_bytes = parse_bytes("--host-bytes", args.host_bytes)
+    if host_bytes is not None and host_bytes < page_bytes:
+        raise DsakvError(f"--host-bytes = {args.host_bytes}: below one page of both caches ({page_bytes:,} B)")
+    if host_bytes is not None and host_bytes > DEMO_POOL_BYTES:
+        raise DsakvError(
+            f"--host-bytes = {args.host_bytes}: above the demo's {DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory"
+        )
+    if args.store is not None:
+        parse_store_url(args.store)
     import torch
 
     from dsakv.workloads.chat import chat_workload, pressure_summary
@@ -133,6 +146,8 @@ def run(args) -> int:
         new_token_ratio=args.new_token_ratio,
         model=model,
         exact=args.exact,
+        host_bytes=host_bytes,
+        store_url=args.store,
     )
     if args.json:
         print(dumps(summary, indent=2))

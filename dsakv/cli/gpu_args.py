@@ -60,6 +60,18 @@ def parse_bytes(flag: str, text: str | None, minimum: int = 1) -> int | None:
     return int(value)
 
 
+def parse_tier_bytes(flag: str, text: str | None) -> int | str | None:
+    """A tier size: a byte count as ``parse_bytes`` takes it (``2TB``, ``500GB``, ``1.5TiB``), or ``unbounded``."""
+    if text is not None and str(text).strip().lower() == "unbounded":
+        return "unbounded"
+    try:
+        return parse_bytes(flag, text, 0)
+    except DsakvError:
+        raise DsakvError(
+            f"{flag} = {short_repr(text)}: must be a byte count (e.g. 2TB, 500GB, 1.5TiB, 1e12) or 'unbounded'"
+        ) from None
+
+
 def parse_float(flag: str, text: str, *, maximum: float | None = None) -> float:
     """A finite number in (0, maximum] (> 0 without ``maximum``)."""
     allowed = "a positive number" if maximum is None else f"a number in (0, {maximum:g}]"

@@ -12,7 +12,7 @@ from dataclasses import fields
 
 from rich.console import Console
 
-from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
+from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_bytes, parse_int
 from dsakv.cli.output import dumps
 from dsakv.cli.plan_render import render
 from dsakv.planner.plan import Plan, plan
@@ -53,6 +53,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--context", help="request length in tokens: pages, bytes, fit, concurrency")
     r.add_argument("--cached", help="prefix-cache hit of the request, tokens (needs --context)")
     r.add_argument("--explain-tokens", help="pool size (tokens) an engine logged: which knob explains the gap")
+    t = p.add_argument_group("lower tiers")
+    t.add_argument("--host-bytes", help="host memory per node for the KV host tier (e.g. 2TB, 500GB, 1.5TiB)")
+    t.add_argument("--store-bytes", help="shared store size (e.g. 20TB)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
     return p
 
@@ -82,6 +85,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
         cached=parse_int("--cached", args.cached, 0),
         explain=parse_int("--explain-tokens", args.explain_tokens),
         patterns=patterns,
+        host_bytes=parse_bytes("--host-bytes", args.host_bytes, 0),
+        store_bytes=parse_bytes("--store-bytes", args.store_bytes, 0),
     )
 
 

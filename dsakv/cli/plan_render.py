@@ -166,6 +166,36 @@ def explain_table(p: Plan) -> Table:
     return t
 
 
+def tiers_table(p: Plan) -> Table:
+    t = p.tiers
+    table = _table(
+        f"Lower tiers (one entry = {b(t.entry_bytes)} B of both caches, {t.tokens_per_page} tokens)",
+        "tier",
+        "GB",
+        "pages",
+        "tokens",
+        "as",
+    )
+    if t.host_bytes is not None:
+        table.add_row(
+            "host",
+            gb(t.host_bytes),
+            f"{t.host_pages:,}",
+            f"{t.host_tokens:,}",
+            f"one copy per attention group and node ({t.groups_per_node} per node)",
+        )
+        table.add_row(
+            "host",
+            gb(t.host_bytes),
+            f"{t.host_pages_per_rank_pools:,}",
+            f"{t.host_tokens_per_rank_pools:,}",
+            f"a pool per rank ({t.gpus_per_node} copies per node)",
+        )
+    if t.store_bytes is not None:
+        table.add_row("store", gb(t.store_bytes), f"{t.store_pages:,}", f"{t.store_tokens:,}", "one value per page")
+    return table
+
+
 def render(p: Plan, console: Console, caption: str) -> None:
     console.print(cell_table(p))
     console.print(memory_table(p))
@@ -176,4 +206,6 @@ def render(p: Plan, console: Console, caption: str) -> None:
         console.print(savings_table(p))
     if p.explanation is not None:
         console.print(explain_table(p))
+    if p.tiers is not None:
+        console.print(tiers_table(p))
     console.print(caption)

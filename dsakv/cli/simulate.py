@@ -18,7 +18,16 @@ from rich.console import Console
 
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
-from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_float, parse_fraction, parse_int
+from dsakv.cache.tiers import WRITE_POLICIES
+from dsakv.cli.gpu_args import (
+    add_gpu_arguments,
+    available_bytes,
+    gpu_setting,
+    parse_float,
+    parse_fraction,
+    parse_int,
+    parse_tier_bytes,
+)
 from dsakv.cli.output import OutputDir, dumps
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
@@ -90,6 +99,24 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=f"scheduling: {', '.join(SCHEDULE_POLICIES)} (mixed = vLLM-like, prefill_first = SGLang-like)",
     )
     e.add_argument("--max-concurrency", help="closed loop: request k starts when request k - C finishes")
+    t = p.add_argument_group("lower tiers (host memory and a shared store, docs/tiers.md)")
+    t.add_argument("--host-bytes", help="host memory per node for the KV host tier: 2TB, 500GB, 1.5TiB or unbounded")
+    t.add_argument("--host-tokens", help="host tier size in tokens instead of bytes")
+    t.add_argument("--store-bytes", help="shared store size: 20TB ... or unbounded")
+    t.add_argument("--store-tokens", help="store size in tokens instead of bytes")
+    t.add_argument(
+        "--store-gbps",
+        default=f"{DEFAULT.store_gbps:g}",
+        help=f"host <-> store network, GB/s (default {DEFAULT.store_gbps:g}: one 100 Gb/s link)",
+    )
+    t.add_argument(
+        "--write-policy", default=DEFAULT.write_policy, help=f"when pages go down a tier: {', '.join(WRITE_POLICIES)}"
+    )
+    t.add_argument(
+        "--write-threshold",
+        default=str(DEFAULT.write_threshold),
+        help="write_through_selective: device hits before a page is written down",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -125,6 +152,13 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         moe_a2a=args.moe_a2a,
         schedule_policy=args.schedule_policy,
         max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
+        host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
+        host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
+        store_bytes=parse_tier_bytes("--store-bytes", args.store_bytes),
+        store_tokens=parse_int("--store-tokens", args.store_tokens, 0),
+        store_gbps=parse_float("--store-gbps", args.store_gbps),
+        write_policy=args.write_policy,
+        write_threshold=parse_int("--write-threshold", args.write_threshold),
     )
     source = Source(
         trace=args.trace,

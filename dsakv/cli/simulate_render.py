@@ -64,6 +64,11 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
         "hit tokens; hit rate by tokens / by requests (of admitted)",
         f"{s['hit_tokens']:,}; {_pct(s['hit_rate_tokens'])} / {_pct(s['hit_rate_requests'])}",
     )
+    if s["tier_bytes"] is not None:
+        t.add_row(
+            "hit tokens on device / loaded from host / from store",
+            f"{s['hit_tokens_device']:,} / {s['hit_tokens_host']:,} / {s['hit_tokens_store']:,}",
+        )
     t.add_row("evicted tokens (steps that evicted)", f"{s['evicted_tokens']:,} ({s['evictions']:,})")
     t.add_row("preemptions (pages offloaded)", f"{s['preemptions']:,} ({s['offloaded_pages']:,})")
     t.add_row(
@@ -80,6 +85,11 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
     t.add_row("pool (GB)", _gb(s["pool_main_bytes"]), _gb(s["pool_indexer_bytes"]))
     t.add_row("peak use (GB)", _gb(s["peak_main_bytes"]), _gb(s["peak_indexer_bytes"]))
     t.add_row("mean use (GB)", _gb(s["mean_main_bytes"]), _gb(s["mean_indexer_bytes"]))
+    if s["tier_bytes"] is not None:
+        for tier in ("host", "store"):
+            for way in ("read", "written"):
+                moved = s["tier_bytes"][tier][way]
+                t.add_row(f"{tier} {way} (GB)", _gb(moved["main"]), _gb(moved["indexer"]))
     console.print(t)
     t = _table("lightning indexer (all indexer layers)", "figure", "score pairs", "FLOPs")
     t.add_row("saved (prefix-internal)", _n(s["indexer_pairs_saved"]), f"{s['indexer_flops_saved']:.3e}")

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsakv.cache.events import HASH_FUNCTIONS
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
+from dsakv.cache.tiers import WRITE_POLICIES
 from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.spec.layout import INDEXER_DTYPES, KV_DTYPES
+from dsakv.store.config import StoreConfig
 
 POOL_KINDS = ("slot", "packed")  # TwinPool layouts: one buffer per layer (SGLang) or one block per page (vLLM)
 SCRATCH_SEQS = 8  # sequences whose padding rows share the scratch pages in one forward (more: another forward)
@@ -31,6 +34,16 @@ class EngineConfig:
     min_rows: int = 16  # batch invariance: each sequence's forward rows are padded to at least this many
     capture_cache: bool = False  # keep each finished request's cache read-back
     seed: int = 0
+    # Lower tiers (dsakv.engine.lower_tiers); either needs the prefix cache.
+    host_bytes: int | None = None  # host tier: bytes of both caches in host memory (whole pages); None: no host tier
+    store_url: str | None = None  # shared store: redis://HOST:PORT/DB; None: no store
+    store_connect_timeout_s: float = 1.0  # bound on one connection attempt to the store
+    store_command_timeout_s: float = 2.0  # bound on one pipelined batch of store commands
+    store_budget_bytes: int | None = None  # the store server's maxmemory (allkeys-lru); None: leave the server's
+    write_policy: str = "write_through"  # when pages go down a tier: write_through, write_back, write_through_selective
+    # the chained page hash (events, store keys): the store trusts it alone, so a store holding billions of pages
+    # wants blake2b's 32 bytes over xxh3_64's 8 (docs/store.md)
+    hash_name: str = "xxh3_64"
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "min_rows"):
@@ -48,6 +61,21 @@ class EngineConfig:
         }
         for name, allowed in names.items():
             check_choice(name, getattr(self, name), allowed)
+        check_choice("write_policy", self.write_policy, WRITE_POLICIES)
+        check_choice("hash_name", self.hash_name, HASH_FUNCTIONS)
+        if self.host_bytes is not None and (
+            isinstance(self.host_bytes, bool) or not isinstance(self.host_bytes, int) or self.host_bytes < 1
+        ):
+            raise DsakvError(f"host_bytes = {self.host_bytes!r}: must be a positive integer (bytes) or None")
+        if self.store_url is not None:
+            StoreConfig(  # one-line errors for a bad URL, timeout or budget, before anything is built
+                self.store_url,
+                connect_timeout_s=self.store_connect_timeout_s,
+                command_timeout_s=self.store_command_timeout_s,
+                budget_bytes=self.store_budget_bytes,
+            )
+        if (self.host_bytes is not None or self.store_url is not None) and not self.prefix_cache:
+            raise DsakvError("host_bytes / store_url: the lower tiers hold prefix-cache pages; set prefix_cache=True")
 
     @property
     def padding_slots(self) -> int:

@@ -1,9 +1,10 @@
 """``Engine``: the tiny DSA model on a twin pool, driven by the scheduler. Greedy decoding on CPU.
 
-One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch`` fixes
-(offloads to host, restores into new pages, one paged forward per item, greedy sampling with speculative
-verification) and reports the tokens back with ``Scheduler.update``. The scheduler owns every page
-decision; the engine only moves bytes and computes.
+One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch``
+fixes (offloads to host, write-backs to the lower tiers, restores into new pages, load-backs from host
+memory or the Redis store, one paged forward per item, greedy sampling with speculative verification; the
+tiers' copies are ``dsakv.engine.lower_tiers``) and reports the tokens back with ``Scheduler.update``. The
+scheduler owns every page decision; the engine only moves bytes and computes.
 
 Batch invariance (``EngineConfig.batch_invariant``, on by default). CPU GEMM rounds a row differently
 depending on how many rows share the call (small calls take another kernel path), so a token's cache bytes
@@ -35,6 +36,7 @@ import torch
 from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.cache.radix import RadixCache
 from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
+from dsakv.engine.lower_tiers import EngineTiers
 from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache
@@ -128,12 +130,24 @@ class Engine:
         self.allocator = self.pool.allocator
         self._scratch_slots = self.allocator.first_page * config.page_size
         self.radix = (
-            RadixCache(self.allocator, eviction_policy=config.eviction_policy, insert_mode=config.insert_mode)
+            RadixCache(
+                self.allocator,
+                eviction_policy=config.eviction_policy,
+                insert_mode=config.insert_mode,
+                hash_name=config.hash_name,
+            )
             if config.prefix_cache
             else None
         )
+        # host memory and the shared store below the device pool (None when the config names neither)
+        self.tiers = EngineTiers.from_config(config, self.pool)
         self.scheduler = Scheduler(
-            self.allocator, self.radix, sched_cfg, on_finish=self._on_finish, on_offload=self._on_offload
+            self.allocator,
+            self.radix,
+            sched_cfg,
+            on_finish=self._on_finish,
+            on_offload=self._on_offload,
+            tiers=self.tiers.scheduler_tiers if self.tiers is not None else None,
         )
         self.model = model or TinyDsaModel(spec, seed=config.seed)
         self.drafter = drafter
@@ -251,12 +265,31 @@ class Engine:
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
+        if self.scheduler.is_idle:
+            self.flush_write_throughs()
+
+    def flush_write_throughs(self) -> None:
+        """Copy down the write-throughs that wait for a next step (pages the last step inserted into the tree):
+        with no step to come (the engine is idle), they would otherwise never reach host or store. Reads the
+        device pages only; ``run_until_idle`` calls it once the scheduler is idle."""
+        if self.tiers is None:
+            return
+        plan = BatchPlan(step=-1)
+        self.scheduler.tiers.start_plan(self.radix, plan.write_backs)
+        self.tiers.write_backs(plan)
 
     # ----- one step -----------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Plan, execute and report one step; returns the requests that finished in it."""
         plan = self.scheduler.step()
+        if self.tiers is not None:
+            self.tiers.write_backs(plan)  # before anything writes a page: sources may be pages freed in this plan
         self._move_host_copies(plan)
+        if self.tiers is not None:
+            loaded = self.tiers.load_backs(plan)  # synchronous: done before the forward reads any page
+            if loaded:
+                self.scheduler.load_backs_done(loaded)
+            self.tiers.end_step()
         sampled = self._run_items(plan.items)
         self.totals.steps += 1
         return self.scheduler.update(plan, sampled)
@@ -354,6 +387,8 @@ class Engine:
         """Scheduler, radix and allocator invariants, the pool's shapes, and no host copy left behind."""
         self.scheduler.check_integrity()
         self.pool.check_integrity()
+        if self.tiers is not None:
+            self.tiers.check_integrity()
         offloaded = {r.id for r in self.scheduler.waiting if r.offloaded_tokens}
         if set(self._host) != offloaded:
             raise AssertionError(f"engine: host copies {sorted(self._host)} != offloaded requests {sorted(offloaded)}")

@@ -236,14 +236,7 @@ class TwinPool:
         """Copy both caches of ``pages`` to host. Does not modify the pool or the allocator."""
         idx = self._checker.pages(pages, "pages")
         host = host_buffer(len(idx), self.layout.page_bytes, self.device)
-        if self._blocks is not None:
-            host.copy_(self._blocks[idx])
-        else:
-            for cache, layer, off, length in block_spans(self.layout):
-                view = self._main[layer] if cache == "main" else self._index[layer]
-                host[:, off : off + length].copy_(view[idx].reshape(len(idx), length), non_blocking=True)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+        self._copy_out(idx, host, torch.arange(len(idx)))
         return HostPages(self.layout, tuple(int(p) for p in idx.tolist()), host, self.fp8_scales)
 
     def restore_pages(self, host: HostPages, pages: Sequence[int]) -> None:
@@ -260,13 +253,70 @@ class TwinPool:
         idx = self._checker.pages(pages, "pages")
         if len(idx) != host.num_pages:
             raise DsakvError(f"pages: {len(idx)} page ids; host holds {host.num_pages} pages")
-        blocks = host.blocks.to(self.device, non_blocking=True)
+        self._copy_in(host.blocks, torch.arange(len(idx)), idx)
+
+    def copy_pages_to_host(self, pages: Sequence[int], dest: torch.Tensor, rows: Sequence[int]) -> None:
+        """Both caches of ``pages[i]`` into row ``rows[i]`` of ``dest`` (a host uint8 ``[n, page_bytes]`` buffer of
+        packed blocks, e.g. the host tier's), without a temporary copy. Does not modify the pool."""
+        idx = self._checker.pages(pages, "pages")
+        self._copy_out(idx, dest, self._host_rows(dest, rows, len(idx)))
+
+    def copy_pages_from_host(self, src: torch.Tensor, rows: Sequence[int], pages: Sequence[int]) -> None:
+        """Row ``rows[i]`` of the host buffer ``src`` (packed blocks of this pool's layout) into ``pages[i]``
+        (allocated, distinct), both caches, bit-exact."""
+        idx = self._checker.pages(pages, "pages")
+        self._copy_in(src, self._host_rows(src, rows, len(idx)), idx)
+
+    def _host_rows(self, buf: torch.Tensor, rows: Sequence[int], n: int) -> torch.Tensor:
+        width = self.layout.page_bytes
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 2 or buf.shape[1] != width:
+            raise DsakvError(f"host buffer: must be a host uint8 tensor [n, {width}] (packed blocks of both caches)")
+        if buf.device.type != "cpu":
+            raise DsakvError(f"host buffer: on {buf.device}; must be on the host")
+        r = torch.as_tensor(list(rows), dtype=torch.long)
+        if len(r) != n or (n and (int(r.min()) < 0 or int(r.max()) >= buf.shape[0])):
+            raise DsakvError(f"rows: {list(rows)} must be {n} row indices in 0..{buf.shape[0] - 1}")
+        return r
+
+    def _copy_out(self, idx: torch.Tensor, dest: torch.Tensor, rows: torch.Tensor) -> None:
+        if self.device.type == "cpu":
+            for row, page in zip(rows.tolist(), idx.tolist()):
+                for src, off, length in self._page_spans(page):
+                    dest[row, off : off + length].copy_(src)
+            return
         if self._blocks is not None:
-            self._blocks[idx] = blocks
+            dest[rows] = self._blocks[idx].cpu()
             return
         for cache, layer, off, length in block_spans(self.layout):
             view = self._main[layer] if cache == "main" else self._index[layer]
-            view[idx] = blocks[:, off : off + length].reshape((len(idx),) + tuple(view.shape[1:]))
+            dest[rows, off : off + length] = view[idx].reshape(len(idx), length).cpu()
+
+    def _copy_in(self, src: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> None:
+        if self.device.type == "cpu":
+            for row, page in zip(rows.tolist(), idx.tolist()):
+                for dst, off, length in self._page_spans(page):
+                    dst.copy_(src[row, off : off + length])
+            return
+        blocks = src[rows].to(self.device, non_blocking=True)
+        if self._blocks is not None:
+            self._blocks[idx] = blocks
+        else:
+            for cache, layer, off, length in block_spans(self.layout):
+                view = self._main[layer] if cache == "main" else self._index[layer]
+                view[idx] = blocks[:, off : off + length].reshape((len(idx),) + tuple(view.shape[1:]))
+        torch.cuda.synchronize(self.device)  # the caller's next forward reads these pages
+
+    def _page_spans(self, page: int) -> list[tuple[torch.Tensor, int, int]]:
+        """(flat uint8 view of one page of one layer and cache, offset, length in the packed block) of ``page``.
+
+        On the CPU a page copy is one contiguous copy per span (memcpy speed); torch's indexed gather /
+        scatter of whole rows runs at a fraction of that there (bench/store.py measures both)."""
+        if self._blocks is not None:
+            return [(self._blocks[page], 0, self.layout.page_bytes)]
+        return [
+            ((self._main[layer] if cache == "main" else self._index[layer])[page].view(-1), off, length)
+            for cache, layer, off, length in block_spans(self.layout)
+        ]
 
     # ----- invariants ----------------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -20,6 +20,12 @@ driver-reported total and keeps the marketing figure only as a label.
 
 Pass ``--gpu-memory BYTES`` for any other device or a different driver reservation.
 
+Host link (the host tier's copies, ``dsakv.sim.transfers``): PCIe Gen5 x16 on every kind but the GB200, at
+55 GB/s per direction (63 GB/s raw: 32 GT/s x 16 lanes, 128b/130b; pinned ``cudaMemcpyAsync`` reaches about
+55); GB200: NVLink-C2C, 900 GB/s bidirectional from one Grace CPU to its two B200s (GB200 NVL72 datasheet),
+so 225 GB/s per GPU per direction. GPUs per node (sharing one host's memory): 8 on HGX/OAM boards, 4 in a
+GB200 NVL72 compute tray (2 Grace + 4 B200).
+
 Speed. Dense peak throughput (vendor datasheets, no sparsity), HBM bandwidth, the per-GPU one-direction
 NVLink / Infinity Fabric bandwidth and its small-message latency, and the head count the sparse-MLA kernels
 pad a rank's query heads to (FlashMLA: 64 on Hopper, 128 on Blackwell); ``docs/steptime.md`` lists them
@@ -50,6 +56,12 @@ from dsakv.errors import check_choice
 
 MIB = 2**20
 TERA = 1e12
+# PCIe Gen5 x16: 32 GT/s x 16 lanes x 128b/130b = 63 GB/s per direction raw; 55 GB/s is what pinned-memory
+# cudaMemcpyAsync reaches (docs/steptime.md, assumption 9: the offload copies use the same figure)
+PCIE5_X16_BYTES_PER_S = 55e9
+# GB200: NVLink-C2C gives the Grace CPU 900 GB/s bidirectional to its two B200s (GB200 NVL72 datasheet):
+# 450 GB/s per direction, shared by two GPUs
+NVLINK_C2C_PER_GPU_BYTES_PER_S = 900e9 / 2 / 2
 
 
 def cdna_fp8_flops(compute_units: int, fp8_flop_per_cu_clock: int, clock_hz: float) -> float:
@@ -79,6 +91,9 @@ class GpuKind:
     mla_head_pad: int = (
         64  # sparse-MLA kernels pad a rank's query heads up to this (FlashMLA: 64 Hopper, 128 Blackwell)
     )
+    host_link: str = "PCIe Gen5 x16"  # the device <-> host-memory link the host tier's copies cross
+    host_link_bytes_per_s: float = PCIE5_X16_BYTES_PER_S  # one direction, per GPU
+    gpus_per_node: int = 8  # GPUs sharing one host's memory (an HGX board; a GB200 compute tray has 4)
 
 
 GPU_KINDS: dict[str, GpuKind] = {
@@ -114,7 +129,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         GpuKind(
             "GB200", 186_000_000_000, "186GB HBM3e", "GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
-            "NVLink 5 switch", 8e-6, 128,
+            "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4,
         ),
         GpuKind(
             "MI300X", 205_822_885_888, "192GB HBM3", "rocm-smi VRAM Total Memory 205822885888 B",

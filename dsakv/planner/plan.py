@@ -26,6 +26,7 @@ from dsakv.planner.budget import (
 )
 from dsakv.planner.diagnose import Explanation, explain_tokens
 from dsakv.planner.savings import PrefixSavings, prefix_savings
+from dsakv.planner.tiers import TierCapacity, tier_capacity
 from dsakv.planner.variants import WhatIfRow, what_if_rows
 from dsakv.planner.weights import WeightPlan, weights_per_rank
 from dsakv.planner.workspaces import LogitsPlan, logits_budget_bytes, logits_plan, logits_row_bytes, topk_buffer_bytes
@@ -64,6 +65,7 @@ class Plan:
     what_if: tuple[WhatIfRow, ...]
     savings: PrefixSavings | None
     explanation: Explanation | None
+    tiers: TierCapacity | None = None  # host / store capacity (``--host-bytes`` / ``--store-bytes``)
 
     @property
     def system_tokens(self) -> int:
@@ -92,6 +94,15 @@ class Plan:
             "what_if": [r.to_dict() for r in self.what_if],
             "prefix_savings": None if self.savings is None else self.savings.to_dict(),
             "explain_tokens": None if self.explanation is None else self.explanation.to_dict(),
+            **(
+                {}
+                if self.tiers is None
+                else {
+                    "host_tokens": self.tiers.host_tokens,
+                    "store_tokens": self.tiers.store_tokens,
+                    "tiers": self.tiers.to_dict(),
+                }
+            ),
         }
 
     def to_json(self) -> str:
@@ -108,9 +119,12 @@ def plan(
     cached: int | None = None,
     explain: int | None = None,
     patterns: Mapping[str, str] | None = None,
+    host_bytes: int | None = None,
+    store_bytes: int | None = None,
 ) -> Plan:
     """Compute every planner figure. ``available_bytes`` replaces the setting's memory split for the pool.
 
+    ``host_bytes`` (per node) / ``store_bytes`` add the lower tiers' capacity (``dsakv.planner.tiers``).
     Raises ``DsakvError`` (``budget.require_pool``) when the memory leaves no pool page beyond the scratch pages."""
     layout = layout or CacheLayout(spec)
     setting = setting or GpuSetting()
@@ -164,6 +178,7 @@ def plan(
         tuple(rows),
         savings,
         explanation,
+        None if host_bytes is None and store_bytes is None else tier_capacity(cell, setting, host_bytes, store_bytes),
     )
 
 

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import math
 
+from dsakv.cache.tiers import HOST, STORE, WRITE_THROUGH_SELECTIVE, extend_hashes
 from dsakv.scheduler.batch import BatchPlan, HostCopy, next_item, work_end
 from dsakv.scheduler.pages import insert_planned, pages_for
 from dsakv.scheduler.preemption import take_pages
 from dsakv.scheduler.request import Request, Status
 from dsakv.scheduler.state import SchedulerState
+from dsakv.scheduler.tiers import LoadBack
 
 
 def never_fit_reason(
@@ -60,14 +62,18 @@ def estimate_pages(request: Request, ratio: float, num_draft: int, page_size: in
 def admit_waiting(state: SchedulerState, plan: BatchPlan, budget: int, scheduled: set[int]) -> None:
     """Admit from the front of the waiting queue while the token budget, ``max_running`` and the page budget
     allow (FCFS: stop at the first that does not fit), planning each admitted request's first chunk."""
-    outstanding = sum(max(0, r.estimated_pages - len(r.pages)) for r in state.running)
+    outstanding = sum(max(0, r.estimated_pages - len(r.pages)) for r in (*state.running, *state.loading))
     cfg, ps = state.config, state.page_size
-    while state.waiting and budget > 0 and len(state.running) < cfg.max_running:
+    while state.waiting and budget > 0 and len(state.running) + len(state.loading) < cfg.max_running:
         req = state.waiting[0]
         restored = req.status is Status.OFFLOADED
         if not admit(state, req, plan, outstanding, budget, scheduled):
             break
         state.waiting.popleft()
+        if req.status is Status.LOADING:  # computes once its load-backs are done (Scheduler.load_backs_done)
+            scheduled.add(id(req))
+            outstanding += max(0, req.estimated_pages - len(req.pages))
+            continue
         item = next_item(req, budget, cfg, ps)
         if item is not None and take_pages(state, req, item.end + item.num_draft, plan, scheduled, False):
             plan.items.append(item)
@@ -109,12 +115,15 @@ def admit(
         req.num_computed, req.offloaded_tokens = req.offloaded_tokens, 0
     else:
         hit_tokens = evictable = 0
+        lower: list[int] = []
         if radix is not None:
             key = req.radix_key(req.num_tokens)
             peek = radix.peek(key)
             hit_tokens = peek.matched_tokens
             evictable = (radix.evictable_tokens - peek.evictable_tokens) // ps  # once the hit is locked
-        if work_end(hit_tokens, req.num_tokens, budget, cfg, ps) == hit_tokens:
+            if state.tiers is not None:
+                lower = lower_hit(state, req, hit_tokens // ps)
+        if not lower and work_end(hit_tokens, req.num_tokens, budget, cfg, ps) == hit_tokens:
             return False  # nothing to compute this step (budget below a page): it would hold a lock and wait
         if estimate - hit_tokens // ps + outstanding > alloc.num_free + evictable:
             return False
@@ -125,16 +134,78 @@ def admit(
             radix.lock(node)
         req.pages, req.num_shared_pages, req.node = list(hit_pages), len(hit_pages), node
         req.num_computed = len(hit_pages) * ps
+        tiers = state.tiers
+        if tiers is not None and hit_pages and tiers.policy.name == WRITE_THROUGH_SELECTIVE:
+            hashes = extend_hashes(state.hash_fn, key, ps, len(hit_pages), req.page_hashes)
+            tiers.device_hit(hashes[: len(hit_pages)], hit_pages)
+        if lower:
+            lower = plan_load_backs(state, req, lower, plan, scheduled)
+        hit = req.num_computed + sum(lower) * ps
         if req.stats.admit_step is None:
-            req.stats.hit_tokens = req.num_computed
+            req.stats.hit_tokens = hit
+            req.stats.hit_tokens_host = lower[0] * ps if lower else 0
+            req.stats.hit_tokens_store = lower[1] * ps if lower else 0
         else:
-            req.stats.resume_hit_tokens += req.num_computed
+            req.stats.resume_hit_tokens += hit
     req.estimated_pages = estimate
     if req.stats.admit_step is None:
         req.stats.admit_step = plan.step
         req.stats.outcome = "admitted"
         state.stats.admitted += 1
-    req.status = Status.RUNNING
-    state.running.append(req)
     plan.admitted.append(req)
+    if req.load_hashes != ((), ()):
+        req.status = Status.LOADING
+        state.loading.append(req)
+    else:
+        req.status = Status.RUNNING
+        state.running.append(req)
     return True
+
+
+def lower_hit(state: SchedulerState, req: Request, device_pages: int) -> list[int]:
+    """Pages of ``req`` past its ``device_pages`` device hit that host, then the store, hold: ``[host, store]``
+    (a missing page ends each hit; the store is asked from where the host hit ends), or ``[]`` when neither
+    holds the next page. The hit leaves a token to compute like the device's (``leave_one``), and in
+    speculative mode it gives back its last page like the device hit does."""
+    radix, ps = state.radix, state.page_size
+    limit = (req.num_tokens - 1) // ps
+    if device_pages >= limit:
+        return []
+    hashes = extend_hashes(state.hash_fn, req.radix_key(req.num_tokens), ps, limit, req.page_hashes)
+    tiers = state.tiers
+    host = tiers.host.lookup_prefix(hashes[device_pages:limit]) if tiers.host is not None else 0
+    store = tiers.store.lookup_prefix(hashes[device_pages + host : limit]) if tiers.store is not None else 0
+    if radix.speculative and host + store:
+        if store:
+            store -= 1
+        else:
+            host -= 1
+    return [host, store] if host + store else []
+
+
+def plan_load_backs(
+    state: SchedulerState, req: Request, lower: list[int], plan: BatchPlan, scheduled: set[int]
+) -> list[int]:
+    """Take new pages for ``req``'s lower-tier hit ``[host, store]`` and add its load-backs to the plan, pinning
+    the entries they read. Returns the hit planned: ``[]`` when the pages cannot be had without preempting
+    (the request then computes those tokens)."""
+    ps, tiers = state.page_size, state.tiers
+    first = req.num_shared_pages
+    host, store = lower
+    if not take_pages(state, req, (first + host + store) * ps, plan, scheduled, may_preempt=False):
+        return []
+    req.stats.pages_written -= host + store  # loaded, not written by compute
+    hashes = req.page_hashes
+    host_hashes = tuple(hashes[first : first + host])
+    store_hashes = tuple(hashes[first + host : first + host + store])
+    if host:
+        tiers.host.touch(host_hashes)
+        tiers.host.pin(host_hashes)
+        slots = [tiers.host.slot_of(h) for h in host_hashes]
+        plan.load_backs.append(LoadBack(req.id, HOST, list(host_hashes), req.pages[first : first + host], slots))
+    if store:
+        tiers.store.touch(store_hashes)
+        tiers.store.pin(store_hashes)
+        plan.load_backs.append(LoadBack(req.id, STORE, list(store_hashes), req.pages[first + host :], []))
+    req.load_hashes = (host_hashes, store_hashes)
+    return lower

@@ -9,14 +9,22 @@ side, in this order:
    and may be handed to another request in this very plan, so a data executor copies them in the
    scheduler's ``on_offload`` hook, called while they are still allocated; the list here is the record
    (a cost model prices the copies from it);
-2. ``restores``: copy host bytes back, bit-exact, into the listed (newly allocated) pages;
-3. ``items``: one forward pass over every item (mixed prefill chunks and decodes), writing both caches of
+2. ``write_backs`` (lower tiers, ``dsakv.scheduler.tiers``), in list order: both caches of device pages or
+   host slots go down to host or store. They may read pages that eviction freed in this very plan, so
+   they run before anything below writes a page; a host write-back may reuse the slot of an entry that
+   an earlier write-back of the list read out to the store;
+3. ``restores``: copy host bytes back, bit-exact, into the listed (newly allocated) pages; then
+   ``load_backs``: host or store pages into the listed new pages, both caches. A host entry a load-back
+   reads is pinned, so no write-back overwrites it. The executor reports each finished load-back with
+   ``Scheduler.load_backs_done`` (the engine right after its copies; the simulator once the transfer time
+   has passed); until then its request is LOADING and in no item;
+4. ``items``: one forward pass over every item (mixed prefill chunks and decodes), writing both caches of
    positions ``[start, end + num_draft)`` into the slots ``page * page_size + offset`` of
    ``request.pages``, and sampling where ``sample`` is set. An item may read pages that an earlier item of
    the same plan writes (cache at allocation: a request admitted later in the step hits pages planned
    before it), never pages of a later item: carry the items out in plan order, and inside one forward
    write a layer's cache rows for every item before any item reads that layer (the tiny model does both);
-4. report the sampled tokens back with ``Scheduler.update(plan, sampled)``.
+5. report the sampled tokens back with ``Scheduler.update(plan, sampled)``.
 
 A plan is valid until ``update`` is called; the page tables it references may change afterwards.
 """
@@ -33,6 +41,7 @@ from dsakv.cache.key import MAX_TOKEN_ID
 from dsakv.errors import DsakvError
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Request
+from dsakv.scheduler.tiers import LoadBack, WriteBack
 
 
 @dataclass(slots=True)
@@ -83,6 +92,8 @@ class BatchPlan:
     items: list[BatchItem] = field(default_factory=list)
     offloads: list[HostCopy] = field(default_factory=list)
     restores: list[HostCopy] = field(default_factory=list)
+    write_backs: list[WriteBack] = field(default_factory=list)
+    load_backs: list[LoadBack] = field(default_factory=list)
     allocated_pages: int = 0
     freed_pages: list[int] = field(default_factory=list)
     evicted_tokens: int = 0

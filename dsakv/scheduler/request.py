@@ -96,6 +96,7 @@ class Status(enum.Enum):
     WAITING = "waiting"  # queued for admission (new, or preempted with recompute: holds nothing)
     RUNNING = "running"  # admitted; holds pages
     OFFLOADED = "offloaded"  # preempted with offload: its pages' bytes are on the host, it holds no page
+    LOADING = "loading"  # admitted; its lower-tier hit is being copied into its pages (it computes nothing yet)
     FINISHED = "finished"
     REJECTED = "rejected"  # refused at admission with ``stats.reason``; never ran
     ABORTED = "aborted"
@@ -106,7 +107,9 @@ class RequestStats:
     """Per-request accounting; step indices count ``Scheduler.step`` calls (the first step is 0)."""
 
     prompt_tokens: int
-    hit_tokens: int = 0  # prefix-cache hit at first admission (page-aligned)
+    hit_tokens: int = 0  # prefix-cache hit at first admission (page-aligned), every tier together
+    hit_tokens_host: int = 0  # the part of hit_tokens loaded back from the host tier
+    hit_tokens_store: int = 0  # the part of hit_tokens loaded back from the store tier
     resume_hit_tokens: int = 0  # hits taken again when re-admitted after a recompute preemption
     computed_tokens: int = 0  # tokens whose KV this request wrote (drafts included, recomputes included)
     pages_written: int = 0  # pages allocated to this request for its own writes (restores not counted)
@@ -146,6 +149,8 @@ class Request:
         "key",
         "extra_key",
         "cache_salt",
+        "page_hashes",
+        "load_hashes",
         "stats",
     )
 
@@ -177,6 +182,9 @@ class Request:
         # pages it is expected to hold at its peak, estimated at (re)admission: a soft budget, not a
         # reservation (dsakv.scheduler.admission.estimate_pages)
         self.estimated_pages = 0
+        self.page_hashes: list[bytes] = []  # chained hashes of its first pages, computed once (lower tiers)
+        # while LOADING: the hashes its pending load-backs read, from host and from the store
+        self.load_hashes: tuple[tuple[bytes, ...], tuple[bytes, ...]] = ((), ())
         self.stats = RequestStats(prompt_tokens=self.prompt_len, arrival_step=step)
 
     def __repr__(self) -> str:
@@ -229,3 +237,4 @@ class Request:
         """Drop the prompt and its key once the request is done; ``prompt_len`` and ``outputs`` stay."""
         self.prompt = ()
         self.key = None
+        self.page_hashes = []

@@ -131,6 +131,10 @@ class Scheduler(SchedulerState):
         if req.status is Status.RUNNING:
             self.running.remove(req)
             self._release(req, self.pending, insert=False)
+        elif req.status is Status.LOADING:
+            self.loading.remove(req)
+            self._unpin_loads(req)
+            self._release(req, self.pending, insert=False)
         else:
             self.waiting.remove(req)
         self.stats.aborted += 1
@@ -154,6 +158,8 @@ class Scheduler(SchedulerState):
         self._check_idle("step")
         plan, self.pending = self.pending, BatchPlan(step=-1)
         plan.step = self.stats.steps
+        if self.tiers is not None:
+            self.tiers.start_plan(self.radix, plan.write_backs)
         budget = self.config.max_batched_tokens
         ps, drafting = self.page_size, self.config.num_draft_tokens > 0
         scheduled: set[int] = set()
@@ -173,7 +179,7 @@ class Scheduler(SchedulerState):
                 self._schedule(plan, item, scheduled)
             else:
                 budget -= self._plan_next(req, budget, plan, scheduled)
-        if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+        if self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return self._in_flight(plan)
 
@@ -184,7 +190,7 @@ class Scheduler(SchedulerState):
             if req.status is not Status.RUNNING or req.prompt_len + len(req.outputs) - req.num_computed <= 1:
                 continue  # preempted earlier in this step, or decoding
             budget -= self._plan_next(req, budget, plan, scheduled)
-        if self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+        if self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
         return bool(plan.items or plan.admitted)
 
@@ -208,6 +214,8 @@ class Scheduler(SchedulerState):
             plan.freed_pages += insert_planned(self.radix, self.allocator, req, item.end, written)
 
     def _in_flight(self, plan: BatchPlan) -> BatchPlan:
+        if self.tiers is not None:
+            self.tiers.end_plan(plan.write_backs)
         self.stats.steps += 1
         self.in_flight = plan
         return plan
@@ -251,10 +259,66 @@ class Scheduler(SchedulerState):
         self._retire(req, Status.FINISHED, "finished", "")
         req.stats.finish_step = plan.step
 
+    def load_backs_done(self, request_ids: Sequence[Hashable], *, failed: Sequence[Hashable] = ()) -> None:
+        """The executor finished the load-backs of these LOADING requests (``plan.load_backs``): each becomes
+        RUNNING with its loaded pages computed and is planned from the next step on. Callable between steps
+        or while a plan is in flight (the engine reports right after its copies, before the forward).
+
+        ``failed``: requests among them whose *store* load-back did not complete (the server lost a page or
+        went away): their store pages are freed and those tokens are computed instead; the host part,
+        copied in-process, stands. Raises ``DsakvError`` (changing nothing) for an id that is not LOADING."""
+        ids = list(request_ids)
+        bad = set(failed) - set(ids)
+        if bad:
+            raise DsakvError(f"load_backs_done: failed = {', '.join(sorted(map(repr, bad)))}: not among request_ids")
+        for request_id in ids:
+            check_request_id("load_backs_done: ", request_id)
+            req = self.live.get(request_id)
+            if req is None or req.status is not Status.LOADING:
+                state = "unknown" if req is None else req.status.value
+                raise DsakvError(f"load_backs_done: request_id = {request_id!r} is {state}, not loading")
+        if len(set(ids)) != len(ids):
+            raise DsakvError("load_backs_done: a request id is listed twice")
+        failed_ids = set(failed)
+        ps = self.page_size
+        for request_id in ids:
+            req = self.live[request_id]
+            host_hashes, store_hashes = req.load_hashes
+            self._unpin_loads(req)
+            loaded = req.num_shared_pages + len(host_hashes) + len(store_hashes)
+            if request_id in failed_ids and store_hashes:
+                loaded -= len(store_hashes)
+                lost = req.pages[loaded:]
+                del req.pages[loaded:]
+                self.allocator.free(lost)
+                (self.in_flight or self.pending).freed_pages += lost
+                req.stats.pages_written += len(lost)  # given back; their tokens are computed
+                req.stats.hit_tokens -= len(store_hashes) * ps
+                req.stats.hit_tokens_store -= len(store_hashes) * ps
+                self.tiers.stats.failed_loads += 1
+            req.num_computed = loaded * ps
+            req.status = Status.RUNNING
+            self.loading.remove(req)
+            self.running.append(req)
+            pages = len(host_hashes) + (0 if request_id in failed_ids else len(store_hashes))
+            self.stats.loaded_pages += pages
+            tier_stats = self.tiers.stats.loaded_pages
+            tier_stats["host"] += len(host_hashes)
+            if request_id not in failed_ids:
+                tier_stats["store"] += len(store_hashes)
+
+    def _unpin_loads(self, req: Request) -> None:
+        host_hashes, store_hashes = req.load_hashes
+        if host_hashes:
+            self.tiers.host.unpin(host_hashes)
+        if store_hashes:
+            self.tiers.store.unpin(store_hashes)
+        req.load_hashes = ((), ())
+
     # ----- queries ------------------------------------------------------------------------------
     @property
     def is_idle(self) -> bool:
-        return not self.running and not self.waiting
+        return not self.running and not self.waiting and not self.loading
 
     def get(self, request_id: Hashable) -> Request:
         check_request_id("get: ", request_id)

@@ -23,11 +23,13 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.events import get_hash
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.scheduler.batch import BatchPlan, HostCopy
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.scheduler.request import Request, Status
+from dsakv.scheduler.tiers import SchedulerTiers
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class SchedulerStats:
     evicted_tokens: int = 0
     offloaded_pages: int = 0
     restored_pages: int = 0
+    loaded_pages: int = 0  # pages loaded back from a lower tier (host or store)
 
 
 class SchedulerState:
@@ -54,6 +57,8 @@ class SchedulerState:
     ``on_offload`` are the executor's hooks (see ``Scheduler``).
 
     * ``waiting``: WAITING and OFFLOADED requests, front first; ``running``: RUNNING ones, oldest first;
+      ``loading``: LOADING ones (their load-backs pending; they hold pages and count against ``max_running``);
+    * ``tiers``: the lower tiers (``SchedulerTiers``: host, store, write policy), or None;
     * ``live``: request id -> every queued request; ``done``: request id -> the final status of those that
       left (finished, rejected, aborted; their prompts are released);
     * ``in_flight``: the plan between ``step`` and ``update`` (None otherwise); ``pending``: what
@@ -67,6 +72,7 @@ class SchedulerState:
         config: SchedulerConfig | None = None,
         on_finish: Callable[[Request], None] | None = None,
         on_offload: Callable[[HostCopy], None] | None = None,
+        tiers: SchedulerTiers | None = None,
     ) -> None:
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
@@ -86,6 +92,17 @@ class SchedulerState:
             if hook is not None and not callable(hook):
                 raise DsakvError(f"{name} = {hook!r}: must be a callable or None")
         config.check_page_size(allocator.page_size)
+        if tiers is not None:
+            if not isinstance(tiers, SchedulerTiers):
+                raise DsakvError(f"tiers = {tiers!r}: must be a SchedulerTiers or None")
+            if radix is None:
+                raise DsakvError("tiers: lower tiers need a prefix cache (radix); the tiers hold its pages")
+            if radix.total_tokens or radix.num_namespaces:
+                raise DsakvError("tiers: the RadixCache must be empty when the scheduler takes it over")
+            # the tree reports inserts and evictions (with their chained hashes) to the tiers, then to its sink
+            radix.event_sink = tiers.sink(radix.event_sink)
+        self.tiers = tiers
+        self.hash_fn = get_hash(radix.hash_name) if radix is not None else None
         self.allocator = allocator
         self.radix = radix
         self.config = config
@@ -95,6 +112,7 @@ class SchedulerState:
         self.insert_as_written = radix is not None and radix.insert_mode == "allocate"
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.loading: list[Request] = []  # LOADING requests: admitted, their lower-tier hit being copied in
         self.stats = SchedulerStats()
         self.live: dict[Hashable, Request] = {}
         self.done: dict[Hashable, Status] = {}

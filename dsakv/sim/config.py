@@ -22,19 +22,23 @@ from dataclasses import asdict, dataclass, field
 
 from dsakv.cache.eviction import get_policy
 from dsakv.cache.radix import INSERT_MODES
+from dsakv.cache.tiers import DEFAULT_HIT_THRESHOLD, WRITE_THROUGH, WritePolicy
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.budget import PoolCapacity, RankCell, require_pool
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
+from dsakv.planner.tiers import tier_capacity
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
 from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime, vllm_mixed_batch, vllm_padded_topk
+from dsakv.sim.transfers import DEFAULT_STORE_GBPS, TierSetup
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
 STEP_MODELS = ("roofline", "constant")
+UNBOUNDED = "unbounded"  # a tier size without limit
 # Largest pool the simulator runs (2**23 pages: 536,870,912 tokens at 64 per page). The page allocator keeps a
 # Python list of the free page ids (about 40 B a page, 340 MB at the limit); real DSA pools are a few
 # thousand to a million pages (GLM-5.3 on 8 x H200: 9,064; the tiny model on one MI300X: 934,874).
@@ -73,6 +77,15 @@ class SimConfig:
     moe_a2a: str = "none"
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
+    # lower tiers (dsakv.sim.transfers): host memory per node and the shared store, in bytes ("unbounded": no
+    # limit) or in tokens (``*_tokens``, one of the two per tier); None for both: no such tier
+    host_bytes: int | str | None = None
+    host_tokens: int | None = None
+    store_bytes: int | str | None = None
+    store_tokens: int | None = None
+    store_gbps: float = DEFAULT_STORE_GBPS
+    write_policy: str = WRITE_THROUGH
+    write_threshold: int = DEFAULT_HIT_THRESHOLD
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -97,6 +110,28 @@ class SimConfig:
             raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
+        for tier in ("host", "store"):
+            size, tokens = getattr(self, f"{tier}_bytes"), getattr(self, f"{tier}_tokens")
+            if size is not None and tokens is not None:
+                raise DsakvError(f"{tier}_bytes and {tier}_tokens: give the {tier} tier's size one way, not both")
+            if (
+                size is not None
+                and size != UNBOUNDED
+                and (isinstance(size, bool) or not isinstance(size, int) or size < 0)
+            ):
+                raise DsakvError(f"{tier}_bytes = {size!r}: must be an integer >= 0 or {UNBOUNDED!r}")
+            if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+                raise DsakvError(f"{tier}_tokens = {tokens!r}: must be an integer >= 0")
+        gbps = self.store_gbps
+        if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < float("inf"):
+            raise DsakvError(f"store_gbps = {gbps!r}: must be a positive number of GB/s")
+        WritePolicy(self.write_policy, self.write_threshold)
+        if self.has_tiers and not self.prefix_cache:
+            raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
+
+    @property
+    def has_tiers(self) -> bool:
+        return any(getattr(self, f) is not None for f in ("host_bytes", "host_tokens", "store_bytes", "store_tokens"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,9 +152,11 @@ class SimSetup:
     pool_source: str
     step_time: RooflineStepTime | ConstantStepTime
     scheduler: SchedulerConfig
+    tiers: TierSetup | None = None
 
     def to_dict(self) -> dict:
         return {
+            **({} if self.tiers is None else {"tiers": self.tiers.to_dict()}),
             "model": self.spec.to_dict(),
             "layout": self.layout.to_dict(),
             "gpu_setting": self.setting.to_dict(),
@@ -204,4 +241,41 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         schedule_policy=cfg.schedule_policy,
     )
     cell = RankCell(layout, setting.dcp)
-    return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched)
+    tiers = tier_setup(cfg, cell, setting) if cfg.has_tiers else None
+    return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched, tiers)
+
+
+def _tier_pages(size: int | str | None, tokens: int | None, pages_of_bytes: int | None, tpp: int) -> int | None:
+    if size == UNBOUNDED:
+        return None
+    if tokens is not None:
+        return tokens // tpp
+    return pages_of_bytes
+
+
+def tier_setup(cfg: SimConfig, cell: RankCell, setting: GpuSetting) -> TierSetup:
+    """The simulated group's tiers: host pages by the planner's rule (one copy per attention group and node,
+    ``dsakv.planner.tiers``), the store shared by the deployment's ``pools`` groups (this group's share)."""
+    host_b = cfg.host_bytes if isinstance(cfg.host_bytes, int) else None
+    store_b = cfg.store_bytes if isinstance(cfg.store_bytes, int) else None
+    cap = tier_capacity(cell, setting, host_b, store_b)
+    tpp = cell.tokens_per_page
+    kind = gpu_kind(setting.gpu)
+    store_pages = _tier_pages(cfg.store_bytes, cfg.store_tokens, cap.store_pages, tpp)
+    if store_pages is not None and cfg.store_bytes is not None:
+        store_pages //= setting.pools
+    return TierSetup(
+        has_host=cfg.host_bytes is not None or cfg.host_tokens is not None,
+        host_pages=_tier_pages(cfg.host_bytes, cfg.host_tokens, cap.host_pages, tpp),
+        has_store=cfg.store_bytes is not None or cfg.store_tokens is not None,
+        store_pages=store_pages,
+        write_policy=cfg.write_policy,
+        hit_threshold=cfg.write_threshold,
+        rank_page_bytes=cell.page_bytes,
+        entry_bytes=cap.entry_bytes,
+        entry_main_bytes=cell.layout.main_page_bytes * cell.dcp,
+        entry_indexer_bytes=cell.layout.indexer_page_bytes * cell.dcp,
+        host_link=kind.host_link,
+        host_link_bytes_per_s=kind.host_link_bytes_per_s,
+        store_bytes_per_s=cfg.store_gbps * 1e9,
+    )

@@ -9,6 +9,9 @@ One iteration (``Simulation.run``)::
     plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
     sample:  one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
     price:   dt = step_time(prefill chunks, decode contexts) + host copies of offload/restore
+             + stall for eviction write-backs (lower tiers; load-backs overlap: dsakv.sim.transfers)
+    loads:   before each step, requests whose load-backs have ended by now compute from it on; an idle
+             loop jumps to the next arrival or load-back end
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
@@ -39,11 +42,14 @@ from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
+from dsakv.cache.tiers import TierIndex, WritePolicy
 from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
+from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, make_record, summarize
+from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
     WIDE_TOKEN_LIMIT,
@@ -105,7 +111,16 @@ class Simulation:
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
             )
-        self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler)
+        self.transfers, tiers = None, None
+        if setup.tiers is not None:  # lower tiers: metadata indexes, priced by the transfer model
+            t = setup.tiers
+            policy = cfg.eviction_policy
+            host = TierIndex("host", t.host_pages, eviction_policy=policy, slots=True) if t.has_host else None
+            store = TierIndex("store", t.store_pages, eviction_policy=policy) if t.has_store else None
+            tiers = SchedulerTiers(host, store, WritePolicy(t.write_policy, t.hit_threshold))
+            self.transfers = TransferModel(t)
+        self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler, tiers=tiers)
+        self._loads: list[tuple[float, int]] = []  # (done_s, request id) of pending load-backs, a heap
         self.counters = replace(counters or Counters(), dp_attention=setup.setting.dp_attention)
         self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
         self.records = RecordTable()  # compact columns: a long trace's records cost bytes, not objects
@@ -212,15 +227,43 @@ class Simulation:
             seconds += host_pages * self.setup.cell.page_bytes / HOST_COPY_BYTES_PER_S
         return seconds
 
-    def run_step(self, plan: BatchPlan, now: float) -> float:
-        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends."""
-        sampled = self.sample(plan)
-        end = now + self.price(plan)
-        live, counters = self.live, self.counters
+    # ----- lower tiers ---------------------------------------------------------------------------
+    def transfer(self, plan: BatchPlan, now: float) -> float:
+        """Queue the plan's write-backs and load-backs (``TransferModel``); returns the seconds the step stalls."""
+        if self.transfers is None or not (plan.write_backs or plan.load_backs):
+            return 0.0
+        stall, loads = self.transfers.carry_out(plan, now)
+        for done_s, request_id in loads:
+            heapq.heappush(self._loads, (done_s, request_id))
+        return stall
+
+    def finish_loads(self, now: float) -> None:
+        """Report the load-backs that have ended by ``now`` (their requests compute from this step on)."""
+        done = []
+        while self._loads and self._loads[0][0] <= now:
+            done.append(heapq.heappop(self._loads)[1])
+        if done:
+            self.scheduler.load_backs_done(done)
+
+    def next_event_s(self) -> float | None:
+        """The next arrival or load-back end, whichever is first (None: neither is to come)."""
+        times = [t for t in (self.next_arrival_s(), self._loads[0][0] if self._loads else None) if t is not None]
+        return min(times) if times else None
+
+    def note_admitted(self, plan: BatchPlan, now: float) -> None:
+        """The plan's admissions happened at ``now`` (also a plan with no item: its requests may be loading)."""
+        live = self.live
         for req in plan.admitted:
             tracker = live[req.id]
             if tracker.admit_s is None:
                 tracker.admit_s = now
+
+    def run_step(self, plan: BatchPlan, now: float) -> float:
+        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends."""
+        sampled = self.sample(plan)
+        end = now + self.transfer(plan, now) + self.price(plan)
+        live, counters = self.live, self.counters
+        self.note_admitted(plan, now)
         if plan.preempted:
             counters.preemptions += len(plan.preempted)
             self.timeline.preempt_time_s.extend([now] * len(plan.preempted))
@@ -270,11 +313,14 @@ class Simulation:
         scheduler, now = self.scheduler, 0.0
         while True:
             self.arrive(now)
+            self.finish_loads(now)
             plan = None if scheduler.is_idle else scheduler.step()
             if plan is None or not plan.items:
-                if plan is not None:
-                    scheduler.update(plan, [])  # nothing could run this step
-                next_s = self.next_arrival_s()
+                if plan is not None:  # nothing could run this step (admitted requests may be loading)
+                    self.note_admitted(plan, now)
+                    self.transfer(plan, now)
+                    scheduler.update(plan, [])
+                next_s = self.next_event_s()
                 if next_s is None:
                     break  # idle, or stalled with nothing more to come: what remains is unfinished
                 now = max(now, next_s)
@@ -285,7 +331,7 @@ class Simulation:
                 scheduler.check_integrity()
             if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
                 progress(len(self.records))
-        for req in list(scheduler.running) + list(scheduler.waiting):
+        for req in list(scheduler.running) + list(scheduler.loading) + list(scheduler.waiting):
             req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
             self.leave(req, None, "unfinished")
         if check_every:
@@ -306,6 +352,7 @@ class Simulation:
             records=self.records,
             timeline=self.timeline,
             counters=self.counters,
+            tiers=None if self.transfers is None else (setup.tiers, self.transfers.counters),
         )
         summarize(result)
         return result

@@ -41,7 +41,9 @@ class RequestRecord:
     arrival_s: float
     input_tokens: int  # L, the prompt
     output_tokens: int  # tokens generated (the trace's output_length when finished)
-    hit_tokens: int  # P, cached prefix at first admission (whole pages)
+    hit_tokens: int  # P, cached prefix at first admission (whole pages), every tier together
+    hit_tokens_host: int  # the part of P loaded back from host memory
+    hit_tokens_store: int  # the part of P loaded back from the store
     suffix_tokens: int  # S = L - P
     computed_tokens: int  # tokens whose KV the request wrote (recomputes and drafts included)
     pages_written: int
@@ -108,6 +110,8 @@ def make_record(
         input_tokens=prompt_tokens,
         output_tokens=len(req.outputs),
         hit_tokens=sav.cached_tokens,
+        hit_tokens_host=st.hit_tokens_host,
+        hit_tokens_store=st.hit_tokens_store,
         suffix_tokens=sav.computed_tokens,
         computed_tokens=st.computed_tokens,
         pages_written=st.pages_written,
@@ -278,6 +282,7 @@ class SimResult:
     timeline: Timeline
     counters: Counters
     summary: dict = field(default_factory=dict)
+    tiers: tuple[Any, Any] | None = None  # (sim.transfers.TierSetup, TierCounters) when the run had lower tiers
 
     @property
     def page_main_bytes(self) -> int:
@@ -327,6 +332,8 @@ def summarize(result: SimResult) -> dict:
     input_adm = total("input_tokens", admitted)
     hit = total("hit_tokens", admitted)
     num_admitted, num_finished, num_rejected = sum(admitted), sum(finished), sum(rejected)
+    hit_host = total("hit_tokens_host", admitted)
+    hit_store = total("hit_tokens_store", admitted)
     t, used = np.asarray(timeline.time_s), np.asarray(timeline.used_pages, dtype=np.float64)
     makespan = float(t[-1]) if t.size else 0.0
     page_main, page_idx = result.page_main_bytes, result.page_indexer_bytes
@@ -356,6 +363,9 @@ def summarize(result: SimResult) -> dict:
         "rejected_input_tokens": total("input_tokens", rejected),
         "output_tokens": out_tokens,
         "hit_tokens": hit,
+        "hit_tokens_device": hit - hit_host - hit_store,
+        "hit_tokens_host": hit_host,
+        "hit_tokens_store": hit_store,
         "hit_rate_tokens": hit / input_adm if input_adm else 0.0,
         "hit_rate_requests": (
             sum(1 for h in itertools.compress(col("hit_tokens"), admitted) if h) / num_admitted if num_admitted else 0.0
@@ -403,8 +413,39 @@ def summarize(result: SimResult) -> dict:
         "input_tokens_per_s": input_adm / makespan if makespan else 0.0,
         "computed_tokens_per_s": total("computed_tokens") / makespan if makespan else 0.0,
     }
+    s.update(tier_summary(result))
     result.summary = s
     return s
+
+
+def tier_summary(result: SimResult) -> dict:
+    """Bytes the lower tiers moved, per tier and per cache (zero without tiers): ``store_bytes_read`` /
+    ``store_bytes_written`` in total, and ``tier_bytes`` split into main KV and indexer K (indexer on full
+    layers only, in every tier, as on the device)."""
+    zero = {"host_bytes_read": 0, "host_bytes_written": 0, "store_bytes_read": 0, "store_bytes_written": 0}
+    if result.tiers is None:
+        return {**zero, "tier_bytes": None, "load_backs": 0, "write_back_stall_s": 0.0}
+    setup, c = result.tiers
+    main, idx = setup.entry_main_bytes, setup.entry_indexer_bytes
+    pages = {
+        "host_bytes_read": c.host_pages_read,
+        "host_bytes_written": c.host_pages_written,
+        "store_bytes_read": c.store_pages_read,
+        "store_bytes_written": c.store_pages_written,
+    }
+    split = {
+        tier: {
+            way: {"main": pages[f"{tier}_bytes_{way}"] * main, "indexer": pages[f"{tier}_bytes_{way}"] * idx}
+            for way in ("read", "written")
+        }
+        for tier in ("host", "store")
+    }
+    return {
+        **{k: n * (main + idx) for k, n in pages.items()},
+        "tier_bytes": split,
+        "load_backs": c.load_backs,
+        "write_back_stall_s": c.write_back_stall_s,
+    }
 
 
 def _reason_kind(reason: str) -> str:

@@ -106,11 +106,15 @@ def pressure_summary(
     new_token_ratio: float = 0.0,
     model: Any = None,
     exact: bool = False,
+    host_bytes: int | None = None,
+    store_url: str | None = None,
 ) -> dict:
     """Run ``workload`` on a ``pages``-page pool and as the reference; every figure of the demo's report.
 
     ``pages`` below ``workload.pages_needed(page_size)`` leaves the longest requests rejected (counted in
-    ``rejected``), so the outputs do not match the reference's.
+    ``rejected``), so the outputs do not match the reference's. ``host_bytes`` / ``store_url`` give the small
+    engine a host tier / a Redis store below its pool; the report then adds the hit tokens per tier and the
+    store's counters (a store that cannot be reached costs hits, never a result).
     """
     ps = page_size
     # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
@@ -121,6 +125,8 @@ def pressure_summary(
         page_size=ps,
         pool_kind=pool_kind,
         capture_cache=True,
+        host_bytes=host_bytes,
+        store_url=store_url,
         scheduler=SchedulerConfig(
             max_batched_tokens=4 * ps,
             chunk_tokens=2 * ps,
@@ -145,7 +151,7 @@ def pressure_summary(
     lay, st, totals = engine.layout, engine.scheduler.stats, engine.totals
     written = sum(r.stats.pages_written for r in results)
     ref_written = sum(r.stats.pages_written for r in ref_results)
-    return {
+    summary = {
         "requests": len(results),
         "prompt_tokens": sum(r.stats.prompt_tokens for r in results),
         "output_tokens": sum(len(r.output_tokens) for r in results),
@@ -169,3 +175,31 @@ def pressure_summary(
         "outputs_match": tokens_match,
         "caches_match": caches_match,
     }
+    if engine.tiers is not None:
+        summary.update(tier_summary(engine, results, summary["hit_tokens"]))
+    return summary
+
+
+def tier_summary(engine: Engine, results: list[GenerationResult], hit_tokens: int) -> dict:
+    """Hit tokens per tier (device + host + store = ``hit_tokens``; lower-tier hits are counted at first
+    admission, so the device's share includes the re-admission hits) and the tiers' traffic."""
+    host = sum(r.stats.hit_tokens_host for r in results)
+    store = sum(r.stats.hit_tokens_store for r in results)
+    tiers, page_bytes = engine.tiers, engine.layout.page_bytes
+    out = {
+        "hit_tokens_device": hit_tokens - host - store,
+        "hit_tokens_host": host,
+        "hit_tokens_store": store,
+    }
+    if tiers.host is not None:
+        out["host_pages"] = tiers.host.capacity_pages
+        out["host_bytes_written"] = tiers.totals.written_pages_host * page_bytes
+        out["host_bytes_read"] = tiers.totals.loaded_pages_host * page_bytes
+    if tiers.store is not None:
+        counters = tiers.store.store.counters
+        out["store_url"] = str(tiers.store.store)
+        out["store_bytes_written"] = tiers.totals.written_pages_store * page_bytes
+        out["store_bytes_read"] = tiers.totals.loaded_pages_store * page_bytes
+        out["store_invalid_values"] = counters.invalid_total
+        out["store_failed_calls"] = counters.failed_calls
+    return out

@@ -169,10 +169,25 @@ def offload_restore(pool, held, target, target_held, g) -> list[tuple[int, int]]
     return [(n * ps + o, s * ps + o) for n, s in zip(new, old) for o in range(ps)]
 
 
+def host_buffer_round_trip(pool, held, target, target_held, g) -> list[tuple[int, int]]:
+    """Two random held pages into rows of a host buffer (as the host tier keeps them), then from those rows
+    into two random other pages of ``target`` (free or held)."""
+    old = pick(held, 2, g)
+    buffer = torch.zeros((4, pool.layout.page_bytes), dtype=torch.uint8)
+    pool.copy_pages_to_host(old, buffer, [3, 1])
+    spare = target.allocator.alloc(target.allocator.num_free)
+    new = pick(spare + [p for p in target_held if target is not pool or p not in old], 2, g)
+    target.copy_pages_from_host(buffer, [3, 1], new)
+    ps = pool.layout.page_size
+    return [(n * ps + o, s * ps + o) for n, s in zip(new, old) for o in range(ps)]
+
+
 COPIES = {  # name -> (driver, restore into a pool of the other kind)
     "move_slots": (move, False),
     "restore_pages": (offload_restore, False),
     "restore_pages into the other kind": (offload_restore, True),
+    "copy_pages_from_host": (host_buffer_round_trip, False),
+    "copy_pages_from_host into the other kind": (host_buffer_round_trip, True),
 }
 
 
@@ -198,6 +213,9 @@ READS = {
     "read_indexer": lambda pool, held, g: pool.read_indexer(0, pick(slots_of(pool, held), 20, g)),
     "read_indexer_dequant": lambda pool, held, g: pool.read_indexer_dequant(2, pick(slots_of(pool, held), 20, g)),
     "offload_pages": lambda pool, held, g: pool.offload_pages(pick(held, 2, g)),
+    "copy_pages_to_host": lambda pool, held, g: pool.copy_pages_to_host(
+        pick(held, 2, g), torch.zeros((3, pool.layout.page_bytes), dtype=torch.uint8), [2, 0]
+    ),
     "check_integrity": lambda pool, held, g: pool.check_integrity(),
     "for_pages": lambda pool, held, g: TwinPool.for_pages(pool.layout, 2, kind=pool.kind),
 }

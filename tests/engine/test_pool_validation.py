@@ -117,3 +117,26 @@ def test_budget_without_room_beyond_the_scratch_page_is_rejected(case):
     lay = CacheLayout(TINY)
     with pytest.raises(DsakvError, match="num_pages|padding_slots"):
         TwinPool.for_pages(lay, **BAD_SIZES[case](lay))
+
+
+@pytest.mark.parametrize(
+    "buffer, rows, message",
+    [
+        (torch.zeros((2, 10), dtype=torch.uint8), [0], r"host buffer: must be a host uint8 tensor"),
+        ("page bytes", [0], r"host buffer: must be a host uint8 tensor"),
+        (None, [2], r"rows: \[2\] must be 1 row indices in 0..1"),
+        (None, [0, 1], r"rows: \[0, 1\] must be 1 row indices"),
+        (None, [-1], r"rows: \[-1\] must be 1 row indices"),
+    ],
+)
+def test_host_buffer_copies_reject_bad_buffers_and_rows_and_change_nothing(buffer, rows, message):
+    pool = TwinPool(CacheLayout(ModelSpec.preset("tiny")), PageAllocator(3, first_page=1))
+    page = pool.allocator.alloc(1)
+    if buffer is None:
+        buffer = torch.zeros((2, pool.layout.page_bytes), dtype=torch.uint8)
+    before = pool.offload_pages(page).blocks.clone()
+    with pytest.raises(DsakvError, match=message):
+        pool.copy_pages_from_host(buffer, rows, page)
+    with pytest.raises(DsakvError, match=message):
+        pool.copy_pages_to_host(page, buffer, rows)
+    assert torch.equal(pool.offload_pages(page).blocks, before)
