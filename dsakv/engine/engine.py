@@ -47,6 +47,7 @@ from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens,
 from dsakv.scheduler.scheduler import Scheduler
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
+from dsakv.telemetry.figures import MetricSet
 
 __all__ = ["SCRATCH_SEQS", "Drafter", "Engine", "EngineConfig", "EngineTotals", "GenerationResult"]
 
@@ -147,6 +148,12 @@ class Engine:
         self.totals = EngineTotals()
         self.caches: dict[Any, CacheReadback] = {}
         self._host: dict[Any, HostPages] = {}
+        self.metrics = MetricSet(self.scheduler, self.layout.main_page_bytes, self.layout.indexer_page_bytes)
+        self.metrics_registry = None  # the engine's own Prometheus registry, when config.metrics is set
+        if config.metrics:
+            from dsakv.telemetry.prometheus import make_registry
+
+            self.metrics_registry = make_registry(self.metrics)
         if config.kv_events_endpoint is not None:  # last: nothing after it can fail and leave sockets bound
             from dsakv.kvevents.schema import PageCost
             from dsakv.kvevents.wire import KVEventPublisher
@@ -187,6 +194,12 @@ class Engine:
         self._host.pop(request_id, None)
         self._publish_events()
         return req
+
+    def flush_events(self) -> None:
+        """Publish the cache's pending events and wait until every batch is sent (a no-op without events)."""
+        if self.kv_events is not None:
+            self._publish_events()
+            self.kv_events.flush()
 
     def close(self) -> None:
         """Send the KV events still queued and release the event sockets (a no-op without them)."""
