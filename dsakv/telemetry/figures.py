@@ -79,9 +79,15 @@ class Sample:
 
     @property
     def key(self) -> str:
-        """``name{label=value,...}``: one column of the simulator's time series."""
-        inner = ",".join(f"{k}={v}" for k, v in self.labels)
-        return f"{self.name}{{{inner}}}" if inner else self.name
+        return metric_key(self.name, self.labels)
+
+
+def metric_key(name: str, labels: tuple[tuple[str, str], ...] = ()) -> str:
+    """``name{label=value,...}``: how a sample names one column of the simulator's time series."""
+    if name.removeprefix(PREFIX) not in METRICS:
+        raise DsakvError(f"metric = {name!r}: must be one of {', '.join(PREFIX + m for m in METRICS)}")
+    inner = ",".join(f"{k}={v}" for k, v in labels)
+    return f"{name}{{{inner}}}" if inner else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,4 +183,14 @@ class MetricSet:
         return out
 
 
-__all__ = ["METRICS", "PREFIX", "MetricSet", "Sample", "SchedulerView", "TierPages", "TierProbe", "tier_samples"]
+__all__ = [
+    "METRICS",
+    "PREFIX",
+    "MetricSet",
+    "Sample",
+    "SchedulerView",
+    "TierPages",
+    "TierProbe",
+    "metric_key",
+    "tier_samples",
+]
