@@ -2,7 +2,7 @@
 
 A hypothesis state machine drives two radix caches (two workers) with random inserts in two namespaces,
 evictions and resets; one index eats their cache events directly, another their wire events after a msgpack
-round trip; after every step both must equal the trees' own page hashes, and ``match`` must agree with the
+round trip (``wire_sink``); after every step both must equal the trees' own page hashes, and ``match`` must agree with the
 trees' own prefix lookup."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import AllCleared, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash, token_bytes
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
+from dsakv.kvevents.feed import wire_sink
 from dsakv.kvevents.index import PrefixIndex, WorkerId
-from dsakv.kvevents.schema import BatchCodec, KVEventBatch, wire_event
 
 PS = 2
 POOL_PAGES = 24
@@ -38,17 +38,17 @@ class IndexMirrorsTrees(RuleBasedStateMachine):
         super().__init__()
         self.direct = PrefixIndex()
         self.wired = PrefixIndex()
-        self.codec = BatchCodec()
         self.caches: dict[str, RadixCache] = {}
         for rank, w in enumerate(WORKERS):
             alloc = PageAllocator(POOL_PAGES, PS)
             self.caches[w] = RadixCache(alloc, event_sink=self._sink(w, rank))
 
     def _sink(self, worker: str, rank: int):
+        wired = wire_sink(self.wired, "instance-0", data_parallel_rank=rank)
+
         def sink(event) -> None:
             self.direct.apply(worker, event)
-            payload = self.codec.encode(KVEventBatch(0.0, [wire_event(event)], rank))
-            self.wired.apply_batch("instance-0", self.codec.decode(payload))
+            wired(event)
 
         return sink
 
