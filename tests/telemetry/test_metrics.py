@@ -153,3 +153,20 @@ def test_demo_metrics_over_http_equal_its_json_summary_and_its_events_replay_to_
     assert got[("dsakv:cache_pages", (("state", "cached"), ("tier", "device")))] == summary["cached_pages"]
     assert index.num_entries == summary["cached_pages"] and index.anomalies == 0 and sub.replayed > 0
     index.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        (["--kv-events", "localhost:5557"], "dsakv: error: --kv-events = 'localhost:5557'"),
+        (["--kv-events-replay", "tcp://127.0.0.1:5558"], "dsakv: error: --kv-events-replay: needs --kv-events"),
+        (["--metrics-port", "70000"], "dsakv: error: --metrics-port = 70000"),
+        (["--linger", "-1"], "dsakv: error: --linger = -1"),
+    ],
+)
+def test_demo_wire_flags_out_of_range_are_one_line_errors(argv, start, capsys):
+    from dsakv.cli import main
+
+    assert main(["demo", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(start) and err.count("\n") == 1
