@@ -22,7 +22,8 @@ greedy verification, adds the model's own next token, and the scheduler rolls th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from numbers import Integral
 from pathlib import Path
@@ -84,6 +85,15 @@ def _per_prompt(field: str, value: object, n: int) -> list[NamespacePart]:
         return list(value)
     check_namespace_part(field, value)
     return [value] * n
+
+
+@contextmanager
+def _extra(field: str, extra: str) -> Iterator[None]:
+    """Turn the ImportError of an optional dependency into a ``DsakvError`` naming the option and the extra."""
+    try:
+        yield
+    except ImportError as exc:
+        raise DsakvError(f"{field}: needs the {extra} extra (pip install 'dsakv[{extra}]'): {exc}") from None
 
 
 class Engine:
@@ -151,13 +161,13 @@ class Engine:
         self.metrics = MetricSet(self.scheduler, self.layout.main_page_bytes, self.layout.indexer_page_bytes)
         self.metrics_registry = None  # the engine's own Prometheus registry, when config.metrics is set
         if config.metrics:
-            from dsakv.telemetry.prometheus import make_registry
-
+            with _extra("metrics", "metrics"):
+                from dsakv.telemetry.prometheus import make_registry
             self.metrics_registry = make_registry(self.metrics)
         if config.kv_events_endpoint is not None:  # last: nothing after it can fail and leave sockets bound
-            from dsakv.kvevents.schema import PageCost
-            from dsakv.kvevents.wire import KVEventPublisher
-
+            with _extra("kv_events_endpoint", "events"):
+                from dsakv.kvevents.schema import PageCost
+                from dsakv.kvevents.wire import KVEventPublisher
             self._page_cost = PageCost.of(self.layout)
             self.kv_events = KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint)
 

@@ -79,7 +79,7 @@ class KVEventPublisher:
             raise DsakvError(f"data_parallel_rank = {data_parallel_rank!r}: must be an integer >= 0")
         self.data_parallel_rank = data_parallel_rank
         self._topic = topic.encode("utf-8")
-        self._drop_on_pub = drop_on_pub
+        self.drop_on_pub = drop_on_pub
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue()
         self._codec = BatchCodec()
@@ -167,7 +167,7 @@ class KVEventPublisher:
         payload = self._codec.encode(batch)
         self._buffer.append((seq, payload))
         self.next_seq = seq + 1
-        if self._drop_on_pub is None or not self._drop_on_pub(seq):
+        if self.drop_on_pub is None or not self.drop_on_pub(seq):
             self._pub.send_multipart((self._topic, seq_bytes(seq), payload))
 
     def _serve_replay(self) -> None:

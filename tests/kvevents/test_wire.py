@@ -39,7 +39,7 @@ def run_engine(publisher_hook=None) -> tuple[Engine, KVEventSubscriber]:
     )
     engine = Engine(cfg)
     if publisher_hook is not None:
-        engine.kv_events._drop_on_pub = publisher_hook
+        engine.kv_events.drop_on_pub = publisher_hook
     sub = KVEventSubscriber(engine.kv_events.bound_endpoint, engine.kv_events.bound_replay_endpoint, instance="e0")
     return engine, sub
 
