@@ -2,8 +2,9 @@
 allocator and radix tree at the planner's pool capacity; print the summary (``--json``: every figure).
 
 ``--out DIR`` writes ``config.json`` (resolved configuration), ``summary.json``, ``requests.jsonl`` (one
-record per request) and the PNG plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the
-run, renamed into place when complete). ``--sweep`` runs several configurations in worker processes and
+record per request), ``metrics.csv`` (the metrics as time series, ``dsakv.sim.timeseries``) and the PNG
+plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the run, renamed into place when
+complete). ``--sweep`` runs several configurations in worker processes and
 prints one comparison table; a sweep whose every point fails exits 1. Figures are defined in
 ``docs/metrics.md``.
 """
@@ -40,12 +41,13 @@ from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import run_sweep
+from dsakv.sim.timeseries import write_metrics_csv
 from dsakv.spec.layout import KV_DTYPES, ceil_div
 from dsakv.spec.model_spec import PRESETS
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
 DEFAULT, DEFAULT_SOURCE = SimConfig(), Source()  # the flags' defaults
-OUT_FILES = ("config.json", "summary.json", "requests.jsonl", "sweep.json", *PLOT_FILES)  # what --out DIR may hold
+OUT_FILES = ("config.json", "summary.json", "requests.jsonl", "metrics.csv", "sweep.json", *PLOT_FILES)  # --out
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -266,6 +268,7 @@ def _write_out(out: OutputDir, result, resolved: dict, plots: bool) -> None:
         with (out.path / "requests.jsonl").open("w") as f:
             for rec in result.records:
                 f.write(dumps(rec.to_dict()) + "\n")
+        write_metrics_csv(out.path / "metrics.csv", result)
         if plots:
             from dsakv.sim.plots import write_plots
 

@@ -10,6 +10,7 @@ from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.cache.tiers import WRITE_POLICIES
 from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.endpoint import check_endpoint
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.spec.layout import INDEXER_DTYPES, KV_DTYPES
 from dsakv.store.config import StoreConfig
@@ -44,6 +45,10 @@ class EngineConfig:
     # the chained page hash (events, store keys): the store trusts it alone, so a store holding billions of pages
     # wants blake2b's 32 bytes over xxh3_64's 8 (docs/store.md)
     hash_name: str = "xxh3_64"
+    # KV events in vLLM's wire format (the ``events`` extra): PUB and replay (ROUTER) addresses to bind
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    metrics: bool = False  # keep Prometheus metrics in the engine's own registry (the ``metrics`` extra)
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "min_rows"):
@@ -76,6 +81,16 @@ class EngineConfig:
             )
         if (self.host_bytes is not None or self.store_url is not None) and not self.prefix_cache:
             raise DsakvError("host_bytes / store_url: the lower tiers hold prefix-cache pages; set prefix_cache=True")
+        if self.kv_events_endpoint is not None:
+            check_endpoint("kv_events_endpoint", self.kv_events_endpoint)
+            if not self.prefix_cache:
+                raise DsakvError("kv_events_endpoint: needs prefix_cache=True (the radix cache is what emits events)")
+        if self.kv_events_replay_endpoint is not None:
+            check_endpoint("kv_events_replay_endpoint", self.kv_events_replay_endpoint)
+            if self.kv_events_endpoint is None:
+                raise DsakvError("kv_events_replay_endpoint: needs kv_events_endpoint (replay serves what PUB sent)")
+        if not isinstance(self.metrics, bool):
+            raise DsakvError(f"metrics = {self.metrics!r}: must be True or False")
 
     @property
     def padding_slots(self) -> int:

@@ -11,6 +11,7 @@ generated token and every finished request's cache read-back (both caches, bit f
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,8 @@ def pressure_summary(
     exact: bool = False,
     host_bytes: int | None = None,
     store_url: str | None = None,
+    engine_options: dict | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
 ) -> dict:
     """Run ``workload`` on a ``pages``-page pool and as the reference; every figure of the demo's report.
 
@@ -115,6 +118,10 @@ def pressure_summary(
     ``rejected``), so the outputs do not match the reference's. ``host_bytes`` / ``store_url`` give the small
     engine a host tier / a Redis store below its pool; the report then adds the hit tokens per tier and the
     store's counters (a store that cannot be reached costs hits, never a result).
+
+    ``engine_options``: more ``EngineConfig`` fields of the pressured engine (KV events, metrics);
+    ``on_engine(engine)`` is called with it before it runs (to serve its metrics), and the caller then owns
+    closing it (``Engine.close``: its event sockets stay up for late subscribers until then).
     """
     ps = page_size
     # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
@@ -127,6 +134,7 @@ def pressure_summary(
         capture_cache=True,
         host_bytes=host_bytes,
         store_url=store_url,
+        **(engine_options or {}),
         scheduler=SchedulerConfig(
             max_batched_tokens=4 * ps,
             chunk_tokens=2 * ps,
@@ -144,6 +152,8 @@ def pressure_summary(
         scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
     )
     engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
+    if on_engine is not None:
+        on_engine(engine)
     results = run_workload(engine, workload)
     ref_results = run_workload(ref_engine, workload)
     tokens_match, caches_match = compare(results, ref_results)
@@ -174,7 +184,7 @@ def pressure_summary(
         "steps": st.steps,
         "outputs_match": tokens_match,
         "caches_match": caches_match,
-    }
+    } | _event_and_metric_figures(engine)
     if engine.tiers is not None:
         summary.update(tier_summary(engine, results, summary["hit_tokens"]))
     return summary
@@ -202,4 +212,18 @@ def tier_summary(engine: Engine, results: list[GenerationResult], hit_tokens: in
         out["store_bytes_read"] = tiers.totals.loaded_pages_store * page_bytes
         out["store_invalid_values"] = counters.invalid_total
         out["store_failed_calls"] = counters.failed_calls
+    return out
+
+
+def _event_and_metric_figures(engine: Engine) -> dict:
+    """The prefix-cache counters the metrics expose, and with KV events on, what went on the wire: the
+    batches sent and the pages the tree holds at the end (what a subscriber's index must hold)."""
+    out = {}
+    if engine.radix is not None:
+        out["prefix_cache_queries"] = engine.radix.metrics.lookup_tokens
+        out["prefix_cache_hits"] = engine.radix.metrics.hit_tokens
+    if engine.kv_events is not None:
+        engine.flush_events()
+        out["kv_events_batches"] = engine.kv_events.next_seq
+        out["cached_pages"] = len(engine.radix.page_hashes())
     return out

@@ -103,8 +103,9 @@ def test_rerun_without_plots_leaves_no_plot_of_the_previous_run(tmp_path, capsys
     assert main([*SMALL, "--out", str(out)]) == 0
     assert (out / "pool_use.png").exists()
     assert main([*SMALL, "--out", str(out), "--no-plots"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.jsonl", "summary.json"]
-    assert files_under(tmp_path) == ["run", "run/config.json", "run/requests.jsonl", "run/summary.json"]
+    names = ["config.json", "metrics.csv", "requests.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert files_under(tmp_path) == ["run", *(f"run/{n}" for n in names)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
