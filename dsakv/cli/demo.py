@@ -187,7 +187,7 @@ def run(args) -> int:
 
     servers: list = []
     try:
-        summary = _run_pressured(args, workload, model, on_engine)
+        summary = _run_pressured(args, workload, model, host_bytes, on_engine)
     finally:
         if args.linger and engines:
             sys.stdout.flush()
@@ -201,7 +201,7 @@ def run(args) -> int:
     return 0 if summary["outputs_match"] and (summary["caches_match"] or model is not None) else 1
 
 
-def _run_pressured(args, workload, model, on_engine) -> dict:
+def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
     """Run the demo and print its summary (before any linger, so a scraper or subscriber can read it)."""
     from dsakv.workloads.chat import pressure_summary
 
