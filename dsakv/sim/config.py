@@ -29,6 +29,7 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
+from dsakv.sim.routing import ROUTERS
 from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
@@ -49,7 +50,8 @@ class SimConfig:
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps)."""
+    finishes (None: open loop, trace timestamps). ``instances``: engine instances of the cluster, each of
+    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``)."""
 
     model: str | None = None
     config: str | None = None
@@ -73,6 +75,8 @@ class SimConfig:
     moe_a2a: str = "none"
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
+    instances: int = 1
+    router: str = "round-robin"
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -95,6 +99,14 @@ class SimConfig:
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
+            raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
+        check_choice("router", self.router, ROUTERS)
+        if c is not None and (self.instances > 1 or self.gpu.dp_attention > 1):
+            raise DsakvError(
+                f"max_concurrency = {c}: the closed loop replays into one DP group; with instances = "
+                f"{self.instances} and dp_attention = {self.gpu.dp_attention} use the open loop (trace timestamps)"
+            )
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
 

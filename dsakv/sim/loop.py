@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.events import CacheEvent
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
@@ -81,7 +82,12 @@ class Simulation:
     (``arrive``, ``sample``, ``price``, ``leave``) change only this object."""
 
     def __init__(
-        self, cfg: SimConfig, setup: SimSetup, requests: Iterable[TraceRequest], counters: Counters | None = None
+        self,
+        cfg: SimConfig,
+        setup: SimSetup,
+        requests: Iterable[TraceRequest],
+        counters: Counters | None = None,
+        event_sink: Callable[[CacheEvent], None] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
@@ -94,6 +100,7 @@ class Simulation:
                 eviction_policy=cfg.eviction_policy,
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
+                event_sink=event_sink,  # a cluster's KV-aware router indexes the tree's events
             )
         self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler)
         self.counters = replace(counters or Counters(), dp_attention=setup.setting.dp_attention)
@@ -137,26 +144,32 @@ class Simulation:
     def arrive(self, now: float) -> None:
         """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
         while (arrival_s := self.next_arrival_s()) is not None and arrival_s <= now:
-            trace_req = self._pending
             if self._slots is not None:
                 heapq.heappop(self._slots)
-            prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
-            req = self.scheduler.add_request(
-                prompt,
-                trace_req.output_length,
-                request_id=self._serial,
-                extra_key=trace_req.tenant,
-                cache_salt=trace_req.cache_salt,
-            )
-            self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
+            self.add(self._pending, arrival_s, self._serial)
             self._serial += 1
-            if req.status is Status.REJECTED:
-                self.leave(req, None, "rejected")
-            elif req.status is Status.FINISHED:
-                tracker = self.live[req.id]
-                tracker.admit_s = tracker.first_token_s = arrival_s
-                self.leave(req, arrival_s, "finished")
             self._take_next()
+
+    def add(self, trace_req: TraceRequest, arrival_s: float, request_id: int) -> Request:
+        """Queue one request that arrived at ``arrival_s`` under ``request_id`` (unique in the run; its output
+        token id derives from it); one refused (or done) on arrival leaves at once. ``arrive`` calls it for the
+        requests of this simulation's own stream; ``dsakv.sim.cluster`` for those its router sent here."""
+        prompt = MooncakePrompt(trace_req.hash_ids, trace_req.input_length)  # expanded at admission
+        req = self.scheduler.add_request(
+            prompt,
+            trace_req.output_length,
+            request_id=request_id,
+            extra_key=trace_req.tenant,
+            cache_salt=trace_req.cache_salt,
+        )
+        self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - request_id,))
+        if req.status is Status.REJECTED:
+            self.leave(req, None, "rejected")
+        elif req.status is Status.FINISHED:
+            tracker = self.live[req.id]
+            tracker.admit_s = tracker.first_token_s = arrival_s
+            self.leave(req, arrival_s, "finished")
+        return req
 
     # ----- one step -------------------------------------------------------------------------------
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
@@ -193,10 +206,13 @@ class Simulation:
             seconds += host_pages * self.setup.cell.page_bytes / HOST_COPY_BYTES_PER_S
         return seconds
 
-    def run_step(self, plan: BatchPlan, now: float) -> float:
-        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends."""
+    def run_step(self, plan: BatchPlan, now: float, end: float | None = None) -> float:
+        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends: ``end``
+        when given (a lockstep step of several DP groups ends when the slowest group's does), else ``now``
+        plus the plan's price."""
         sampled = self.sample(plan)
-        end = now + self.price(plan)
+        if end is None:
+            end = now + self.price(plan)
         live, counters = self.live, self.counters
         for req in plan.admitted:
             tracker = live[req.id]
@@ -217,10 +233,11 @@ class Simulation:
         for req in self.scheduler.update(plan, sampled):
             self.leave(req, end, "finished")
         counters.steps += 1
-        self._observe(end)
+        self.observe(end)
         return end
 
-    def _observe(self, now: float) -> None:
+    def observe(self, now: float) -> None:
+        """One timeline sample at ``now`` (a step's end)."""
         timeline = self.timeline
         timeline.time_s.append(now)
         timeline.used_pages.append(self.allocator.num_allocated)
