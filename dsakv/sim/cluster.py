@@ -31,7 +31,7 @@ import numpy as np
 
 from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
-from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds
+from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Router, make_router
 from dsakv.workloads.traces import TraceRequest
@@ -295,3 +295,22 @@ def simulate_cluster(
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s."""
     return Cluster(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)
+
+
+def run_simulation(
+    cfg: SimConfig,
+    requests: Iterable[TraceRequest],
+    *,
+    setup: SimSetup | None = None,
+    counters: Counters | None = None,
+    progress: Callable[[int], None] | None = None,
+    check_every: int = 0,
+) -> SimResult:
+    """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated),
+    else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
+    setup = setup or build_setup(cfg)
+    if cfg.instances == 1 and setup.setting.dp_attention == 1:
+        result = simulate(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
+        result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
+        return result
+    return simulate_cluster(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
