@@ -127,6 +127,13 @@ class RadixCache(RadixState):
             raise DsakvError(f"page = {page!r}: must be an integer page id")
         return 0 <= page < len(self._in_tree) and bool(self._in_tree[page])
 
+    def page_hashes(self) -> frozenset[bytes]:
+        """The chained hashes of every page in the tree (read-only): what a consumer of this cache's events
+        must hold for it. Hashes are kept only with an event sink; ``DsakvError`` without one."""
+        if self.event_sink is None:
+            raise DsakvError("page_hashes: the cache has no event sink, so it keeps no page hashes")
+        return frozenset(h for node in self._iter_nodes() for h in node.hashes)
+
     @property
     def total_tokens(self) -> int:
         return self._evictable + self._protected

@@ -2,7 +2,9 @@
 
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
-The exit status is 0 when every generated token and every finished request's cache read-back match. Flags
+The exit status is 0 when every generated token and every finished request's cache read-back match.
+``--kv-events`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port`` serves
+its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
 out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
 the tiny model's context) are one-line errors naming the limit, before torch is loaded.
 """
@@ -11,16 +13,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
+from dsakv.kvevents.endpoint import check_endpoint
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
 DEMO_POOL_BYTES = 2**30  # each of the demo's two pools lives in CPU memory (torch tensors): at most 1 GiB
-MAX_CONVERSATIONS, MAX_TURNS = 1000, 100  # the tiny model runs on the CPU: larger workloads take hours
+MAX_CONVERSATIONS, MAX_TURNS = 1000, 100
+MAX_LINGER_S = 3600.0  # --linger: an hour at most  # the tiny model runs on the CPU: larger workloads take hours
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,6 +45,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
+    w = p.add_argument_group("KV events and metrics (the events / metrics extras)")
+    w.add_argument("--kv-events", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here")
+    w.add_argument("--kv-events-replay", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
+    w.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        help="seconds to stay up after the summary, serving metrics and replay (default 0)",
+    )
     return p
 
 
@@ -85,6 +101,7 @@ def _check_limits(args) -> int:
                 f"--{name.replace('_', '-')} = {short_repr(value)}: must be an integer in {low}..{high:,}"
                 + (f" ({why})" if why else "")
             )
+    _check_wire_flags(args)
     page_bytes = CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True).page_bytes
     if args.pages * page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
@@ -95,11 +112,33 @@ def _check_limits(args) -> int:
     return page_bytes
 
 
+def _check_wire_flags(args) -> None:
+    if args.kv_events is not None:
+        check_endpoint("--kv-events", args.kv_events)
+    if args.kv_events_replay is not None:
+        check_endpoint("--kv-events-replay", args.kv_events_replay)
+        if args.kv_events is None:
+            raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what the PUB socket sent)")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise DsakvError(f"--metrics-port = {short_repr(args.metrics_port)}: must be an integer in 0..65535")
+    if not 0.0 <= args.linger <= MAX_LINGER_S:
+        raise DsakvError(f"--linger = {short_repr(args.linger)}: must be a number of seconds in 0..{MAX_LINGER_S:,}")
+
+
+def _engine_options(args) -> dict:
+    """The pressured engine's KV-event and metrics options from the flags."""
+    return {
+        "kv_events_endpoint": args.kv_events,
+        "kv_events_replay_endpoint": args.kv_events_replay,
+        "metrics": args.metrics_port is not None,
+    }
+
+
 def run(args) -> int:
     page_bytes = _check_limits(args)
     import torch
 
-    from dsakv.workloads.chat import chat_workload, pressure_summary
+    from dsakv.workloads.chat import chat_workload
 
     model = None
     if args.checkpoint:
@@ -124,6 +163,35 @@ def run(args) -> int:
             f"pages of {page_bytes:,} B exceeds the demo's {DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool"
         )
     torch.set_num_threads(args.threads)
+    engines = []  # the pressured engine: its metrics are served from the start, its sockets closed at the end
+
+    def on_engine(engine) -> None:
+        engines.append(engine)
+        if args.metrics_port is not None:
+            from dsakv.telemetry.prometheus import serve
+
+            servers.append(serve(engine.metrics_registry, args.metrics_port))
+
+    servers: list = []
+    try:
+        summary = _run_pressured(args, workload, model, on_engine)
+    finally:
+        if args.linger and engines:
+            sys.stdout.flush()
+            time.sleep(args.linger)
+        for engine in engines:
+            engine.close()
+        for server in servers:
+            server.shutdown()
+    # An fp32 checkpoint model is not bit-invariant to chunk sizes, so its cache bytes may differ in the last
+    # bit between the pressured and the reference run; its check is the generated tokens.
+    return 0 if summary["outputs_match"] and (summary["caches_match"] or model is not None) else 1
+
+
+def _run_pressured(args, workload, model, on_engine) -> dict:
+    """Run the demo and print its summary (before any linger, so a scraper or subscriber can read it)."""
+    from dsakv.workloads.chat import pressure_summary
+
     summary = pressure_summary(
         workload,
         pages=args.pages,
@@ -133,11 +201,11 @@ def run(args) -> int:
         new_token_ratio=args.new_token_ratio,
         model=model,
         exact=args.exact,
+        engine_options=_engine_options(args),
+        on_engine=on_engine,
     )
     if args.json:
         print(dumps(summary, indent=2))
     else:
         print_table(summary)
-    # An fp32 checkpoint model is not bit-invariant to chunk sizes, so its cache bytes may differ in the last
-    # bit between the pressured and the reference run; its check is the generated tokens.
-    return 0 if summary["outputs_match"] and (summary["caches_match"] or model is not None) else 1
+    return summary

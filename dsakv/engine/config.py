@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.endpoint import check_endpoint
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.spec.layout import INDEXER_DTYPES, KV_DTYPES
 
@@ -31,6 +32,10 @@ class EngineConfig:
     min_rows: int = 16  # batch invariance: each sequence's forward rows are padded to at least this many
     capture_cache: bool = False  # keep each finished request's cache read-back
     seed: int = 0
+    # KV events in vLLM's wire format (the ``events`` extra): PUB and replay (ROUTER) addresses to bind
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    metrics: bool = False  # keep Prometheus metrics in the engine's own registry (the ``metrics`` extra)
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "min_rows"):
@@ -48,6 +53,16 @@ class EngineConfig:
         }
         for name, allowed in names.items():
             check_choice(name, getattr(self, name), allowed)
+        if self.kv_events_endpoint is not None:
+            check_endpoint("kv_events_endpoint", self.kv_events_endpoint)
+            if not self.prefix_cache:
+                raise DsakvError("kv_events_endpoint: needs prefix_cache=True (the radix cache is what emits events)")
+        if self.kv_events_replay_endpoint is not None:
+            check_endpoint("kv_events_replay_endpoint", self.kv_events_replay_endpoint)
+            if self.kv_events_endpoint is None:
+                raise DsakvError("kv_events_replay_endpoint: needs kv_events_endpoint (replay serves what PUB sent)")
+        if not isinstance(self.metrics, bool):
+            raise DsakvError(f"metrics = {self.metrics!r}: must be True or False")
 
     @property
     def padding_slots(self) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsakv.cache.events import NamespacePart, check_namespace_part
+from dsakv.cache.events import CacheEvent, NamespacePart, check_namespace_part
 from dsakv.cache.radix import RadixCache
 from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
 from dsakv.engine.offload import HostPages
@@ -47,6 +47,7 @@ from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens,
 from dsakv.scheduler.scheduler import Scheduler
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
+from dsakv.telemetry.figures import MetricSet
 
 __all__ = ["SCRATCH_SEQS", "Drafter", "Engine", "EngineConfig", "EngineTotals", "GenerationResult"]
 
@@ -127,8 +128,15 @@ class Engine:
         )
         self.allocator = self.pool.allocator
         self._scratch_slots = self.allocator.first_page * config.page_size
+        self._pending_events: list[CacheEvent] = []  # the cache's events since the last publish
+        self.kv_events = None  # the KVEventPublisher, when config.kv_events_endpoint is set
         self.radix = (
-            RadixCache(self.allocator, eviction_policy=config.eviction_policy, insert_mode=config.insert_mode)
+            RadixCache(
+                self.allocator,
+                eviction_policy=config.eviction_policy,
+                insert_mode=config.insert_mode,
+                event_sink=self._pending_events.append if config.kv_events_endpoint else None,
+            )
             if config.prefix_cache
             else None
         )
@@ -140,6 +148,18 @@ class Engine:
         self.totals = EngineTotals()
         self.caches: dict[Any, CacheReadback] = {}
         self._host: dict[Any, HostPages] = {}
+        self.metrics = MetricSet(self.scheduler, self.layout.main_page_bytes, self.layout.indexer_page_bytes)
+        self.metrics_registry = None  # the engine's own Prometheus registry, when config.metrics is set
+        if config.metrics:
+            from dsakv.telemetry.prometheus import make_registry
+
+            self.metrics_registry = make_registry(self.metrics)
+        if config.kv_events_endpoint is not None:  # last: nothing after it can fail and leave sockets bound
+            from dsakv.kvevents.schema import PageCost
+            from dsakv.kvevents.wire import KVEventPublisher
+
+            self._page_cost = PageCost.of(self.layout)
+            self.kv_events = KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint)
 
     # ----- requests -----------------------------------------------------------------------------
     def add_request(
@@ -172,7 +192,20 @@ class Engine:
     def abort(self, request_id: Any) -> Request:
         req = self.scheduler.abort(request_id)
         self._host.pop(request_id, None)
+        self._publish_events()
         return req
+
+    def flush_events(self) -> None:
+        """Publish the cache's pending events and wait until every batch is sent (a no-op without events)."""
+        if self.kv_events is not None:
+            self._publish_events()
+            self.kv_events.flush()
+
+    def close(self) -> None:
+        """Send the KV events still queued and release the event sockets (a no-op without them)."""
+        if self.kv_events is not None:
+            self._publish_events()
+            self.kv_events.close()
 
     def generate(
         self,
@@ -259,7 +292,15 @@ class Engine:
         self._move_host_copies(plan)
         sampled = self._run_items(plan.items)
         self.totals.steps += 1
-        return self.scheduler.update(plan, sampled)
+        finished = self.scheduler.update(plan, sampled)
+        self._publish_events()
+        return finished
+
+    def _publish_events(self) -> None:
+        """One ``KVEventBatch`` of the cache's events since the last one (a step's, as vLLM batches them)."""
+        if self.kv_events is not None and self._pending_events:
+            self.kv_events.publish_cache_events(self._pending_events, self._page_cost)
+            self._pending_events.clear()
 
     def _on_offload(self, copy: HostCopy) -> None:
         lay = self.layout

@@ -11,6 +11,7 @@ generated token and every finished request's cache read-back (both caches, bit f
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +107,17 @@ def pressure_summary(
     new_token_ratio: float = 0.0,
     model: Any = None,
     exact: bool = False,
+    engine_options: dict | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
 ) -> dict:
     """Run ``workload`` on a ``pages``-page pool and as the reference; every figure of the demo's report.
 
     ``pages`` below ``workload.pages_needed(page_size)`` leaves the longest requests rejected (counted in
     ``rejected``), so the outputs do not match the reference's.
+
+    ``engine_options``: more ``EngineConfig`` fields of the pressured engine (KV events, metrics);
+    ``on_engine(engine)`` is called with it before it runs (to serve its metrics), and the caller then owns
+    closing it (``Engine.close``: its event sockets stay up for late subscribers until then).
     """
     ps = page_size
     # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
@@ -121,6 +128,7 @@ def pressure_summary(
         page_size=ps,
         pool_kind=pool_kind,
         capture_cache=True,
+        **(engine_options or {}),
         scheduler=SchedulerConfig(
             max_batched_tokens=4 * ps,
             chunk_tokens=2 * ps,
@@ -138,6 +146,8 @@ def pressure_summary(
         scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
     )
     engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
+    if on_engine is not None:
+        on_engine(engine)
     results = run_workload(engine, workload)
     ref_results = run_workload(ref_engine, workload)
     tokens_match, caches_match = compare(results, ref_results)
@@ -168,4 +178,18 @@ def pressure_summary(
         "steps": st.steps,
         "outputs_match": tokens_match,
         "caches_match": caches_match,
-    }
+    } | _event_and_metric_figures(engine)
+
+
+def _event_and_metric_figures(engine: Engine) -> dict:
+    """The prefix-cache counters the metrics expose, and with KV events on, what went on the wire: the
+    batches sent and the pages the tree holds at the end (what a subscriber's index must hold)."""
+    out = {}
+    if engine.radix is not None:
+        out["prefix_cache_queries"] = engine.radix.metrics.lookup_tokens
+        out["prefix_cache_hits"] = engine.radix.metrics.hit_tokens
+    if engine.kv_events is not None:
+        engine.flush_events()
+        out["kv_events_batches"] = engine.kv_events.next_seq
+        out["cached_pages"] = len(engine.radix.page_hashes())
+    return out
