@@ -67,7 +67,7 @@ class Cluster:
         self.cfg, self.setup = cfg, setup
         self.dp = setup.setting.dp_attention
         n = cfg.instances
-        self.router = router or make_router(cfg.router, setup.cell, setup.page_tokens, cfg.mtp > 0)
+        self.router = router or make_router(cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0)
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
@@ -97,8 +97,14 @@ class Cluster:
         radix = self.targets[target][1].radix
         return 0 if radix is None else radix.peek(key).matched_tokens
 
+    def _clock(self, now: float) -> None:
+        """The simulated time the KV-aware router's event batches carry."""
+        if isinstance(self.router, KvAware):
+            self.router.clock_s = now
+
     # ----- arrivals -----------------------------------------------------------------------------------
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
+        self._clock(arrival_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
         tokens = req.input_length + req.output_length
@@ -123,6 +129,7 @@ class Cluster:
     def _step(self, inst: Instance, now: float) -> float | None:
         """Plan every group of ``inst`` at ``now``; run the non-empty plans to the slowest group's end.
         Returns that end, or None when no group could run anything (the instance sleeps)."""
+        self._clock(now)
         plans = []
         for sim in inst.groups:
             scheduler = sim.scheduler
@@ -134,6 +141,7 @@ class Cluster:
         if not running:
             return None
         end = now + max(sim.price(plan) for sim, plan in running)
+        self._clock(end)  # what the step stores (or frees) when it completes happens at its end
         for sim, plan in running:
             before = len(sim.records)
             sim.run_step(plan, now, end)

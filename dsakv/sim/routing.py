@@ -9,9 +9,10 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   holds, queued or running); ties to the lowest target.
 * ``affinity``: a stable hash of the request's session (its namespace when the trace names one, else its
   first ``AFFINITY_BLOCKS`` trace blocks: a conversation's opening) modulo the targets; load-blind.
-* ``kv-aware``: a global ``PageIndex`` fed only by the targets' cache events (``PagesStored`` /
-  ``PagesRemoved`` / ``AllCleared``: the radix trees are never read) says how many leading pages of the
-  request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest wins.
+* ``kv-aware``: a global ``PrefixIndex`` (``dsakv.kvevents.index``) fed only by the targets' KV events, in
+  vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (``EventFeed``; the radix trees are
+  never read), says how many leading pages of the request each target holds; score = bytes of both caches
+  the hit saves - load penalty (below), highest wins.
 * ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
   upper bound of any prefix-cache router.
 
@@ -19,8 +20,8 @@ KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and co
 
     score_t = hit_pages_t x page_bytes  -  load_weight x load_tokens_t x token_bytes
 
-``page_bytes`` is a pool page of *both* caches on one rank (main latent rows + indexer K: ``RankCell.page_bytes``)
-and ``token_bytes = page_bytes / tokens_per_page``; so a cached token is worth one token of queue at
+``page_bytes`` is a page of *both* caches (main latent rows + indexer K), as the target's ``BlockStored``
+events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a cached token is worth one token of queue at
 ``load_weight = 1`` (the default, like Dynamo's overlap weight).
 """
 
@@ -34,9 +35,11 @@ from typing import Protocol
 import numpy as np
 import xxhash
 
-from dsakv.cache.events import AllCleared, CacheEvent, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash
+from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
 from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.index import PrefixIndex, WorkerId
+from dsakv.kvevents.schema import BatchCodec, BlockStored, KVEventBatch, PageCost, wire_event
 from dsakv.planner.budget import RankCell
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
@@ -107,72 +110,60 @@ class Affinity:
         return self.session_hash(req) % view.num_targets
 
 
-@dataclass
-class PageIndex:
-    """Which targets hold which page, by the page's chained hash, built only from cache events.
+class EventFeed:
+    """The path of one DP group's cache events to the router's index, through vLLM's wire format in process:
+    each event becomes a ``KVEventBatch`` (``dsakv.kvevents.schema.wire_event``, the group's DP rank, the
+    simulated time), msgpack-encoded and decoded by the same ``BatchCodec`` a ZMQ subscriber uses, then applied
+    to the ``PrefixIndex`` as worker ``WorkerId(instance, dp_rank)``. So the router learns exactly what a
+    remote router would from the instances' streams (page hashes, and each page's bytes of both caches)."""
 
-    ``apply(target, event)`` is the event sink of one target's radix tree; ``match(hashes)`` counts, per
-    target, how many of the leading hashes it holds (a prefix: the count stops at the first miss)."""
+    def __init__(self, index: PrefixIndex, cost: PageCost, clock: Callable[[], float]) -> None:
+        self.index, self.cost, self.clock = index, cost, clock
+        self.codec = BatchCodec()
+        self.page_bytes: dict[WorkerId, int] = {}  # learnt from BlockStored's dsakv extras
 
-    holders: dict[bytes, set[int]] = field(default_factory=dict)
-    events: int = 0
+    def sink(self, instance: int, dp_rank: int) -> Callable[[CacheEvent], None]:
+        def deliver(event: CacheEvent) -> None:
+            batch = KVEventBatch(self.clock(), [wire_event(event, self.cost)], dp_rank)
+            received = self.codec.decode(self.codec.encode(batch))
+            for wire in received.events:
+                if isinstance(wire, BlockStored) and wire.dsakv_main_page_bytes is not None:
+                    worker = WorkerId(instance, received.data_parallel_rank or 0)
+                    self.page_bytes[worker] = wire.dsakv_main_page_bytes + wire.dsakv_indexer_page_bytes
+            self.index.apply_batch(instance, received)
 
-    def apply(self, target: int, event: CacheEvent) -> None:
-        self.events += 1
-        if isinstance(event, PagesStored):
-            for h in event.hashes:
-                self.holders.setdefault(h, set()).add(target)
-        elif isinstance(event, PagesRemoved):
-            for h in event.hashes:
-                held = self.holders.get(h)
-                if held is not None:
-                    held.discard(target)
-                    if not held:
-                        del self.holders[h]
-        elif isinstance(event, AllCleared):
-            for h in [h for h, held in self.holders.items() if target in held]:
-                self.holders[h].discard(target)
-                if not self.holders[h]:
-                    del self.holders[h]
-
-    def match(self, hashes: list[bytes]) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        alive: set[int] | None = None  # targets holding every page so far
-        for i, h in enumerate(hashes):
-            held = self.holders.get(h)
-            if not held:
-                break
-            alive = set(held) if alive is None else alive & held
-            if not alive:
-                break
-            for t in alive:
-                counts[t] = i + 1
-        return counts
-
-    def targets_of(self, target: int) -> int:
-        """Pages indexed for ``target`` (for tests and integrity checks)."""
-        return sum(1 for held in self.holders.values() if target in held)
+        return deliver
 
 
 @dataclass
 class KvAware:
-    """Score = bytes of both caches a hit saves - ``load_weight`` x bytes of the target's outstanding tokens."""
+    """Score = bytes of both caches a hit saves - ``load_weight`` x bytes of the target's outstanding tokens.
+
+    ``instances`` maps a target to its ``WorkerId`` (target ``t``: instance ``t mod instances``, DP rank
+    ``t // instances``); the page bytes of a hit are those the target's own events announced."""
 
     cell: RankCell
     page_tokens: int
+    instances: int = 1
     speculative: bool = False
     load_weight: float = 1.0
     name: str = "kv-aware"
-    index: PageIndex = field(default_factory=PageIndex)
+    index: PrefixIndex = field(default_factory=PrefixIndex)
+    clock_s: float = 0.0  # the simulated time, stamped on event batches (the cluster sets it)
 
     def __post_init__(self) -> None:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
+        self.feed = EventFeed(self.index, PageCost.of(self.cell.layout), lambda: self.clock_s)
+
+    def worker(self, target: int) -> WorkerId:
+        return WorkerId(target % self.instances, target // self.instances)
 
     def sink(self, target: int) -> Callable[[CacheEvent], None]:
         """The event sink to give target ``target``'s radix tree."""
-        return lambda event: self.index.apply(target, event)
+        w = self.worker(target)
+        return self.feed.sink(w.instance, w.dp_rank)
 
     def page_hashes(self, key: RadixKey) -> list[bytes]:
         """The chained hashes the tree would give the key's matchable pages (``leave_one``: at most
@@ -188,11 +179,13 @@ class KvAware:
 
     def scores(self, key: RadixKey, view: ClusterView) -> list[float]:
         hits = self.index.match(self.page_hashes(key))
-        page_bytes, token_bytes = self.cell.page_bytes, self.cell.page_bytes / self.page_tokens
-        return [
-            hits.get(t, 0) * page_bytes - self.load_weight * view.load_tokens(t) * token_bytes
-            for t in range(view.num_targets)
-        ]
+        token_bytes = self.cell.page_bytes / self.page_tokens
+        scores = []
+        for t in range(view.num_targets):
+            w = self.worker(t)
+            saved = hits.get(w, 0) * self.feed.page_bytes.get(w, 0)
+            scores.append(saved - self.load_weight * view.load_tokens(t) * token_bytes)
+        return scores
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
         scores = self.scores(request_key(req), view)
@@ -213,9 +206,10 @@ class Oracle:
 Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
 
 
-def make_router(name: str, cell: RankCell, page_tokens: int, speculative: bool) -> Router:
-    """A fresh router called ``name`` (one of ``ROUTERS``) for a cluster of pages of ``page_tokens`` tokens."""
+def make_router(name: str, cell: RankCell, page_tokens: int, instances: int, speculative: bool) -> Router:
+    """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
+    ``page_tokens`` tokens."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
-        return KvAware(cell, page_tokens, speculative)
+        return KvAware(cell, page_tokens, instances, speculative)
     return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity, "oracle": Oracle}[name]()

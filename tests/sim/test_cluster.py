@@ -112,11 +112,10 @@ def test_kv_aware_index_equals_the_trees_page_for_page(chat):
     cluster.run()
     assert sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0  # removals reached the index too
     router = cluster.router
-    assert isinstance(router, KvAware) and router.index.events > 0
+    assert isinstance(router, KvAware) and router.index.events_applied > 0 and router.index.anomalies == 0
     for t, (_, sim) in enumerate(cluster.targets):
-        tree = {h for node in sim.radix._iter_nodes() for h in node.hashes}
-        indexed = {h for h, held in router.index.holders.items() if t in held}
-        assert indexed == tree
+        assert router.index.hashes_of(router.worker(t)) == sim.radix.page_hashes()
+    assert set(router.feed.page_bytes.values()) == {cluster.setup.cell.page_bytes}  # both caches, from events
 
 
 def test_closed_loop_needs_one_group():

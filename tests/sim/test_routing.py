@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from dsakv.cache.allocator import PageAllocator
-from dsakv.cache.events import PagesStored
 from dsakv.cache.key import RadixKey
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import RankCell
-from dsakv.sim.routing import Affinity, KvAware, LeastLoaded, Oracle, PageIndex, RoundRobin, make_router, request_key
+from dsakv.sim.routing import Affinity, KvAware, LeastLoaded, Oracle, RoundRobin, make_router, request_key
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import load_spec
 from dsakv.workloads.traces import TraceRequest
@@ -91,7 +90,7 @@ def test_kv_aware_trades_bytes_of_both_caches_saved_against_the_load(cell):
     req = conversation(8)  # 4,096 tokens
     view.cache(1, req, 2048)  # target 1 holds the first 2,048 tokens (32 pages)
     view.cache(2, req, 1024)
-    assert router.index.match(router.page_hashes(request_key(req))) == {1: 32, 2: 16}
+    assert router.index.match(router.page_hashes(request_key(req))) == {router.worker(1): 32, router.worker(2): 16}
     scores = router.scores(request_key(req), view)
     assert scores == [0.0, 32 * cell.page_bytes, 16 * cell.page_bytes]  # main KV + indexer K per page
     assert router.choose(req, view) == 1
@@ -112,10 +111,10 @@ def test_kv_aware_forgets_evicted_pages_and_cleared_trees(cell):
     view.cache(1, req, 2048)
     assert router.choose(req, view) == 1
     view.trees[1].evict(1024)  # the tail pages go: 16 pages are left
-    assert router.index.match(router.page_hashes(request_key(req))) == {1: 16}
+    assert router.index.match(router.page_hashes(request_key(req))) == {router.worker(1): 16}
     view.trees[1].reset()
     assert router.index.match(router.page_hashes(request_key(req))) == {}
-    assert router.index.targets_of(1) == 0 and router.choose(req, view) == 0
+    assert router.index.hashes_of(router.worker(1)) == frozenset() and router.choose(req, view) == 0
 
 
 def test_oracle_takes_the_longest_hit_ignoring_load():
@@ -127,16 +126,16 @@ def test_oracle_takes_the_longest_hit_ignoring_load():
     assert Oracle().choose(conversation(4, first=500), view) == 1  # no hit anywhere: the least loaded
 
 
-def test_page_index_counts_only_a_leading_run():
-    index = PageIndex()
-    index.apply(0, PagesStored((b"a", b"c"), b"", (1, 2), PAGE, (), 0, None, None))
-    index.apply(1, PagesStored((b"a", b"b", b"c"), b"", (1, 2, 3), PAGE, (), 0, None, None))
-    assert index.match([b"a", b"b", b"c"]) == {0: 1, 1: 3}
-    assert index.match([b"x", b"a"]) == {}
+def test_kv_aware_learns_each_workers_page_bytes_from_its_events(cell):
+    router = KvAware(cell, PAGE, instances=2)
+    view = HandBuiltCluster([0, 0, 0, 0], sinks=[router.sink(t) for t in range(4)])
+    view.cache(3, conversation(2), 1024)  # target 3: instance 1, DP rank 1
+    assert router.worker(3) == (1, 1)
+    assert router.feed.page_bytes == {router.worker(3): cell.layout.main_page_bytes + cell.layout.indexer_page_bytes}
 
 
 def test_unknown_router_is_one_error_naming_the_choices(cell):
     with pytest.raises(DsakvError, match="router = 'random'.*round-robin"):
-        make_router("random", cell, PAGE, False)
+        make_router("random", cell, PAGE, 1, False)
     with pytest.raises(DsakvError, match="load_weight"):
         KvAware(cell, PAGE, load_weight=-1.0)
