@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,10 +47,7 @@ class Instance:
     routed_requests: int = 0
     steps: int = 0
     scheduled: bool = False  # a step (or a wake-up) of this instance is in the event heap
-
-    def __post_init__(self) -> None:
-        self.waiting_time_s: list[float] = []
-        self.waiting: list[int] = []
+    waiting: list[int] = field(default_factory=list)  # waiting requests (all groups) at each step's end
 
 
 class Cluster:
@@ -150,7 +147,6 @@ class Cluster:
             if all(sim is not s for s, _ in running):
                 sim.observe(end)  # every group's timeline samples every step of its instance
         inst.steps += 1
-        inst.waiting_time_s.append(end)
         inst.waiting.append(sum(len(sim.scheduler.waiting) for sim in inst.groups))
         if self._check_every and inst.steps % self._check_every == 0:
             for sim in inst.groups:
