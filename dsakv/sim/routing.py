@@ -14,15 +14,15 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   never read), says how many leading pages of the request each target holds; score = bytes of both caches
   the hit saves - load penalty (below), highest wins.
 * ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
-  upper bound of any prefix-cache router.
+  upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
 
 KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
 
     score_t = hit_pages_t x page_bytes  -  load_weight x load_tokens_t x token_bytes
 
 ``page_bytes`` is a page of *both* caches (main latent rows + indexer K), as the target's ``BlockStored``
-events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a cached token is worth one token of queue at
-``load_weight = 1`` (the default, like Dynamo's overlap weight).
+events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a
+cached token is worth one token of queue at ``load_weight = 1`` (the default, like Dynamo's overlap weight).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
 from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
-from dsakv.kvevents.schema import BatchCodec, BlockStored, KVEventBatch, PageCost, wire_event
 from dsakv.planner.budget import RankCell
+from dsakv.spec.layout import CacheLayout
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 ROUTERS = ("round-robin", "least-loaded", "affinity", "kv-aware", "oracle")
@@ -117,12 +117,18 @@ class EventFeed:
     to the ``PrefixIndex`` as worker ``WorkerId(instance, dp_rank)``. So the router learns exactly what a
     remote router would from the instances' streams (page hashes, and each page's bytes of both caches)."""
 
-    def __init__(self, index: PrefixIndex, cost: PageCost, clock: Callable[[], float]) -> None:
-        self.index, self.cost, self.clock = index, cost, clock
+    def __init__(self, index: PrefixIndex, layout: CacheLayout, clock: Callable[[], float]) -> None:
+        try:  # msgspec is the 'events' extra: only a KV-aware run needs it
+            from dsakv.kvevents.schema import BatchCodec, PageCost
+        except ImportError:
+            raise DsakvError("router = 'kv-aware': needs msgspec (pip install 'dsakv[events]')") from None
+        self.index, self.cost, self.clock = index, PageCost.of(layout), clock
         self.codec = BatchCodec()
         self.page_bytes: dict[WorkerId, int] = {}  # learnt from BlockStored's dsakv extras
 
     def sink(self, instance: int, dp_rank: int) -> Callable[[CacheEvent], None]:
+        from dsakv.kvevents.schema import BlockStored, KVEventBatch, wire_event
+
         def deliver(event: CacheEvent) -> None:
             batch = KVEventBatch(self.clock(), [wire_event(event, self.cost)], dp_rank)
             received = self.codec.decode(self.codec.encode(batch))
@@ -155,7 +161,7 @@ class KvAware:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
-        self.feed = EventFeed(self.index, PageCost.of(self.cell.layout), lambda: self.clock_s)
+        self.feed = EventFeed(self.index, self.cell.layout, lambda: self.clock_s)
 
     def worker(self, target: int) -> WorkerId:
         return WorkerId(target % self.instances, target // self.instances)

@@ -139,3 +139,13 @@ def test_unknown_router_is_one_error_naming_the_choices(cell):
         make_router("random", cell, PAGE, 1, False)
     with pytest.raises(DsakvError, match="load_weight"):
         KvAware(cell, PAGE, load_weight=-1.0)
+
+
+def test_kv_aware_without_msgspec_is_one_error_naming_the_extra(cell, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "msgspec", None)  # as if the 'events' extra were not installed
+    monkeypatch.delitem(sys.modules, "dsakv.kvevents.schema", raising=False)
+    with pytest.raises(DsakvError, match=r"router = 'kv-aware': needs msgspec \(pip install 'dsakv\[events\]'\)"):
+        make_router("kv-aware", cell, PAGE, 1, False)
+    assert make_router("oracle", cell, PAGE, 1, False).name == "oracle"  # the others need no extra
