@@ -32,17 +32,19 @@ from dsakv.cli.gpu_args import (
 from dsakv.cli.output import OutputDir, dumps
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
+from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
-from dsakv.sim.loop import arrival_seconds, simulate
+from dsakv.sim.loop import arrival_seconds
 from dsakv.sim.plots import PLOT_FILES
+from dsakv.sim.routing import ROUTERS
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source
 from dsakv.sim.steptime import MOE_A2A
-from dsakv.sim.sweep import run_sweep
+from dsakv.sim.sweep import SweepRow, run_sweep
 from dsakv.sim.timeseries import write_metrics_csv
-from dsakv.spec.layout import KV_DTYPES, ceil_div
+from dsakv.spec.layout import KV_DTYPES
 from dsakv.spec.model_spec import PRESETS
 from dsakv.workloads.scenarios import DEFAULT_SCENARIO, SCENARIOS
 
@@ -119,18 +121,38 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=str(DEFAULT.write_threshold),
         help="write_through_selective: device hits before a page is written down",
     )
+    c = p.add_argument_group("cluster (docs/routing.md)")
+    c.add_argument("--instances", default=str(DEFAULT.instances), help="engine instances, each of the GPU setting")
+    c.add_argument(
+        "--router",
+        default=DEFAULT.router,
+        help=f"which DP group of which instance a request goes to: {', '.join(ROUTERS)}; a comma list compares them",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
     )
     o.add_argument("--workers", help="sweep worker processes (default: CPU count)")
+    o.add_argument("--ray", action="store_true", help="run sweep points (or compared routers) on a local Ray")
+    o.add_argument("--ray-address", help="run sweep points on the Ray cluster at this address (pip install dsakv[ray])")
     o.add_argument("--out", help="directory for config.json, summary.json, requests.jsonl and PNG plots")
     o.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
     o.add_argument("--json", action="store_true", help="print every figure as JSON")
     return p
 
 
+def parse_routers(text: str) -> list[str]:
+    """``--router a,b``: the routers to compare, each checked (one-line error naming the allowed ones)."""
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        check_choice("--router", name, ROUTERS)
+    if len(set(names)) != len(names):
+        raise DsakvError(f"--router {text!r}: names a router twice")
+    return names
+
+
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
+    routers = parse_routers(args.router)
     cfg = SimConfig(
         model=args.model,
         config=args.config,
@@ -161,6 +183,8 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         store_gbps=parse_float("--store-gbps", args.store_gbps),
         write_policy=args.write_policy,
         write_threshold=parse_int("--write-threshold", args.write_threshold),
+        instances=parse_int("--instances", args.instances),
+        router=routers[0],
     )
     source = Source(
         trace=args.trace,
@@ -194,16 +218,25 @@ def run(args: argparse.Namespace) -> int:
     cfg, source = build_config(args)
     setup = build_setup(cfg)  # impossible settings are reported here, before any trace is read
     show_bar = sys.stderr.isatty() and not args.json
+    routers = parse_routers(args.router)
+    if (args.ray or args.ray_address) and not (args.sweep or len(routers) > 1):
+        raise DsakvError("--ray / --ray-address: run sweep points; give --sweep or a comma list of --router")
+    if args.ray and args.ray_address:
+        raise DsakvError("give either --ray (a local Ray) or --ray-address ADDR (a running cluster), not both")
+    if len(routers) > 1:
+        if args.sweep:
+            raise DsakvError("--router with a comma list compares routers: give it without --sweep")
+        return _run_sweep(args, cfg, source, show_bar, [{"router": name} for name in routers])
     if args.sweep:
         return _run_sweep(args, cfg, source, show_bar)
     with _output_dir(args.out) as out:  # a bad --out is reported here, before the run
         opened = _open(source, cfg.time_scale)
-        total = ceil_div(opened.num_requests, cfg.gpu.dp_attention)  # DP attention: group 0 gets every d-th request
+        total = opened.num_requests
         bar, tick = _progress(show_bar and total >= 200, total, "requests")
         if bar:
             bar.start()
         try:
-            result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
+            result = run_simulation(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
         finally:
             if bar:
                 bar.stop()
@@ -233,8 +266,14 @@ def _open(source: Source, time_scale: float | None) -> OpenedSource:
     return opened
 
 
-def _run_sweep(args: argparse.Namespace, cfg: SimConfig, source: Source, show_bar: bool) -> int:
-    points = parse_sweep(args.sweep, cfg)
+def _run_sweep(
+    args: argparse.Namespace, cfg: SimConfig, source: Source, show_bar: bool, points: list[dict] | None = None
+) -> int:
+    """Sweep points (or one cluster run per compared router): a table, ``--json`` rows (for routers: one
+    object per router with the comparison figures first)."""
+    compare = points is not None
+    points = points if compare else parse_sweep(args.sweep, cfg)
+    ray_address = "local" if args.ray else args.ray_address
     workers = parse_int("--workers", args.workers)
     with _output_dir(args.out) as out:
         check_rereadable(source)  # every worker reads the source again: a pipe could be read only once
@@ -244,7 +283,9 @@ def _run_sweep(args: argparse.Namespace, cfg: SimConfig, source: Source, show_ba
         if bar:
             bar.start()
         try:
-            rows = run_sweep(cfg, points, source, workers, lambda r: (done.append(r), tick and tick(len(done))))
+            rows = run_sweep(
+                cfg, points, source, workers, lambda r: (done.append(r), tick and tick(len(done))), ray_address
+            )
         finally:
             if bar:
                 bar.stop()
@@ -252,13 +293,33 @@ def _run_sweep(args: argparse.Namespace, cfg: SimConfig, source: Source, show_ba
         if out is not None and len(failed) < len(rows):
             out.write_text("sweep.json", dumps([r.to_dict() for r in rows], indent=1))
             out.commit()
-    if args.json:
+    if args.json and compare:
+        print(dumps([router_row(r) for r in rows]))
+    elif args.json:
         print(dumps({"source": source.to_dict(), "base": cfg.to_dict(), "rows": [r.to_dict() for r in rows]}))
     else:
         render_sweep(rows, source, Console(width=None if sys.stdout.isatty() else 200))
     if rows and len(failed) == len(rows):
         raise DsakvError(f"every sweep point failed (the first: {failed[0].label}: {failed[0].error})")
     return 0
+
+
+def router_row(row: SweepRow) -> dict:
+    """One compared router: ``router``, ``hit_tokens``, ``ttft_p50_s``, ``ttft_p99_s``, ``load_imbalance`` (the
+    interface scripts rely on), then ``hit_rate_tokens``, ``instances`` and the whole summary (or ``error``)."""
+    s = row.summary
+    if s is None:
+        return {"router": row.config.router, "error": row.error}
+    return {
+        "router": s["router"],
+        "hit_tokens": s["hit_tokens"],
+        "ttft_p50_s": s["ttft_s"]["p50"],
+        "ttft_p99_s": s["ttft_s"]["p99"],
+        "load_imbalance": s["load_imbalance"],
+        "hit_rate_tokens": s["hit_rate_tokens"],
+        "instances": s["instances"],
+        "summary": s,
+    }
 
 
 def _write_out(out: OutputDir, result, resolved: dict, plots: bool) -> None:

@@ -39,7 +39,9 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
     console.print(
         f"[bold]{setup.spec.name}[/] on {st.num_gpus} x {st.to_dict()['gpu'] or 'custom GPU'}, TP {st.tensor_parallel}, "
         f"DCP {setup.cell.dcp}"
-        + (f", DP attention {s['dp_attention']} (group 0 of them, round-robin)" if s["dp_attention"] > 1 else "")
+        + (f", DP attention {s['dp_attention']}" if s["dp_attention"] > 1 else "")
+        + (f"; {s['instances']} instances" if s.get("instances", 1) > 1 else "")
+        + (f", router {s['router']}" if "per_instance" in s else "")
         + f"; {source.name}; pool {s['pool_tokens']:,} tokens ({setup.pool_source}); "
         f"policy {result.config['eviction_policy']}, insert at {result.config['insert_mode']}",
         highlight=False,
@@ -103,12 +105,42 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
         d = s[key]
         t.add_row(label, *(_n(d[k]) for k in ("p50", "p90", "p99", "mean")))
     console.print(t)
+    if "per_instance" in s:
+        _render_instances(s, console)
     console.print(
         f"pool use peak {_pct(s['peak_pool_use'])}, mean {_pct(s['mean_pool_use'])}; {s['steps']:,} steps over "
         f"{s['makespan_s']:,.1f} simulated s; {s['output_tokens_per_s']:,.0f} output tok/s, "
         f"{s['input_tokens_per_s']:,.0f} input tok/s",
         highlight=False,
     )
+
+
+def _render_instances(s: dict, console: Console) -> None:
+    """The cluster's rows: one per instance (all its DP groups), then the load imbalance."""
+    t = _table(
+        f"per instance (router {s['router']})",
+        "instance",
+        "requests",
+        "hit rate",
+        "waiting mean / peak",
+        "pool use mean / peak",
+        "mean use main / indexer (GB)",
+        "TTFT p50 / p99 (s)",
+        "TPOT p50 (s)",
+    )
+    for r in s["per_instance"]:
+        t.add_row(
+            str(r["instance"]),
+            f"{r['requests']:,}",
+            _pct(r["hit_rate_tokens"]),
+            f"{r['mean_waiting']:.1f} / {r['peak_waiting']:,}",
+            f"{_pct(r['mean_pool_use'])} / {_pct(r['peak_pool_use'])}",
+            f"{_gb(r['mean_main_bytes'])} / {_gb(r['mean_indexer_bytes'])}",
+            f"{_n(r['ttft_s']['p50'])} / {_n(r['ttft_s']['p99'])}",
+            _n(r["tpot_s"]["p50"]),
+        )
+    console.print(t)
+    console.print(f"load imbalance (max / mean routed tokens): {s['load_imbalance']:.3f}", highlight=False)
 
 
 def _point(label: str) -> str:

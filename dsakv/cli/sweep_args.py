@@ -23,6 +23,7 @@ _KEY_ALIASES |= {"max_batched_tokens": "max_batched_tokens", "dp": "dp_attention
 SWEEP_KEYS = ("eviction_policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode")
 SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
 SWEEP_KEYS += ("ep", "moe_a2a", "schedule_policy")
+SWEEP_KEYS += ("instances", "router")
 TABLE_COLUMNS = (
     ("pool_tokens", "pool tokens"),
     ("hit_rate_tokens", "hit rate (tokens)"),
@@ -36,11 +37,12 @@ TABLE_COLUMNS = (
     ("ttft_p99", "TTFT p99 (s)"),
     ("tpot_p50", "TPOT p50 (s)"),
     ("output_tokens_per_s", "output tok/s"),
+    ("load_imbalance", "load imbalance"),
 )
 
 
 def _convert(key: str, text: str):
-    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention", "ep"):
+    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention", "ep", "instances"):
         return parse_int(f"--sweep {key}", text, 0 if key == "mtp" else 1)
     if key == "gpu_memory_bytes":
         return parse_bytes(f"--sweep {key}", text)

@@ -31,6 +31,7 @@ from dsakv.planner.tiers import tier_capacity
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
+from dsakv.sim.routing import ROUTERS
 from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime, vllm_mixed_batch, vllm_padded_topk
 from dsakv.sim.transfers import DEFAULT_STORE_GBPS, TierSetup
 from dsakv.spec.layout import CacheLayout
@@ -53,7 +54,8 @@ class SimConfig:
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps)."""
+    finishes (None: open loop, trace timestamps). ``instances``: engine instances of the cluster, each of
+    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``)."""
 
     model: str | None = None
     config: str | None = None
@@ -86,6 +88,8 @@ class SimConfig:
     store_gbps: float = DEFAULT_STORE_GBPS
     write_policy: str = WRITE_THROUGH
     write_threshold: int = DEFAULT_HIT_THRESHOLD
+    instances: int = 1
+    router: str = "round-robin"
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -108,6 +112,14 @@ class SimConfig:
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
+            raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
+        check_choice("router", self.router, ROUTERS)
+        if c is not None and (self.instances > 1 or self.gpu.dp_attention > 1):
+            raise DsakvError(
+                f"max_concurrency = {c}: the closed loop replays into one DP group; with instances = "
+                f"{self.instances} and dp_attention = {self.gpu.dp_attention} use the open loop (trace timestamps)"
+            )
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
         for tier in ("host", "store"):

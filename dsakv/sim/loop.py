@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.events import CacheEvent
 from dsakv.cache.radix import RadixCache
 from dsakv.cache.tiers import TierIndex, WritePolicy
 from dsakv.errors import DsakvError
@@ -97,7 +98,12 @@ class Simulation:
     (``arrive``, ``sample``, ``price``, ``leave``) change only this object."""
 
     def __init__(
-        self, cfg: SimConfig, setup: SimSetup, requests: Iterable[TraceRequest], counters: Counters | None = None
+        self,
+        cfg: SimConfig,
+        setup: SimSetup,
+        requests: Iterable[TraceRequest],
+        counters: Counters | None = None,
+        event_sink: Callable[[CacheEvent], None] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
@@ -110,6 +116,7 @@ class Simulation:
                 eviction_policy=cfg.eviction_policy,
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
+                event_sink=event_sink,  # a cluster's KV-aware router indexes the tree's events
             )
         self.transfers, tiers = None, None
         if setup.tiers is not None:  # lower tiers: metadata indexes, priced by the transfer model
@@ -163,34 +170,42 @@ class Simulation:
     def arrive(self, now: float) -> None:
         """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
         while (arrival_s := self.next_arrival_s()) is not None and arrival_s <= now:
-            trace_req = self._pending
             if self._slots is not None:
                 heapq.heappop(self._slots)
             if self._serial == MAX_REQUESTS:
-                raise DsakvError(f"trace line {trace_req.line}: more than {MAX_REQUESTS} requests in one simulation")
-            if not self._wide_ids_checked and trace_req.hash_ids and max(trace_req.hash_ids) >= DIRECT_HASH_IDS:
-                if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
-                    raise DsakvError(f"trace line {trace_req.line}: {why}")
-                self._wide_ids_checked = True
-            # Waiting, the prompt costs its hash ids as 8-byte array items (a tuple of parsed ints costs ~36 bytes
-            # an id); the token ids exist only from admission.
-            prompt = MooncakePrompt(array("q", trace_req.hash_ids), trace_req.input_length)
-            req = self.scheduler.add_request(
-                prompt,
-                trace_req.output_length,
-                request_id=self._serial,
-                extra_key=trace_req.tenant,
-                cache_salt=trace_req.cache_salt,
-            )
-            self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - self._serial,))
+                raise DsakvError(
+                    f"trace line {self._pending.line}: more than {MAX_REQUESTS} requests in one simulation"
+                )
+            self.add(self._pending, arrival_s, self._serial)
             self._serial += 1
-            if req.status is Status.REJECTED:
-                self.leave(req, None, "rejected")
-            elif req.status is Status.FINISHED:
-                tracker = self.live[req.id]
-                tracker.admit_s = tracker.first_token_s = arrival_s
-                self.leave(req, arrival_s, "finished")
             self._take_next()
+
+    def add(self, trace_req: TraceRequest, arrival_s: float, request_id: int) -> Request:
+        """Queue one request that arrived at ``arrival_s`` under ``request_id`` (unique in the run; its output
+        token id derives from it); one refused (or done) on arrival leaves at once. ``arrive`` calls it for the
+        requests of this simulation's own stream; ``dsakv.sim.cluster`` for those its router sent here."""
+        if not self._wide_ids_checked and trace_req.hash_ids and max(trace_req.hash_ids) >= DIRECT_HASH_IDS:
+            if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
+                raise DsakvError(f"trace line {trace_req.line}: {why}")
+            self._wide_ids_checked = True
+        # Waiting, the prompt costs its hash ids as 8-byte array items (a tuple of parsed ints costs ~36 bytes
+        # an id); the token ids exist only from admission.
+        prompt = MooncakePrompt(array("q", trace_req.hash_ids), trace_req.input_length)
+        req = self.scheduler.add_request(
+            prompt,
+            trace_req.output_length,
+            request_id=request_id,
+            extra_key=trace_req.tenant,
+            cache_salt=trace_req.cache_salt,
+        )
+        self.live[req.id] = LiveRequest(trace_req.line, arrival_s, (OUTPUT_TOKEN_TOP - request_id,))
+        if req.status is Status.REJECTED:
+            self.leave(req, None, "rejected")
+        elif req.status is Status.FINISHED:
+            tracker = self.live[req.id]
+            tracker.admit_s = tracker.first_token_s = arrival_s
+            self.leave(req, arrival_s, "finished")
+        return req
 
     # ----- one step -------------------------------------------------------------------------------
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
@@ -245,6 +260,10 @@ class Simulation:
         if done:
             self.scheduler.load_backs_done(done)
 
+    def next_load_s(self) -> float | None:
+        """When the first pending load-back ends (None: none is pending)."""
+        return self._loads[0][0] if self._loads else None
+
     def next_event_s(self) -> float | None:
         """The next arrival or load-back end, whichever is first (None: neither is to come)."""
         times = [t for t in (self.next_arrival_s(), self._loads[0][0] if self._loads else None) if t is not None]
@@ -258,10 +277,13 @@ class Simulation:
             if tracker.admit_s is None:
                 tracker.admit_s = now
 
-    def run_step(self, plan: BatchPlan, now: float) -> float:
-        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends."""
+    def run_step(self, plan: BatchPlan, now: float, end: float | None = None) -> float:
+        """Sample, price and apply a non-empty plan that starts at ``now``; returns the time it ends: ``end``
+        when given (a lockstep step of several DP groups ends when the slowest group's does; the caller has
+        then queued the plan's transfers), else ``now`` plus the plan's stall and price."""
         sampled = self.sample(plan)
-        end = now + self.transfer(plan, now) + self.price(plan)
+        if end is None:
+            end = now + self.transfer(plan, now) + self.price(plan)
         live, counters = self.live, self.counters
         self.note_admitted(plan, now)
         if plan.preempted:
@@ -279,10 +301,11 @@ class Simulation:
         for req in self.scheduler.update(plan, sampled):
             self.leave(req, end, "finished")
         counters.steps += 1
-        self._observe(end)
+        self.observe(end)
         return end
 
-    def _observe(self, now: float) -> None:
+    def observe(self, now: float) -> None:
+        """One timeline sample at ``now`` (a step's end)."""
         timeline = self.timeline
         timeline.time_s.append(now)
         timeline.used_pages.append(self.allocator.num_allocated)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dsakv.sim.report import SimResult
 
 GIB = 2**30
-PLOT_FILES = ("pool_use.png", "hit_rate.png", "prefix_cdf.png", "timeline.png")  # what write_plots writes
+PLOT_FILES = ("pool_use.png", "hit_rate.png", "prefix_cdf.png", "timeline.png", "instances.png")  # what it may write
 
 
 def _pyplot():
@@ -126,7 +126,33 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     )
     ax.legend(fontsize=8)
     paths.append(_save(fig, out / "timeline.png", plt))
+    if "per_instance" in result.summary:
+        paths.append(_instances_plot(out / "instances.png", result.summary["per_instance"], plt))
     return paths
+
+
+def _instances_plot(path: Path, rows: list[dict], plt) -> Path:
+    """A cluster run: one bar per instance for its hit rate, TTFT p50 / p99, TPOT p50, mean pool use (both
+    caches: the twin pool fills them together), mean waiting queue and the tokens routed to it."""
+    x = np.array([r["instance"] for r in rows])
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6), sharex=True)
+    axes[0, 0].bar(x, [r["hit_rate_tokens"] for r in rows])
+    axes[0, 0].set(ylabel="hit rate (tokens)", ylim=(0, 1.02))
+    ttft = [(r["ttft_s"]["p50"] or 0.0, r["ttft_s"]["p99"] or 0.0) for r in rows]
+    axes[0, 1].bar(x - 0.2, [a for a, _ in ttft], width=0.4, label="p50")
+    axes[0, 1].bar(x + 0.2, [b for _, b in ttft], width=0.4, label="p99")
+    axes[0, 1].set(ylabel="TTFT (s)")
+    axes[0, 1].legend(fontsize=8)
+    axes[0, 2].bar(x, [r["tpot_s"]["p50"] or 0.0 for r in rows])
+    axes[0, 2].set(ylabel="TPOT p50 (s)")
+    axes[1, 0].bar(x, [r["mean_pool_use"] for r in rows])
+    axes[1, 0].set(xlabel="instance", ylabel="mean pool use (main KV + indexer K)", ylim=(0, 1.02))
+    axes[1, 1].bar(x, [r["mean_waiting"] for r in rows])
+    axes[1, 1].set(xlabel="instance", ylabel="mean waiting requests")
+    axes[1, 2].bar(x, [r["routed_tokens"] for r in rows])
+    axes[1, 2].set(xlabel="instance", ylabel="tokens routed (prompt + output)")
+    fig.suptitle("Per instance")
+    return _save(fig, path, plt)
 
 
 def _save(fig, path: Path, plt) -> Path:

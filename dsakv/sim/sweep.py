@@ -8,6 +8,9 @@ trace is re-read and validated there; a scenario is regenerated from its seed), 
 process boundary; a trace must therefore be a regular file (a pipe can be read only once). A point whose
 setting is impossible becomes a row with the error, not a crash.
 
+Points are independent runs (a cluster run per router, say, with ``router`` as the key); they execute in local
+worker processes by default or as Ray tasks (``run_sweep(..., ray_address=...)``), with identical rows.
+
 A point is a dict of overrides keyed by ``SimConfig`` field names or by ``GpuSetting`` field names (``dcp``,
 ``dp_attention``, ``gpu_memory_bytes``, ``max_batched_tokens``, ...), which change the nested ``SimConfig.gpu``.
 """
@@ -15,14 +18,16 @@ A point is a dict of overrides keyed by ``SimConfig`` field names or by ``GpuSet
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, fields, replace
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import arrival_seconds, simulate
+from dsakv.sim.loop import arrival_seconds
 from dsakv.sim.source import Source, check_rereadable, open_source
 from dsakv.spec.patterns import indexer_patterns
 
@@ -92,7 +97,7 @@ def _run_point(job: tuple[str, SimConfig, dict, Source]) -> SweepRow:
         setup = build_setup(cfg)
         opened = open_source(source)
         arrival_seconds(opened.last_timestamp_ms, cfg.time_scale, opened.last_line)  # before the run, not late in it
-        result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
+        result = run_simulation(cfg, opened.requests, setup=setup, counters=opened.counters)
     except DsakvError as exc:
         return SweepRow(label, cfg, None, str(exc))
     return SweepRow(label, cfg, result.summary)
@@ -104,8 +109,14 @@ def run_sweep(
     source: Source,
     workers: int | None = None,
     on_done: Callable[[SweepRow], None] | None = None,
+    ray_address: str | None = None,
 ) -> list[SweepRow]:
     """Run every point (base with the overrides) and return rows in the order of ``points``.
+
+    Points run in local worker processes (``ProcessPoolExecutor``; one worker: in this process), or as Ray
+    tasks when ``ray_address`` is given (``"local"``: start a local Ray of ``workers`` CPUs; else the address
+    of a running cluster to join). A point is a pure function of (config, source), so the rows are identical
+    whichever runs them; ``on_done`` is called as each point completes (in completion order).
 
     An unknown key or a bad ``SimConfig`` value (an unknown policy, say) raises ``DsakvError`` before
     anything runs; an impossible GPU setting or pool (a DP-attention size that does not divide TP, no room
@@ -117,6 +128,8 @@ def run_sweep(
         replace(base, **sim)  # bad input raises here
         jobs.append((", ".join(f"{k}={v}" for k, v in over.items()) or "base", base, over, source))
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    if ray_address is not None:
+        return _run_on_ray(jobs, ray_address, workers, on_done)
     if workers == 1:
         rows = []
         for job in jobs:
@@ -125,9 +138,44 @@ def run_sweep(
                 on_done(rows[-1])
         return rows
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        rows = []
-        for row in pool.map(_run_point, jobs):
-            rows.append(row)
+        futures = [pool.submit(_run_point, job) for job in jobs]
+        if on_done:
+            for future in as_completed(futures):
+                on_done(future.result())
+        return [f.result() for f in futures]
+
+
+def _run_on_ray(jobs: list, address: str, workers: int, on_done: Callable[[SweepRow], None] | None) -> list[SweepRow]:
+    """The jobs as Ray tasks (Ray imported here: an optional extra, ``pip install dsakv[ray]``). A local Ray
+    is started for the call and shut down after it; a joined cluster is left running. Workers import dsakv
+    from the driver's ``sys.path`` (a source checkout works without installing)."""
+    try:
+        import ray
+    except ImportError:
+        raise DsakvError("--ray / --ray-address: Ray is not installed (pip install 'dsakv[ray]')") from None
+    started = not ray.is_initialized()
+    if started:
+        env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
+        try:
+            if address == "local":
+                ray.init(num_cpus=workers, include_dashboard=False, runtime_env=env, log_to_driver=False)
+            else:
+                ray.init(address=address, runtime_env=env, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise DsakvError(f"--ray-address {address}: cannot join a Ray cluster there ({exc})") from None
+    try:
+        task = ray.remote(num_cpus=1)(_run_point)
+        refs = [task.remote(job) for job in jobs]
+        index = {ref: i for i, ref in enumerate(refs)}
+        rows: list[SweepRow | None] = [None] * len(refs)
+        waiting = list(refs)
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            row = ray.get(done[0])
+            rows[index[done[0]]] = row
             if on_done:
                 on_done(row)
-    return rows
+        return rows  # type: ignore[return-value]
+    finally:
+        if started:
+            ray.shutdown()

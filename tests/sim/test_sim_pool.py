@@ -1,5 +1,5 @@
 """The simulator's pool is the planner's: same GPU setting (DP attention, DCP, weights, activation reserve,
-batched tokens) -> same pages; DCP pages are the planner's rank pages; DP attention routes round-robin."""
+batched tokens) -> same pages per DP group; DCP pages are the planner's rank pages; DP attention routes round-robin."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def test_simulate_pool_equals_plan_pool_for_the_same_gpu_flags(capsys, flags):
     sim = _json(
         capsys, ["simulate", "--scenario", "chat", "--scale", "0.01", "--step-model", "constant", "--json"] + flags
     )
-    assert sim["pool_pages"] == plan["pool_pages"] and sim["pool_tokens"] == plan["pool_tokens"]
-    assert sim["pool_main_bytes"] + sim["pool_indexer_bytes"] == plan["pool_pages"] * plan["page_bytes"]
+    groups = sim["instances"] * sim["dp_attention"]  # every DP group simulated, each with the planner's pool
+    assert sim["pool_pages"] == groups * plan["pool_pages"] and sim["pool_tokens"] == groups * plan["pool_tokens"]
+    assert sim["pool_main_bytes"] + sim["pool_indexer_bytes"] == groups * plan["pool_pages"] * plan["page_bytes"]
 
 
 def test_gpu_flags_are_validated_alike(capsys):

@@ -1,0 +1,221 @@
+"""Routers of a simulated cluster: which DP group of which instance a new request goes to (docs/routing.md).
+
+A router chooses among *targets*, the ``instances x dp_attention`` DP groups of the cluster (each with its own
+pool, radix tree and scheduler), numbered ``t = group x instances + instance`` so that consecutive targets lie
+on different instances. It sees the cluster only through a ``ClusterView``:
+
+* ``round-robin``: request ``k`` to target ``k mod targets`` (with one instance: SGLang's DP round-robin).
+* ``least-loaded``: the target with the fewest outstanding tokens (prompt + output tokens of the requests it
+  holds, queued or running); ties to the lowest target.
+* ``affinity``: a stable hash of the request's session (its namespace when the trace names one, else its
+  first ``AFFINITY_BLOCKS`` trace blocks: a conversation's opening) modulo the targets; load-blind.
+* ``kv-aware``: a global ``PrefixIndex`` (``dsakv.kvevents.index``) fed only by the targets' KV events, in
+  vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (``EventFeed``; the radix trees are
+  never read), says how many leading pages of the request each target holds; score = bytes of both caches
+  the hit saves - load penalty (below), highest wins.
+* ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
+  upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
+
+KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
+
+    score_t = hit_pages_t x page_bytes  -  load_weight x load_tokens_t x token_bytes
+
+``page_bytes`` is a page of *both* caches (main latent rows + indexer K), as the target's ``BlockStored``
+events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a
+cached token is worth one token of queue at ``load_weight = 1`` (the default, like Dynamo's overlap weight).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import xxhash
+
+from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
+from dsakv.cache.key import RadixKey
+from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.index import PrefixIndex, WorkerId
+from dsakv.planner.budget import RankCell
+from dsakv.spec.layout import CacheLayout
+from dsakv.workloads.traces import MooncakePrompt, TraceRequest
+
+ROUTERS = ("round-robin", "least-loaded", "affinity", "kv-aware", "oracle")
+AFFINITY_BLOCKS = 2  # trace blocks naming a session: a shared system prompt, then the conversation's first turn
+HASH_NAME = "xxh3_64"  # the radix caches' event hash (RadixCache's default)
+
+
+def request_key(req: TraceRequest) -> RadixKey:
+    """The radix key the scheduler will build for ``req`` (its expanded prompt in its namespace)."""
+    return RadixKey(np.asarray(MooncakePrompt(req.hash_ids, req.input_length)), req.tenant, req.cache_salt)
+
+
+class ClusterView(Protocol):
+    """What a router may ask of the cluster."""
+
+    @property
+    def num_targets(self) -> int: ...
+
+    def load_tokens(self, target: int) -> int:
+        """Prompt + output tokens of the requests the target holds (queued or running)."""
+        ...
+
+    def peek_hit_tokens(self, target: int, key: RadixKey) -> int:
+        """Tokens of ``key`` the target's radix tree would hit now (only the oracle may ask)."""
+        ...
+
+
+def least_loaded(view: ClusterView, candidates: range | list[int]) -> int:
+    """The candidate with the fewest outstanding tokens; ties to the lowest target."""
+    return min(candidates, key=lambda t: (view.load_tokens(t), t))
+
+
+@dataclass
+class RoundRobin:
+    name: str = "round-robin"
+    _next: int = 0
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        target = self._next % view.num_targets
+        self._next += 1
+        return target
+
+
+@dataclass
+class LeastLoaded:
+    name: str = "least-loaded"
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        return least_loaded(view, range(view.num_targets))
+
+
+@dataclass
+class Affinity:
+    name: str = "affinity"
+    blocks: int = AFFINITY_BLOCKS
+
+    def session_hash(self, req: TraceRequest) -> int:
+        """A hash every process computes alike (xxh3 of a fixed encoding, never Python's ``hash``)."""
+        if req.tenant is not None or req.cache_salt is not None:
+            data = repr((req.tenant, req.cache_salt)).encode()
+        else:
+            head = req.hash_ids[: self.blocks]
+            data = struct.pack(f"<{len(head)}q", *head)
+        return xxhash.xxh3_64_intdigest(data)
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        return self.session_hash(req) % view.num_targets
+
+
+class EventFeed:
+    """The path of one DP group's cache events to the router's index, through vLLM's wire format in process:
+    each event becomes a ``KVEventBatch`` (``dsakv.kvevents.schema.wire_event``, the group's DP rank, the
+    simulated time), msgpack-encoded and decoded by the same ``BatchCodec`` a ZMQ subscriber uses, then applied
+    to the ``PrefixIndex`` as worker ``WorkerId(instance, dp_rank)``. So the router learns exactly what a
+    remote router would from the instances' streams (page hashes, and each page's bytes of both caches)."""
+
+    def __init__(self, index: PrefixIndex, layout: CacheLayout, clock: Callable[[], float]) -> None:
+        try:  # msgspec is the 'events' extra: only a KV-aware run needs it
+            from dsakv.kvevents.schema import BatchCodec, PageCost
+        except ImportError:
+            raise DsakvError("router = 'kv-aware': needs msgspec (pip install 'dsakv[events]')") from None
+        self.index, self.cost, self.clock = index, PageCost.of(layout), clock
+        self.codec = BatchCodec()
+        self.page_bytes: dict[WorkerId, int] = {}  # learnt from BlockStored's dsakv extras
+
+    def sink(self, instance: int, dp_rank: int) -> Callable[[CacheEvent], None]:
+        from dsakv.kvevents.schema import BlockStored, KVEventBatch, wire_event
+
+        def deliver(event: CacheEvent) -> None:
+            batch = KVEventBatch(self.clock(), [wire_event(event, self.cost)], dp_rank)
+            received = self.codec.decode(self.codec.encode(batch))
+            for wire in received.events:
+                if isinstance(wire, BlockStored) and wire.dsakv_main_page_bytes is not None:
+                    worker = WorkerId(instance, received.data_parallel_rank or 0)
+                    self.page_bytes[worker] = wire.dsakv_main_page_bytes + wire.dsakv_indexer_page_bytes
+            self.index.apply_batch(instance, received)
+
+        return deliver
+
+
+@dataclass
+class KvAware:
+    """Score = bytes of both caches a hit saves - ``load_weight`` x bytes of the target's outstanding tokens.
+
+    ``instances`` maps a target to its ``WorkerId`` (target ``t``: instance ``t mod instances``, DP rank
+    ``t // instances``); the page bytes of a hit are those the target's own events announced."""
+
+    cell: RankCell
+    page_tokens: int
+    instances: int = 1
+    speculative: bool = False
+    load_weight: float = 1.0
+    name: str = "kv-aware"
+    index: PrefixIndex = field(default_factory=PrefixIndex)
+    clock_s: float = 0.0  # the simulated time, stamped on event batches (the cluster sets it)
+
+    def __post_init__(self) -> None:
+        if not self.load_weight >= 0:
+            raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
+        self._hash = get_hash(HASH_NAME)
+        self.feed = EventFeed(self.index, self.cell.layout, lambda: self.clock_s)
+
+    def worker(self, target: int) -> WorkerId:
+        return WorkerId(target % self.instances, target // self.instances)
+
+    def sink(self, target: int) -> Callable[[CacheEvent], None]:
+        """The event sink to give target ``target``'s radix tree."""
+        w = self.worker(target)
+        return self.feed.sink(w.instance, w.dp_rank)
+
+    def page_hashes(self, key: RadixKey) -> list[bytes]:
+        """The chained hashes the tree would give the key's matchable pages (``leave_one``: at most
+        ``(n - 1) // page_tokens``; in speculative mode one less, as a match gives the last page back)."""
+        ps = self.page_tokens
+        n = (key.num_tokens - 1) // ps
+        if self.speculative:
+            n -= 1
+        if n <= 0:
+            return []
+        seed = chain_seed(self._hash, *key.namespace)
+        return chain_hashes(self._hash, seed, key.data, 4 * ps, 4 * ps, n)
+
+    def scores(self, key: RadixKey, view: ClusterView) -> list[float]:
+        hits = self.index.match(self.page_hashes(key))
+        token_bytes = self.cell.page_bytes / self.page_tokens
+        scores = []
+        for t in range(view.num_targets):
+            w = self.worker(t)
+            saved = hits.get(w, 0) * self.feed.page_bytes.get(w, 0)
+            scores.append(saved - self.load_weight * view.load_tokens(t) * token_bytes)
+        return scores
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        scores = self.scores(request_key(req), view)
+        return max(range(view.num_targets), key=lambda t: (scores[t], -t))
+
+
+@dataclass
+class Oracle:
+    name: str = "oracle"
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        key = request_key(req)
+        hits = [view.peek_hit_tokens(t, key) for t in range(view.num_targets)]
+        best = max(hits)
+        return least_loaded(view, [t for t, h in enumerate(hits) if h == best])
+
+
+Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
+
+
+def make_router(name: str, cell: RankCell, page_tokens: int, instances: int, speculative: bool) -> Router:
+    """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
+    ``page_tokens`` tokens."""
+    check_choice("router", name, ROUTERS)
+    if name == "kv-aware":
+        return KvAware(cell, page_tokens, instances, speculative)
+    return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity, "oracle": Oracle}[name]()

@@ -1,0 +1,75 @@
+"""``dsakv simulate --instances N --router R``: the router comparison's JSON, the per-instance report, bad
+input as one line, and sweeps on a local Ray giving the same rows as local processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_checks import assert_one_line_error
+
+from dsakv.cli import main
+from dsakv.sim.config import SimConfig
+from dsakv.sim.source import Source
+from dsakv.sim.sweep import run_sweep
+
+SMALL = ["simulate", "--scenario", "chat", "--scale", "0.05", "--step-model", "constant"]
+COMPARED = ("router", "hit_tokens", "ttft_p50_s", "ttft_p99_s", "load_imbalance")
+
+
+def test_a_router_list_prints_one_object_per_router(capsys):
+    argv = [*SMALL, "--instances", "3", "--router", "round-robin,kv-aware,oracle", "--json", "--workers", "1"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["router"] for r in rows] == ["round-robin", "kv-aware", "oracle"]
+    for row in rows:
+        assert list(row)[: len(COMPARED)] == list(COMPARED)
+        s = row["summary"]
+        assert row["hit_tokens"] == s["hit_tokens"] and row["ttft_p99_s"] == s["ttft_s"]["p99"]
+        assert s["instances"] == 3 and len(s["per_instance"]) == 3 and row["load_imbalance"] >= 1.0
+    assert rows[2]["hit_tokens"] >= rows[0]["hit_tokens"]
+
+
+def test_one_router_reports_every_instance(capsys):
+    assert main([*SMALL, "--instances", "2", "--dp-attention", "2", "--router", "least-loaded"]) == 0
+    out = capsys.readouterr().out
+    assert "per instance (router least-loaded)" in out and "load imbalance (max / mean routed tokens)" in out
+    assert main([*SMALL, "--instances", "2", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["router"] == "round-robin" and [r["instance"] for r in s["per_instance"]] == [0, 1]
+
+
+def test_out_writes_the_per_instance_plot(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*SMALL, "--instances", "2", "--out", str(out)]) == 0
+    assert (out / "instances.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--router", "random"], "--router = 'random': must be one of round-robin, least-loaded"),
+        (["--router", "oracle,oracle"], "names a router twice"),
+        (["--instances", "0"], "--instances"),
+        (["--instances", "2", "--max-concurrency", "4"], "max_concurrency = 4: the closed loop"),
+        (["--ray"], "--ray / --ray-address: run sweep points"),
+        (["--router", "oracle,affinity", "--sweep", "policy=lru,lfu"], "give it without --sweep"),
+        (["--router", "oracle,affinity", "--ray", "--ray-address", "x:1"], "not both"),
+    ],
+)
+def test_bad_cluster_flags_are_one_line_errors(capsys, flags, needle):
+    code = main([*SMALL, *flags])
+    assert_one_line_error(code, capsys.readouterr().err, needle)
+
+
+def test_sweep_on_a_local_ray_gives_the_rows_of_local_processes():
+    import ray  # the 'ray' extra, installed by the 'test' extra: its absence fails the test
+
+    assert not ray.is_initialized()  # run_sweep starts a local Ray of its own and shuts it down
+    base = SimConfig(instances=2, step_model="constant")
+    source = Source(scenario="chat", scale=0.05)
+    points = [{"router": "round-robin"}, {"router": "kv-aware"}]
+    local = run_sweep(base, points, source, workers=2)
+    on_ray = run_sweep(base, points, source, workers=1, ray_address="local")
+    assert [r.to_dict() for r in on_ray] == [r.to_dict() for r in local]
+    assert local[0].summary["hit_tokens"] != local[1].summary["hit_tokens"]

@@ -1,0 +1,132 @@
+"""The simulated cluster: one group equals the single loop, DP groups step in lockstep, the figures add up,
+and the KV-aware router's index (fed only by events) equals the trees."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.cluster import Cluster, run_simulation, simulate_cluster, sum_timelines
+from dsakv.sim.config import SimConfig, build_setup
+from dsakv.sim.loop import simulate
+from dsakv.sim.report import Timeline
+from dsakv.sim.routing import ROUTERS, KvAware
+from dsakv.workloads.scenarios import generate_scenario
+from dsakv.workloads.traces import TraceRequest
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return generate_scenario("chat", seed=0, scale=0.1)
+
+
+def test_one_instance_of_one_group_is_the_single_loop_figure_for_figure(chat):
+    cfg = SimConfig(pool_tokens=40_000)  # a small pool: evictions happen
+    single = simulate(cfg, chat, check_every=40)
+    cluster = simulate_cluster(cfg, chat, check_every=40)
+    assert single.summary["evicted_tokens"] > 0
+    assert cluster.records == single.records
+    assert {k: v for k, v in cluster.summary.items() if k in single.summary} == single.summary
+    assert list(cluster.timeline.used_pages) == list(single.timeline.used_pages)
+    assert cluster.summary["instances"] == 1 and cluster.summary["load_imbalance"] == 1.0
+
+
+def _pair(long_prompt: int) -> list[TraceRequest]:
+    """Request 0 decodes 64 tokens; request 1, 10 ms later, brings a long prompt (a distinct user)."""
+    return [
+        TraceRequest(0.0, 600, 64, (0, 1)),
+        TraceRequest(10.0, long_prompt, 1, tuple(range(100, 100 + -(-long_prompt // 512)))),
+    ]
+
+
+def test_a_long_prefill_in_one_dp_group_stalls_the_other_groups_decode():
+    lockstep = SimConfig(gpu=GpuSetting(dp_attention=2))  # round-robin: request 0 to group 0, 1 to group 1
+    apart = SimConfig(instances=2)  # the same two requests on two instances: no lockstep
+    alone = simulate_cluster(lockstep, _pair(32_000)[:1]).records[0]
+    together = simulate_cluster(lockstep, _pair(32_000)).records[0]
+    separate = simulate_cluster(replace(apart, gpu=GpuSetting(dp_attention=2)), _pair(32_000)).records[0]
+    assert together.tpot_s > alone.tpot_s  # group 1's prefill chunks set the step time of group 0's decodes
+    assert separate.tpot_s == pytest.approx(alone.tpot_s)  # instance 1's prefill does not touch instance 0
+
+
+def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(chat):
+    cfg = SimConfig(gpu=GpuSetting(dp_attention=4), instances=2, step_model="constant")
+    cluster = Cluster(cfg, build_setup(cfg), chat)
+    result = cluster.run(check_every=25)
+    for inst in cluster.instances:
+        times = [list(sim.timeline.time_s) for sim in inst.groups]
+        assert all(t == times[0] for t in times) and len(times[0]) == inst.steps
+    assert result.summary["requests"] == len(chat)  # every request simulated, none counted aside
+    assert result.summary["other_group_requests"] == 0
+    assert result.summary["pool_pages"] == 8 * build_setup(cfg).pages
+
+
+def test_cluster_figures_add_up_over_the_instances(chat):
+    cfg = SimConfig(instances=3, router="least-loaded", step_model="constant")
+    s = run_simulation(cfg, chat).summary
+    rows = s["per_instance"]
+    assert sum(r["requests"] for r in rows) == s["requests"] == len(chat)
+    assert sum(r["hit_tokens"] for r in rows) == s["hit_tokens"]
+    routed = np.array([r["routed_tokens"] for r in rows], dtype=np.float64)
+    assert routed.sum() == sum(r.input_length + r.output_length for r in chat)
+    assert s["load_imbalance"] == pytest.approx(routed.max() / routed.mean())
+    assert s["pool_pages"] == 3 * build_setup(cfg).pages
+
+
+def test_sum_of_timelines_holds_each_instance_last_sample():
+    a, b = Timeline(), Timeline()
+    a.time_s.extend([1.0, 3.0])
+    a.used_pages.extend([5, 7])
+    b.time_s.extend([2.0])
+    b.used_pages.extend([10])
+    for tl in (a, b):
+        tl.cache_only_pages.extend([0] * len(tl.time_s))
+        tl.running.extend([0] * len(tl.time_s))
+    total = sum_timelines([a, b])
+    # at t=1: a's 5 + b's first sample 10 (which holds over (0, 2]); t=2: 7 + 10; t=3: 7 + b's last 10
+    assert list(total.time_s) == [1.0, 2.0, 3.0] and list(total.used_pages) == [15, 17, 17]
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_every_router_serves_every_request_with_intact_caches(chat, router):
+    cfg = SimConfig(instances=3, router=router, pool_tokens=40_000, step_model="constant")
+    s = simulate_cluster(cfg, chat, check_every=30).summary
+    assert s["router"] == router and s["finished"] == len(chat)
+
+
+def test_oracle_hits_at_least_what_round_robin_hits_on_conversations(chat):
+    figures = {
+        r: simulate_cluster(SimConfig(instances=4, router=r, step_model="constant"), chat).summary["hit_tokens"]
+        for r in ("round-robin", "oracle")
+    }
+    assert figures["oracle"] > figures["round-robin"]
+
+
+def test_kv_aware_index_equals_the_trees_page_for_page(chat):
+    cfg = SimConfig(instances=3, router="kv-aware", pool_tokens=12_800, step_model="constant")
+    cluster = Cluster(cfg, build_setup(cfg), chat)
+    cluster.run()
+    assert sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0  # removals reached the index too
+    router = cluster.router
+    assert isinstance(router, KvAware) and router.index.events_applied > 0 and router.index.anomalies == 0
+    for t, (_, sim) in enumerate(cluster.targets):
+        assert router.index.hashes_of(router.worker(t)) == sim.radix.page_hashes()
+    assert set(router.feed.page_bytes.values()) == {cluster.setup.cell.page_bytes}  # both caches, from events
+
+
+def test_closed_loop_needs_one_group():
+    with pytest.raises(DsakvError, match="max_concurrency = 4: the closed loop replays into one DP group"):
+        SimConfig(instances=2, max_concurrency=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"instances": 0}, "instances = 0: must be a positive integer"), ({"router": "random"}, "router")],
+)
+def test_bad_cluster_config_is_one_error_naming_the_field(kwargs, needle):
+    with pytest.raises(DsakvError, match=needle):
+        SimConfig(**kwargs)
