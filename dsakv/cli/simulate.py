@@ -36,7 +36,7 @@ from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim.cluster import run_simulation
-from dsakv.sim.config import STEP_MODELS, SimConfig, build_setup
+from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
 from dsakv.sim.loop import arrival_seconds
 from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.routing import ROUTERS
@@ -109,6 +109,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--store-bytes", help="shared store size: 20TB ... or unbounded")
     t.add_argument("--store-tokens", help="store size in tokens instead of bytes")
     t.add_argument(
+        "--store",
+        metavar="URL",
+        help="redis://HOST:PORT/DB: check the store size against that server's maxmemory (its size when no "
+        "--store-bytes / --store-tokens is given; no maxmemory: unbounded)",
+    )
+    t.add_argument(
         "--store-gbps",
         default=f"{DEFAULT.store_gbps:g}",
         help=f"host <-> store network, GB/s (default {DEFAULT.store_gbps:g}: one 100 Gb/s link)",
@@ -151,6 +157,25 @@ def parse_routers(text: str) -> list[str]:
     return names
 
 
+def _store_bytes(args: argparse.Namespace) -> int | str | None:
+    """``--store-bytes``, checked against (or, when no size is given, read from) the ``--store`` server's
+    ``maxmemory``: a simulated store larger than the real one would promise hits the server cannot keep."""
+    size = parse_tier_bytes("--store-bytes", args.store_bytes)
+    if getattr(args, "store", None) is None:
+        return size
+    from dsakv.store.config import StoreConfig
+    from dsakv.store.redis_store import read_server_memory
+
+    limit = read_server_memory(StoreConfig(args.store)).max_bytes  # 0: the server sets no limit
+    if size is None and args.store_tokens is None:
+        return limit if limit else UNBOUNDED
+    if limit and (size == UNBOUNDED or (isinstance(size, int) and size > limit)):
+        raise DsakvError(
+            f"--store-bytes = {args.store_bytes}: the server at {args.store} holds at most {limit:,} B (maxmemory)"
+        )
+    return size
+
+
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
     routers = parse_routers(args.router)
     cfg = SimConfig(
@@ -178,7 +203,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
         host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
         host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
-        store_bytes=parse_tier_bytes("--store-bytes", args.store_bytes),
+        store_bytes=_store_bytes(args),
         store_tokens=parse_int("--store-tokens", args.store_tokens, 0),
         store_gbps=parse_float("--store-gbps", args.store_gbps),
         write_policy=args.write_policy,

@@ -307,3 +307,31 @@ class RedisPageStore:
 
 
 __all__ = ["PagePut", "RedisPageStore", "ServerMemory", "StoreCounters"]
+
+
+def read_server_memory(config: StoreConfig) -> ServerMemory:
+    """The memory figures of the server at ``config.url`` (``INFO memory``), read once with the config's
+    bounded timeouts and without changing the server; ``DsakvError`` naming the URL when it cannot be read.
+    For a caller that only sizes a store (the simulator's capacity check), not one that stores pages."""
+    import redis
+
+    url = config.parsed_url
+    client = redis.Redis(
+        host=url.host,
+        port=url.port,
+        db=url.db,
+        username=url.username,
+        password=url.password,
+        ssl=url.tls,
+        socket_connect_timeout=config.connect_timeout_s,
+        socket_timeout=config.command_timeout_s,
+    )
+    try:
+        info = client.info("memory")
+    except redis.RedisError as exc:
+        raise DsakvError(
+            f"store {config.url}: cannot read the server's memory figures ({type(exc).__name__})"
+        ) from None
+    finally:
+        client.close()
+    return ServerMemory(used_bytes=int(info["used_memory"]), max_bytes=int(info.get("maxmemory", 0)))
