@@ -223,20 +223,11 @@ class RedisPageStore:
     # ----- connection and faults -----------------------------------------------------------------
     def _connection(self):
         if self._client is None:
-            import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
 
-            url = self.config.parsed_url
-            self._client = redis.Redis(
-                host=url.host,
-                port=url.port,
-                db=url.db,
-                username=url.username,
-                password=url.password,
-                ssl=url.tls,
-                socket_connect_timeout=self.config.connect_timeout_s,
-                socket_timeout=self.config.command_timeout_s,
+            self._client = redis_client(
+                self.config,
                 retry=Retry(NoBackoff(), 0),  # one attempt per call: the store's own backoff bounds the waits
                 redis_connect_func=self._on_connect,
             )
@@ -315,17 +306,7 @@ def read_server_memory(config: StoreConfig) -> ServerMemory:
     For a caller that only sizes a store (the simulator's capacity check), not one that stores pages."""
     import redis
 
-    url = config.parsed_url
-    client = redis.Redis(
-        host=url.host,
-        port=url.port,
-        db=url.db,
-        username=url.username,
-        password=url.password,
-        ssl=url.tls,
-        socket_connect_timeout=config.connect_timeout_s,
-        socket_timeout=config.command_timeout_s,
-    )
+    client = redis_client(config)
     try:
         info = client.info("memory")
     except redis.RedisError as exc:
@@ -335,3 +316,22 @@ def read_server_memory(config: StoreConfig) -> ServerMemory:
     finally:
         client.close()
     return ServerMemory(used_bytes=int(info["used_memory"]), max_bytes=int(info.get("maxmemory", 0)))
+
+
+def redis_client(config: StoreConfig, **options: Any):
+    """A redis-py client for ``config.url`` with the config's bounded connect and command timeouts (it
+    connects on its first command); ``options`` go to ``redis.Redis`` as they are."""
+    import redis
+
+    url = config.parsed_url
+    return redis.Redis(
+        host=url.host,
+        port=url.port,
+        db=url.db,
+        username=url.username,
+        password=url.password,
+        ssl=url.tls,
+        socket_connect_timeout=config.connect_timeout_s,
+        socket_timeout=config.command_timeout_s,
+        **options,
+    )
