@@ -169,6 +169,8 @@ class Engine:
         self.caches: dict[Any, CacheReadback] = {}
         self._host: dict[Any, HostPages] = {}
         self.metrics = MetricSet(self.scheduler, self.layout.main_page_bytes, self.layout.indexer_page_bytes)
+        if self.tiers is not None and self.tiers.host_index is not None:
+            self.metrics.add_tier(self.tiers.host_pages)  # cache_pages / cache_bytes{tier="host"}
         self.metrics_registry = None  # the engine's own Prometheus registry, when config.metrics is set
         if config.metrics:
             with _extra("metrics", "metrics"):

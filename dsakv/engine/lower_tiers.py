@@ -33,6 +33,7 @@ from dsakv.scheduler.tiers import DEVICE_SOURCE, SchedulerTiers
 from dsakv.store.config import StoreConfig
 from dsakv.store.redis_store import RedisPageStore
 from dsakv.store.value import PageValueFormat
+from dsakv.telemetry.figures import TierPages
 
 
 @dataclass
@@ -65,6 +66,20 @@ class EngineTiers:
         )
         self.scheduler_tiers = SchedulerTiers(self.host_index, store, policy)
         self.totals = TierTotals()
+
+    def host_pages(self) -> TierPages:
+        """The host tier as the metrics count it: ``used`` = entries a pending load-back reads (pinned),
+        ``cached`` = the other entries, ``free`` = slots left; a slot holds a page of both caches."""
+        index, layout = self.host_index, self.pool.layout
+        pinned = index.pinned_pages
+        return TierPages(
+            HOST,
+            used=pinned,
+            cached=len(index) - pinned,
+            free=index.capacity_pages - len(index),
+            main_page_bytes=layout.main_page_bytes,
+            indexer_page_bytes=layout.indexer_page_bytes,
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig, pool: TwinPool) -> EngineTiers | None:

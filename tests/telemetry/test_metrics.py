@@ -72,6 +72,26 @@ def test_exposition_equals_the_engines_own_counters():
     assert got[("dsakv:num_requests_running", ())] == 0 == got[("dsakv:num_requests_waiting", ())]
 
 
+def test_the_host_tier_is_a_tier_of_the_page_and_byte_gauges():
+    cfg = EngineConfig(
+        num_pages=10,
+        page_size=PAGE,
+        metrics=True,
+        host_bytes=64 * 2**20,
+        scheduler=SchedulerConfig(max_batched_tokens=4 * PAGE, chunk_tokens=2 * PAGE),
+    )
+    engine = Engine(cfg)
+    system = [5, 9, 2, 7, 1, 3, 8, 6]
+    engine.generate([system + [20 + i] * (5 + i) for i in range(5)], 6)
+    got = scraped(generate_latest(engine.metrics_registry).decode())
+    index, lay = engine.tiers.host_index, engine.layout
+    assert len(index) > 0 and index.pinned_pages == 0  # pages went down to host; no load-back is pending
+    assert got[("dsakv:cache_pages", (("state", "cached"), ("tier", "host")))] == len(index)
+    assert got[("dsakv:cache_pages", (("state", "free"), ("tier", "host")))] == index.capacity_pages - len(index)
+    assert got[("dsakv:cache_bytes", (("cache", "main"), ("tier", "host")))] == len(index) * lay.main_page_bytes
+    assert got[("dsakv:cache_bytes", (("cache", "indexer"), ("tier", "host")))] == len(index) * lay.indexer_page_bytes
+
+
 def test_each_engine_has_its_own_registry_and_the_default_one_stays_clean():
     from prometheus_client import REGISTRY
 
