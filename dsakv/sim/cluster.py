@@ -34,6 +34,7 @@ from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Router, make_router
+from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.workloads.traces import TraceRequest
 
 
@@ -216,6 +217,7 @@ class Cluster:
             records=records,
             timeline=timeline,
             counters=counters,
+            tiers=_tier_totals(sims),
         )
         summarize(result)
         return result
@@ -291,6 +293,13 @@ def sum_timelines(timelines: list[Timeline]) -> Timeline:
     for t in timelines:
         out.preempt_time_s.extend(sorted(t.preempt_time_s))
     return out
+
+
+def _tier_totals(sims: list[Simulation]) -> tuple[TierSetup, TierCounters] | None:
+    """The groups' lower-tier traffic summed (None without tiers), as ``SimResult.tiers`` carries it."""
+    if sims[0].transfers is None:
+        return None
+    return sims[0].setup.tiers, TierCounters.total(sim.transfers.counters for sim in sims)
 
 
 def simulate_cluster(

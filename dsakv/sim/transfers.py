@@ -22,7 +22,8 @@ page).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 from dsakv.cache.tiers import HOST, STORE, WRITE_BACK
 from dsakv.errors import DsakvError
@@ -66,6 +67,15 @@ class TierCounters:
     store_pages_written: int = 0
     load_backs: int = 0
     write_back_stall_s: float = 0.0
+
+    @classmethod
+    def total(cls, parts: Iterable[TierCounters]) -> TierCounters:
+        """The sum of several groups' counters (a cluster's figures)."""
+        out = cls()
+        for part in parts:
+            for f in fields(cls):
+                setattr(out, f.name, getattr(out, f.name) + getattr(part, f.name))
+        return out
 
 
 class TransferModel:

@@ -130,3 +130,13 @@ def test_closed_loop_needs_one_group():
 def test_bad_cluster_config_is_one_error_naming_the_field(kwargs, needle):
     with pytest.raises(DsakvError, match=needle):
         SimConfig(**kwargs)
+
+
+def test_a_cluster_reports_its_groups_tier_traffic(chat):
+    """The lower tiers' bytes of a one-group cluster are the single loop's (the cluster sums its groups')."""
+    cfg = SimConfig(pool_tokens=40_000, host_tokens=20_000, store_bytes="unbounded")
+    single = simulate(cfg, chat).summary
+    cluster = simulate_cluster(cfg, chat).summary
+    assert single["store_bytes_written"] > 0 and single["host_bytes_written"] > 0
+    for key in ("host_bytes_read", "host_bytes_written", "store_bytes_read", "store_bytes_written", "tier_bytes"):
+        assert cluster[key] == single[key], key
