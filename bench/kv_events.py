@@ -5,7 +5,7 @@ process, and over ZMQ on loopback (publisher thread + subscriber), in events per
 
 The events are a radix cache's own (``PagesStored`` / ``PagesRemoved``) under a seeded shared-prefix
 workload on a pool small enough to evict. The baseline is ``PrefixIndex.apply`` in the same run; "encoded"
-adds vLLM's msgpack encode + decode per event (``kvevents.feed.wire_sink``); "zmq" publishes batches of
+adds vLLM's msgpack encode + decode per event (``kvevents.feed.EventFeed``); "zmq" publishes batches of
 ``--batch`` events (a scheduler step's) and times until the subscriber has applied them all. Each figure is
 the best of ``--repeats``; every route must end with the same index as the direct one (checked).
 """
@@ -19,7 +19,7 @@ import time
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
-from dsakv.kvevents.feed import wire_sink
+from dsakv.kvevents.feed import EventFeed
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.kvevents.wire import KVEventPublisher, KVEventSubscriber
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def encoded() -> float:
         index = PrefixIndex()
-        sink = wire_sink(index, "bench")
+        sink = EventFeed(index).sink("bench")
         t0 = time.perf_counter()
         for e in events:
             sink(e)

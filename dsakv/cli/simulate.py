@@ -33,6 +33,7 @@ from dsakv.cli.output import OutputDir, dumps
 from dsakv.cli.simulate_render import render_summary, render_sweep
 from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.endpoint import check_instance_endpoints
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim.cluster import run_simulation
@@ -134,6 +135,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT.router,
         help=f"which DP group of which instance a request goes to: {', '.join(ROUTERS)}; a comma list compares them",
     )
+    c.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="with --router kv-aware: the instances publish their KV events over ZMQ, in vLLM's wire format, from "
+        "tcp://HOST:PORT (instance i at PORT + i) to the router's subscribers, instead of in process",
+    )
+    c.add_argument(
+        "--kv-events-replay",
+        metavar="ENDPOINT",
+        help="the instances' replay sockets (instance i at PORT + i): the subscribers ask them for dropped batches",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -176,8 +188,23 @@ def _store_bytes(args: argparse.Namespace) -> int | str | None:
     return size
 
 
+def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
+    """``--kv-events`` / ``--kv-events-replay`` checked under their flag names: one kv-aware run publishes there."""
+    if args.kv_events_replay is not None and args.kv_events is None:
+        raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what PUB sent)")
+    if args.kv_events is None:
+        return
+    if args.sweep or len(routers) > 1:
+        raise DsakvError("--kv-events: one run publishes there; a sweep or router comparison runs several at once")
+    if routers != ["kv-aware"]:
+        raise DsakvError(f"--kv-events: feeds the kv-aware router's index; --router {routers[0]} reads no events")
+    instances = parse_int("--instances", args.instances)
+    check_instance_endpoints("--kv-events", args.kv_events, "--kv-events-replay", args.kv_events_replay, instances)
+
+
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
     routers = parse_routers(args.router)
+    _kv_events(args, routers)
     cfg = SimConfig(
         model=args.model,
         config=args.config,
@@ -210,6 +237,8 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         write_threshold=parse_int("--write-threshold", args.write_threshold),
         instances=parse_int("--instances", args.instances),
         router=routers[0],
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
     )
     source = Source(
         trace=args.trace,

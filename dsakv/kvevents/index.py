@@ -10,7 +10,8 @@ The index is fed two ways, with the same result: the cache's own events (``apply
 ``PagesRemoved`` / ``AllCleared``, for an in-process consumer) and vLLM's wire events (``apply_wire`` /
 ``apply_batch``: ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, decoded from a stream). It keeps
 the pages of one medium (the device tier, ``"GPU"``, by default); events about other tiers are counted and
-skipped. A radix tree holds a hash at most once, so a second store of a held hash or a removal of a hash not
+skipped. From the dsakv extras of a worker's ``BlockStored`` it learns what one of its pages costs in both of
+DSA's caches (``page_bytes``), the unit a router prices a hit in. A radix tree holds a hash at most once, so a second store of a held hash or a removal of a hash not
 held means the stream lost or reordered an event: the index counts it (``anomalies``) and stays consistent.
 
 ``RadixCache.page_hashes()`` is the other side of the comparison: the hashes a radix tree actually holds, so
@@ -47,6 +48,7 @@ class PrefixIndex:
         self.medium = medium
         self._holders: dict[bytes | int, set[Hashable]] = {}
         self._held: dict[Hashable, set[bytes | int]] = {}
+        self.page_bytes: dict[Hashable, int] = {}  # worker -> one page's bytes of both caches (dsakv extras)
         self.events_applied = 0
         self.events_skipped = 0  # events about another medium
         self.anomalies = 0  # stores of a held hash, removals of a hash not held
@@ -68,6 +70,8 @@ class PrefixIndex:
         from dsakv.kvevents.schema import AllBlocksCleared, BlockRemoved, BlockStored
 
         if isinstance(event, BlockStored):
+            if event.dsakv_main_page_bytes is not None and event.dsakv_indexer_page_bytes is not None:
+                self.page_bytes[worker] = event.dsakv_main_page_bytes + event.dsakv_indexer_page_bytes
             self._store(worker, event.block_hashes, event.medium)
         elif isinstance(event, BlockRemoved):
             self._remove(worker, event.block_hashes, event.medium)

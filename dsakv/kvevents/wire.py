@@ -11,7 +11,9 @@ The wire (vLLM's, so vLLM's subscriber example reads it):
 
 A PUB socket drops messages a subscriber is too slow or too late to take (a slow joiner misses the first
 ones); the subscriber sees the hole in the sequence numbers and asks the replay socket for it, so its index
-ends up exactly what the publisher's caches hold as long as the hole is still in the buffer. A hole older
+ends up exactly what the publisher's caches hold as long as the hole is still in the buffer. The socket is
+an XPUB (a PUB that also reports its subscriptions, the same on the wire to a SUB): ``wait_for_subscriber``
+lets a publisher whose consumer has no replay socket hold its first batch until the subscription is in. A hole older
 than the buffer cannot be filled: the subscriber counts it (``unrecovered``), and its index may then miss
 pages (it never invents them: a lost ``BlockRemoved`` leaves a page that a later ``BlockStored`` of the same
 hash reports as an anomaly).
@@ -84,7 +86,7 @@ class KVEventPublisher:
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue()
         self._codec = BatchCodec()
         self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._replay = self._ctx.socket(zmq.ROUTER) if replay_endpoint is not None else None
         try:
             self._pub.bind(endpoint)
@@ -98,7 +100,9 @@ class KVEventPublisher:
             self._replay.getsockopt_string(zmq.LAST_ENDPOINT) if self._replay is not None else None
         )
         self.next_seq = 0  # sequence number of the next batch sent (= batches sent so far)
+        self.published = 0  # batches queued by publish (the sequence number the next one will get)
         self.replays_served = 0
+        self._subscribed = threading.Event()  # a SUB's subscription reached the socket
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dsakv-kv-events", daemon=True)
         self._thread.start()
@@ -112,11 +116,18 @@ class KVEventPublisher:
         if batch.data_parallel_rank is None:
             batch.data_parallel_rank = self.data_parallel_rank
         self._queue.put(batch)
+        self.published += 1
 
     def publish_cache_events(self, events: Sequence[CacheEvent], cost: PageCost | None = None) -> None:
         """One batch of the cache's events (one step's), stamped with the wall-clock time."""
         if events:
             self.publish(KVEventBatch(time.time(), [wire_event(e, cost) for e in events]))
+
+    def wait_for_subscriber(self, timeout_s: float = 10.0) -> None:
+        """Block until a subscriber's subscription has reached the socket (what it is sent from then on, it
+        receives unless a queue overflows); ``DsakvError`` after ``timeout_s``."""
+        if not self._subscribed.wait(timeout_s):
+            raise DsakvError(f"KV events: no subscriber joined {self.bound_endpoint} within {timeout_s} s")
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Block until every queued batch is sent (and buffered for replay)."""
@@ -146,6 +157,9 @@ class KVEventPublisher:
     def _run(self) -> None:
         try:
             while True:
+                while self._pub.poll(0):  # (un)subscriptions: first byte 1 subscribes, 0 unsubscribes
+                    if self._pub.recv()[:1] == b"\x01":
+                        self._subscribed.set()
                 if self._replay is not None:
                     while self._replay.poll(0):
                         self._serve_replay()
@@ -238,16 +252,24 @@ class KVEventSubscriber:
             self.received += 1
             self._take(seq_of(seq), payload)
 
-    def catch_up(self, next_seq: int, timeout_s: float = 10.0) -> None:
-        """Apply batches until the first ``next_seq`` are applied, replaying the tail if it does not arrive;
-        ``DsakvError`` if they cannot all be had within ``timeout_s``."""
+    def catch_up(self, next_seq: int, timeout_s: float = 10.0, tail_wait_s: float = 0.2) -> None:
+        """Apply batches until the first ``next_seq`` are applied, returning as soon as they are: each is taken
+        as it arrives, and when none has arrived for ``tail_wait_s`` the rest is asked of the replay socket (a
+        tail never sent on PUB, or a late joiner's past). ``DsakvError`` if they cannot all be had within
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while self.next_seq < next_seq:
-            self.receive(min(0.2, max(0.0, deadline - time.monotonic())))
-            if self.next_seq < next_seq and self._replay is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DsakvError(
+                    f"KV events of {self.instance!r}: {self.next_seq} of {next_seq} batches applied within {timeout_s} s"
+                )
+            if self._sub.poll(max(1, int(min(left, tail_wait_s) * 1000))):
+                _topic, seq, payload = self._sub.recv_multipart()
+                self.received += 1
+                self._take(seq_of(seq), payload)
+            elif self._replay is not None:
                 self._replay_from(self.next_seq, next_seq)
-            if self.next_seq < next_seq and time.monotonic() > deadline:
-                raise DsakvError(f"KV events: {self.next_seq} of {next_seq} batches applied within {timeout_s} s")
 
     def close(self) -> None:
         self._sub.close(linger=0)

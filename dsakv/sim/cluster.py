@@ -65,7 +65,9 @@ class Cluster:
         self.cfg, self.setup = cfg, setup
         self.dp = setup.setting.dp_attention
         n = cfg.instances
-        self.router = router or make_router(cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0)
+        self.router = router or make_router(
+            cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay
+        )
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
@@ -82,6 +84,11 @@ class Cluster:
         self._requests = iter(requests)
         self._serial = 0
         self._check_every = 0
+
+    def close(self) -> None:
+        """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events``)."""
+        if isinstance(self.router, KvAware):
+            self.router.close()
 
     # ----- the router's view --------------------------------------------------------------------------
     @property
@@ -312,7 +319,11 @@ def simulate_cluster(
     check_every: int = 0,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s."""
-    return Cluster(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)
+    cluster = Cluster(cfg, setup or build_setup(cfg), requests, counters)
+    try:
+        return cluster.run(progress, check_every)
+    finally:
+        cluster.close()
 
 
 def run_simulation(
@@ -324,10 +335,10 @@ def run_simulation(
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
 ) -> SimResult:
-    """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated),
-    else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
+    """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated)
+    or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
     setup = setup or build_setup(cfg)
-    if cfg.instances == 1 and setup.setting.dp_attention == 1:
+    if cfg.instances == 1 and setup.setting.dp_attention == 1 and cfg.kv_events is None:
         result = simulate(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
         result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
         return result

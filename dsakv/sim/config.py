@@ -24,6 +24,7 @@ from dsakv.cache.eviction import get_policy
 from dsakv.cache.radix import INSERT_MODES
 from dsakv.cache.tiers import DEFAULT_HIT_THRESHOLD, WRITE_THROUGH, WritePolicy
 from dsakv.errors import DsakvError, check_choice
+from dsakv.kvevents.endpoint import check_instance_endpoints
 from dsakv.planner.budget import PoolCapacity, RankCell, require_pool
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
@@ -55,7 +56,9 @@ class SimConfig:
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
     finishes (None: open loop, trace timestamps). ``instances``: engine instances of the cluster, each of
-    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``)."""
+    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
+    ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
+    in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md)."""
 
     model: str | None = None
     config: str | None = None
@@ -90,6 +93,10 @@ class SimConfig:
     write_threshold: int = DEFAULT_HIT_THRESHOLD
     instances: int = 1
     router: str = "round-robin"
+    # the KV-aware router's events over real ZMQ sockets (instance i publishes at the port + i; replay
+    # sockets at kv_events_replay's port + i); None: in process. The figures are the same either way.
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -115,6 +122,7 @@ class SimConfig:
         if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
             raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
         check_choice("router", self.router, ROUTERS)
+        self._check_kv_events()
         if c is not None and (self.instances > 1 or self.gpu.dp_attention > 1):
             raise DsakvError(
                 f"max_concurrency = {c}: the closed loop replays into one DP group; with instances = "
@@ -140,6 +148,18 @@ class SimConfig:
         WritePolicy(self.write_policy, self.write_threshold)
         if self.has_tiers and not self.prefix_cache:
             raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
+
+    def _check_kv_events(self) -> None:
+        if self.kv_events_replay is not None and self.kv_events is None:
+            raise DsakvError("kv_events_replay: needs kv_events (replay serves what PUB sent)")
+        if self.kv_events is None:
+            return
+        if self.router != "kv-aware":
+            raise DsakvError(
+                f"kv_events = {self.kv_events!r}: feeds the kv-aware router's index; router = {self.router!r} "
+                "reads no events"
+            )
+        check_instance_endpoints("kv_events", self.kv_events, "kv_events_replay", self.kv_events_replay, self.instances)
 
     @property
     def has_tiers(self) -> bool:

@@ -10,9 +10,11 @@ on different instances. It sees the cluster only through a ``ClusterView``:
 * ``affinity``: a stable hash of the request's session (its namespace when the trace names one, else its
   first ``AFFINITY_BLOCKS`` trace blocks: a conversation's opening) modulo the targets; load-blind.
 * ``kv-aware``: a global ``PrefixIndex`` (``dsakv.kvevents.index``) fed only by the targets' KV events, in
-  vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (``EventFeed``; the radix trees are
-  never read), says how many leading pages of the request each target holds; score = bytes of both caches
-  the hit saves - load penalty (below), highest wins.
+  vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (in process by default,
+  ``dsakv.kvevents.feed.EventFeed``; over real ZMQ sockets when given ``kv_events``,
+  ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
+  the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
+  wins.
 * ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
   upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import xxhash
@@ -40,8 +42,11 @@ from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
-from dsakv.spec.layout import CacheLayout
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
+
+if TYPE_CHECKING:
+    from dsakv.kvevents.feed import EventFeed
+    from dsakv.kvevents.zmq_feed import ZmqEventFeed
 
 ROUTERS = ("round-robin", "least-loaded", "affinity", "kv-aware", "oracle")
 AFFINITY_BLOCKS = 2  # trace blocks naming a session: a shared system prompt, then the conversation's first turn
@@ -110,49 +115,24 @@ class Affinity:
         return self.session_hash(req) % view.num_targets
 
 
-class EventFeed:
-    """The path of one DP group's cache events to the router's index, through vLLM's wire format in process:
-    each event becomes a ``KVEventBatch`` (``dsakv.kvevents.schema.wire_event``, the group's DP rank, the
-    simulated time), msgpack-encoded and decoded by the same ``BatchCodec`` a ZMQ subscriber uses, then applied
-    to the ``PrefixIndex`` as worker ``WorkerId(instance, dp_rank)``. So the router learns exactly what a
-    remote router would from the instances' streams (page hashes, and each page's bytes of both caches)."""
-
-    def __init__(self, index: PrefixIndex, layout: CacheLayout, clock: Callable[[], float]) -> None:
-        try:  # msgspec is the 'events' extra: only a KV-aware run needs it
-            from dsakv.kvevents.schema import BatchCodec, PageCost
-        except ImportError:
-            raise DsakvError("router = 'kv-aware': needs msgspec (pip install 'dsakv[events]')") from None
-        self.index, self.cost, self.clock = index, PageCost.of(layout), clock
-        self.codec = BatchCodec()
-        self.page_bytes: dict[WorkerId, int] = {}  # learnt from BlockStored's dsakv extras
-
-    def sink(self, instance: int, dp_rank: int) -> Callable[[CacheEvent], None]:
-        from dsakv.kvevents.schema import BlockStored, KVEventBatch, wire_event
-
-        def deliver(event: CacheEvent) -> None:
-            batch = KVEventBatch(self.clock(), [wire_event(event, self.cost)], dp_rank)
-            received = self.codec.decode(self.codec.encode(batch))
-            for wire in received.events:
-                if isinstance(wire, BlockStored) and wire.dsakv_main_page_bytes is not None:
-                    worker = WorkerId(instance, received.data_parallel_rank or 0)
-                    self.page_bytes[worker] = wire.dsakv_main_page_bytes + wire.dsakv_indexer_page_bytes
-            self.index.apply_batch(instance, received)
-
-        return deliver
-
-
 @dataclass
 class KvAware:
     """Score = bytes of both caches a hit saves - ``load_weight`` x bytes of the target's outstanding tokens.
 
     ``instances`` maps a target to its ``WorkerId`` (target ``t``: instance ``t mod instances``, DP rank
-    ``t // instances``); the page bytes of a hit are those the target's own events announced."""
+    ``t // instances``); the page bytes of a hit are those the target's own events announced. The events
+    reach the index in process, or, given ``kv_events`` (a ZMQ address, and ``kv_events_replay`` for the
+    replay sockets), over real sockets: instance ``i`` publishes at that address's port + ``i`` (``feed``
+    binds them here; ``close()`` releases them). Either way the index is made current (``feed.sync()``)
+    before each score, so both give the same decisions."""
 
     cell: RankCell
     page_tokens: int
     instances: int = 1
     speculative: bool = False
     load_weight: float = 1.0
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
     name: str = "kv-aware"
     index: PrefixIndex = field(default_factory=PrefixIndex)
     clock_s: float = 0.0  # the simulated time, stamped on event batches (the cluster sets it)
@@ -161,7 +141,27 @@ class KvAware:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
-        self.feed = EventFeed(self.index, self.cell.layout, lambda: self.clock_s)
+        self.feed = self._open_feed()
+
+    def _open_feed(self) -> EventFeed | ZmqEventFeed:
+        try:  # msgspec (and pyzmq, on the wire) are the 'events' extra: only a KV-aware run needs them
+            from dsakv.kvevents.schema import PageCost
+        except ImportError:
+            raise DsakvError("router = 'kv-aware': needs msgspec (pip install 'dsakv[events]')") from None
+        from dsakv.kvevents.feed import EventFeed
+
+        cost, clock = PageCost.of(self.cell.layout), lambda: self.clock_s
+        if self.kv_events is None:
+            return EventFeed(self.index, cost, clock)
+        try:
+            from dsakv.kvevents.zmq_feed import ZmqEventFeed
+        except ImportError:
+            raise DsakvError("kv_events: needs pyzmq (pip install 'dsakv[events]')") from None
+        return ZmqEventFeed(self.index, self.instances, self.kv_events, self.kv_events_replay, cost=cost, clock=clock)
+
+    def close(self) -> None:
+        """Release the feed's sockets (none in process)."""
+        self.feed.close()
 
     def worker(self, target: int) -> WorkerId:
         return WorkerId(target % self.instances, target // self.instances)
@@ -184,12 +184,13 @@ class KvAware:
         return chain_hashes(self._hash, seed, key.data, 4 * ps, 4 * ps, n)
 
     def scores(self, key: RadixKey, view: ClusterView) -> list[float]:
+        self.feed.sync()
         hits = self.index.match(self.page_hashes(key))
         token_bytes = self.cell.page_bytes / self.page_tokens
         scores = []
         for t in range(view.num_targets):
             w = self.worker(t)
-            saved = hits.get(w, 0) * self.feed.page_bytes.get(w, 0)
+            saved = hits.get(w, 0) * self.index.page_bytes.get(w, 0)
             scores.append(saved - self.load_weight * view.load_tokens(t) * token_bytes)
         return scores
 
@@ -212,10 +213,20 @@ class Oracle:
 Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
 
 
-def make_router(name: str, cell: RankCell, page_tokens: int, instances: int, speculative: bool) -> Router:
+def make_router(
+    name: str,
+    cell: RankCell,
+    page_tokens: int,
+    instances: int,
+    speculative: bool,
+    kv_events: str | None = None,
+    kv_events_replay: str | None = None,
+) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens."""
+    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
-        return KvAware(cell, page_tokens, instances, speculative)
+        return KvAware(
+            cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
+        )
     return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity, "oracle": Oracle}[name]()

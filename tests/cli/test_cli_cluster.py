@@ -45,6 +45,17 @@ def test_out_writes_the_per_instance_plot(tmp_path, capsys):
     assert (out / "instances.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_kv_events_over_zmq_print_the_in_process_figures(capsys):
+    argv = [*SMALL, "--instances", "3", "--router", "kv-aware", "--json"]
+    assert main(argv) == 0
+    in_process = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--kv-events", "tcp://127.0.0.1:*", "--kv-events-replay", "tcp://127.0.0.1:*"]) == 0
+    over_zmq = json.loads(capsys.readouterr().out)
+    assert over_zmq["config"]["config"]["kv_events"] == "tcp://127.0.0.1:*"
+    del in_process["config"], over_zmq["config"]
+    assert over_zmq == in_process and in_process["hit_tokens"] > 0
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
@@ -55,6 +66,15 @@ def test_out_writes_the_per_instance_plot(tmp_path, capsys):
         (["--ray"], "--ray / --ray-address: run sweep points"),
         (["--router", "oracle,affinity", "--sweep", "policy=lru,lfu"], "give it without --sweep"),
         (["--router", "oracle,affinity", "--ray", "--ray-address", "x:1"], "not both"),
+        (["--router", "kv-aware,oracle", "--kv-events", "tcp://127.0.0.1:*"], "--kv-events: one run publishes"),
+        (["--router", "oracle", "--kv-events", "tcp://127.0.0.1:*"], "--router oracle reads no events"),
+        (["--kv-events-replay", "tcp://127.0.0.1:*"], "--kv-events-replay: needs --kv-events"),
+        (["--router", "kv-aware", "--kv-events", "localhost:1"], "--kv-events = 'localhost:1': must be a ZMQ"),
+        (
+            ["--instances", "2", "--router", "kv-aware", "--kv-events", "tcp://127.0.0.1:7000"]
+            + ["--kv-events-replay", "tcp://127.0.0.1:7001"],
+            "which --kv-events of instance 1 binds",
+        ),
     ],
 )
 def test_bad_cluster_flags_are_one_line_errors(capsys, flags, needle):

@@ -2,8 +2,8 @@
 
 A hypothesis state machine drives two radix caches (two workers) with random inserts in two namespaces,
 evictions and resets; one index eats their cache events directly, another their wire events after a msgpack
-round trip (``wire_sink``); after every step both must equal the trees' own page hashes, and ``match`` must agree with the
-trees' own prefix lookup."""
+round trip (``EventFeed``); after every step both must equal the trees' own page hashes, and ``match`` must agree
+with the trees' own prefix lookup."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import AllCleared, PagesRemoved, PagesStored, chain_hashes, chain_seed, get_hash, token_bytes
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
-from dsakv.kvevents.feed import wire_sink
+from dsakv.kvevents.feed import EventFeed
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 
 PS = 2
@@ -44,7 +44,7 @@ class IndexMirrorsTrees(RuleBasedStateMachine):
             self.caches[w] = RadixCache(alloc, event_sink=self._sink(w, rank))
 
     def _sink(self, worker: str, rank: int):
-        wired = wire_sink(self.wired, "instance-0", data_parallel_rank=rank)
+        wired = EventFeed(self.wired).sink("instance-0", rank)
 
         def sink(event) -> None:
             self.direct.apply(worker, event)

@@ -115,7 +115,7 @@ def test_kv_aware_index_equals_the_trees_page_for_page(chat):
     assert isinstance(router, KvAware) and router.index.events_applied > 0 and router.index.anomalies == 0
     for t, (_, sim) in enumerate(cluster.targets):
         assert router.index.hashes_of(router.worker(t)) == sim.radix.page_hashes()
-    assert set(router.feed.page_bytes.values()) == {cluster.setup.cell.page_bytes}  # both caches, from events
+    assert set(router.index.page_bytes.values()) == {cluster.setup.cell.page_bytes}  # both caches, from events
 
 
 def test_closed_loop_needs_one_group():

@@ -131,7 +131,7 @@ def test_kv_aware_learns_each_workers_page_bytes_from_its_events(cell):
     view = HandBuiltCluster([0, 0, 0, 0], sinks=[router.sink(t) for t in range(4)])
     view.cache(3, conversation(2), 1024)  # target 3: instance 1, DP rank 1
     assert router.worker(3) == (1, 1)
-    assert router.feed.page_bytes == {router.worker(3): cell.layout.main_page_bytes + cell.layout.indexer_page_bytes}
+    assert router.index.page_bytes == {router.worker(3): cell.layout.main_page_bytes + cell.layout.indexer_page_bytes}
 
 
 def test_unknown_router_is_one_error_naming_the_choices(cell):
