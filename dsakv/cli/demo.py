@@ -52,6 +52,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w = p.add_argument_group("KV events and metrics (the events / metrics extras)")
     w.add_argument("--kv-events", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here")
     w.add_argument("--kv-events-replay", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    w.add_argument(
+        "--kv-events-topic",
+        default="",
+        help="topic frame of every KV-event message (default none; vLLM's example subscriber expects kv-events)",
+    )
     w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
     w.add_argument(
         "--linger",
@@ -134,6 +139,7 @@ def _engine_options(args) -> dict:
     return {
         "kv_events_endpoint": args.kv_events,
         "kv_events_replay_endpoint": args.kv_events_replay,
+        "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
     }
 

@@ -48,6 +48,8 @@ class EngineConfig:
     # KV events in vLLM's wire format (the ``events`` extra): PUB and replay (ROUTER) addresses to bind
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
+    # the first frame of every PUB message (vLLM's KVEventsConfig.topic; its example subscriber's is "kv-events")
+    kv_events_topic: str = ""
     metrics: bool = False  # keep Prometheus metrics in the engine's own registry (the ``metrics`` extra)
 
     def __post_init__(self) -> None:
@@ -85,6 +87,8 @@ class EngineConfig:
             check_endpoint("kv_events_endpoint", self.kv_events_endpoint)
             if not self.prefix_cache:
                 raise DsakvError("kv_events_endpoint: needs prefix_cache=True (the radix cache is what emits events)")
+        if not isinstance(self.kv_events_topic, str):
+            raise DsakvError(f"kv_events_topic = {self.kv_events_topic!r}: must be a string (a SUB socket's prefix)")
         if self.kv_events_replay_endpoint is not None:
             check_endpoint("kv_events_replay_endpoint", self.kv_events_replay_endpoint)
             if self.kv_events_endpoint is None:

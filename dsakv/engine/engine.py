@@ -181,7 +181,9 @@ class Engine:
                 from dsakv.kvevents.schema import PageCost
                 from dsakv.kvevents.wire import KVEventPublisher
             self._page_cost = PageCost.of(self.layout)
-            self.kv_events = KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint)
+            self.kv_events = KVEventPublisher(
+                config.kv_events_endpoint, config.kv_events_replay_endpoint, topic=config.kv_events_topic
+            )
 
     # ----- requests -----------------------------------------------------------------------------
     def add_request(

@@ -8,11 +8,12 @@ holds this exact prefix", and ``match`` only has to look hashes up, never tokens
 
 The index is fed two ways, with the same result: the cache's own events (``apply``: ``PagesStored`` /
 ``PagesRemoved`` / ``AllCleared``, for an in-process consumer) and vLLM's wire events (``apply_wire`` /
-``apply_batch``: ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, decoded from a stream). It keeps
-the pages of one medium (the device tier, ``"GPU"``, by default); events about other tiers are counted and
-skipped. From the dsakv extras of a worker's ``BlockStored`` it learns what one of its pages costs in both of
-DSA's caches (``page_bytes``), the unit a router prices a hit in. A radix tree holds a hash at most once, so a second store of a held hash or a removal of a hash not
-held means the stream lost or reordered an event: the index counts it (``anomalies``) and stays consistent.
+``apply_batch``: ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``, decoded from a stream). It keeps the
+pages of one medium (the device tier, ``"GPU"``, by default); events about other tiers are counted and skipped.
+From the dsakv extras of a worker's ``BlockStored`` it learns what one of its pages costs in both of DSA's
+caches (``page_bytes``), the unit a router prices a hit in. A radix tree holds a hash at most once, so a second
+store of a held hash or a removal of a hash not held means the stream lost or reordered an event: the index
+counts it (``anomalies``) and stays consistent.
 
 ``RadixCache.page_hashes()`` is the other side of the comparison: the hashes a radix tree actually holds, so
 ``index.hashes_of(w) == radix.page_hashes()`` is the index being exact for worker ``w``.

@@ -11,12 +11,12 @@ The wire (vLLM's, so vLLM's subscriber example reads it):
 
 A PUB socket drops messages a subscriber is too slow or too late to take (a slow joiner misses the first
 ones); the subscriber sees the hole in the sequence numbers and asks the replay socket for it, so its index
-ends up exactly what the publisher's caches hold as long as the hole is still in the buffer. The socket is
-an XPUB (a PUB that also reports its subscriptions, the same on the wire to a SUB): ``wait_for_subscriber``
-lets a publisher whose consumer has no replay socket hold its first batch until the subscription is in. A hole older
+ends up exactly what the publisher's caches hold as long as the hole is still in the buffer. A hole older
 than the buffer cannot be filled: the subscriber counts it (``unrecovered``), and its index may then miss
 pages (it never invents them: a lost ``BlockRemoved`` leaves a page that a later ``BlockStored`` of the same
-hash reports as an anomaly).
+hash reports as an anomaly). The socket is an XPUB (a PUB that also reports its subscriptions; the same to a
+SUB): ``wait_for_subscriber`` lets a publisher whose consumer has no replay socket hold its first batch until
+the subscription is in.
 
 The publisher owns its sockets in one thread (ZMQ sockets are not thread-safe): ``publish`` queues a batch,
 the thread sends it and serves replay requests between batches. pyzmq and msgspec are the ``events`` extra;
@@ -261,9 +261,8 @@ class KVEventSubscriber:
         while self.next_seq < next_seq:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise DsakvError(
-                    f"KV events of {self.instance!r}: {self.next_seq} of {next_seq} batches applied within {timeout_s} s"
-                )
+                got = f"{self.next_seq} of {next_seq} batches applied within {timeout_s} s"
+                raise DsakvError(f"KV events of {self.instance!r}: {got}")
             if self._sub.poll(max(1, int(min(left, tail_wait_s) * 1000))):
                 _topic, seq, payload = self._sub.recv_multipart()
                 self.received += 1

@@ -29,7 +29,9 @@ from dsakv.kvevents.index import PrefixIndex
 from dsakv.kvevents.schema import KVEventBatch, PageCost, wire_event
 from dsakv.kvevents.wire import KVEventPublisher, KVEventSubscriber
 
-SYNC_CHUNK = 256  # batches published before a drain
+# batches published before a drain; also each replay buffer's length, since a drain never needs an older one
+# (vLLM's 10,000 would hold ~10 MB of token ids per instance on a conversation trace, for nothing)
+SYNC_CHUNK = 256
 DRAIN_TIMEOUT_S = 10.0  # a sync that cannot apply every batch by then raises
 TAIL_WAIT_S = 0.02  # silence on PUB after which a drain asks the replay socket for the missing tail
 
@@ -61,7 +63,7 @@ class ZmqEventFeed:
         try:
             for i in range(instances):
                 replay = None if replay_endpoint is None else instance_endpoint(replay_endpoint, i)
-                pub = KVEventPublisher(instance_endpoint(endpoint, i), replay)
+                pub = KVEventPublisher(instance_endpoint(endpoint, i), replay, buffer_steps=SYNC_CHUNK)
                 self.publishers.append(pub)
                 sub = KVEventSubscriber(pub.bound_endpoint, pub.bound_replay_endpoint, instance=i, index=index)
                 self.subscribers.append(sub)
