@@ -42,6 +42,7 @@ from dsakv.kvevents.schema import BatchCodec, KVEventBatch, PageCost, wire_event
 END_SEQ = -1  # the replay's end marker, as vLLM sends it
 SEQ_BYTES = 8
 DEFAULT_BUFFER_STEPS = 10_000  # vLLM's default replay buffer (batches)
+IDLE_POLL_MIN_S, IDLE_POLL_MAX_S = 0.005, 0.08  # the publisher thread's look at its sockets between batches
 
 
 def seq_bytes(seq: int) -> bytes:
@@ -155,6 +156,10 @@ class KVEventPublisher:
             self._replay.close(linger=0)
 
     def _run(self) -> None:
+        """Send queued batches as they come; between them, look at the sockets every ``wait_s``, which doubles
+        while nothing happens (up to ``IDLE_POLL_MAX_S``): a replay request right after a batch (a drain) is
+        served within ``IDLE_POLL_MIN_S``, and an idle publisher does not wake hundreds of times a second."""
+        wait_s = IDLE_POLL_MIN_S
         try:
             while True:
                 while self._pub.poll(0):  # (un)subscriptions: first byte 1 subscribes, 0 unsubscribes
@@ -163,10 +168,13 @@ class KVEventPublisher:
                 if self._replay is not None:
                     while self._replay.poll(0):
                         self._serve_replay()
+                        wait_s = IDLE_POLL_MIN_S
                 try:
-                    batch = self._queue.get(timeout=0.005)
+                    batch = self._queue.get(timeout=wait_s)
                 except queue.Empty:
+                    wait_s = min(2 * wait_s, IDLE_POLL_MAX_S)
                     continue
+                wait_s = IDLE_POLL_MIN_S
                 if batch is None:
                     self._queue.task_done()
                     return
