@@ -1,5 +1,6 @@
 """``dsakv simulate --instances N --router R``: the router comparison's JSON, the per-instance report, bad
-input as one line, and sweeps on a local Ray giving the same rows as local processes."""
+input as one line, sweeps on a local Ray giving the same rows (and table) as local processes, and the
+KV-aware router over ZMQ printing the in-process figures."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 
 import pytest
 from cli_checks import assert_one_line_error
+from rich.console import Console
 
 from dsakv.cli import main
+from dsakv.cli.simulate_render import render_sweep
 from dsakv.sim.config import SimConfig
 from dsakv.sim.source import Source
 from dsakv.sim.sweep import run_sweep
@@ -93,3 +96,10 @@ def test_sweep_on_a_local_ray_gives_the_rows_of_local_processes():
     on_ray = run_sweep(base, points, source, workers=1, ray_address="local")
     assert [r.to_dict() for r in on_ray] == [r.to_dict() for r in local]
     assert local[0].summary["hit_tokens"] != local[1].summary["hit_tokens"]
+    assert sweep_table(on_ray, source) == sweep_table(local, source)  # the table the CLI prints, too
+
+
+def sweep_table(rows, source) -> str:
+    console = Console(record=True, width=200)
+    render_sweep(rows, source, console)
+    return console.export_text()

@@ -46,3 +46,14 @@ Engine(EngineConfig(num_pages=8, page_size=4, kv_events_endpoint="tcp://127.0.0.
     done = run_blocked(code)
     assert done.returncode != 0
     assert "DsakvError: kv_events_endpoint: needs the events extra (pip install 'dsakv[events]')" in done.stderr
+
+
+def test_simulating_kv_events_on_the_wire_without_the_extra_names_the_extra():
+    code = """
+from dsakv.cli import main
+argv = ["simulate", "--scenario", "chat", "--scale", "0.02", "--instances", "2", "--router", "kv-aware"]
+raise SystemExit(main([*argv, "--kv-events", "tcp://127.0.0.1:*"]))
+"""
+    done = run_blocked(code)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "dsakv: error: router = 'kv-aware': needs msgspec (pip install 'dsakv[events]')"
