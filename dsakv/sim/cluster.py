@@ -23,7 +23,10 @@ caches, TTFT / TPOT); ``docs/routing.md`` defines them.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -49,6 +52,9 @@ class Instance:
     steps: int = 0
     scheduled: bool = False  # a step (or a wake-up) of this instance is in the event heap
     waiting: list[int] = field(default_factory=list)  # waiting requests (all groups) at each step's end
+    # a run of plain decode steps in flight (Cluster._start_run): its start and step ends, and its busy groups
+    run: tuple[list[float], list[Simulation]] | None = None
+    version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
 
 
 class Cluster:
@@ -61,8 +67,10 @@ class Cluster:
         requests: Iterable[TraceRequest],
         counters: Counters | None = None,
         router: Router | None = None,
+        analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
+        self.analytic_decode = analytic_decode
         self.dp = setup.setting.dp_attention
         n = cfg.instances
         self.router = router or make_router(cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0)
@@ -74,7 +82,8 @@ class Cluster:
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
-                sim = Simulation(group_cfg, setup, (), event_sink=sink_of(t) if sink_of else None)
+                sink = sink_of(t) if sink_of else None
+                sim = Simulation(group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode)
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
         self._load = [0] * len(self.targets)  # outstanding tokens per target
@@ -82,6 +91,8 @@ class Cluster:
         self._requests = iter(requests)
         self._serial = 0
         self._check_every = 0
+        self._heap: list[tuple[float, int, int]] = []  # (time, instance, version): a step ends or an instance wakes
+        self._steps = 0  # instance steps so far
 
     # ----- the router's view --------------------------------------------------------------------------
     @property
@@ -105,6 +116,8 @@ class Cluster:
         self._clock(arrival_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
+        if inst.run is not None:
+            self._cut_run(inst, arrival_s)
         tokens = req.input_length + req.output_length
         self._load[target] += tokens
         inst.routed_tokens += tokens
@@ -122,6 +135,60 @@ class Cluster:
         for rec in sim.records[before:]:
             target, tokens = self._held.pop(rec.id)
             self._load[target] -= tokens
+
+    # ----- runs of plain decode steps ------------------------------------------------------------
+    def _start_run(self, inst: Instance, now: float) -> float | None:
+        """Start a run of plain decode steps of ``inst`` at ``now`` when every group is idle or in such a run
+        (``Simulation.decode_run_steps``) for two steps or more; returns the run's last end (None: no run).
+
+        The run is applied when that end is reached, or cut by the first request routed to ``inst`` before
+        it (``_cut_run``). Nothing the router sees changes inside a run (no request leaves, no page enters or
+        leaves the prefix cache), so no other instance waits on it."""
+        if not self.analytic_decode:
+            return None
+        steps, busy = None, []
+        for sim in inst.groups:
+            if sim.scheduler.is_idle:
+                continue
+            k = sim.decode_run_steps()
+            if k < 2:
+                return None
+            busy.append(sim)
+            steps = k if steps is None or k < steps else steps
+        if not busy:
+            return None
+        # lockstep: each step takes its slowest group's time (the same max as ``_step``'s, per step)
+        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps) for sim in busy))
+        ends = list(itertools.accumulate(seconds.tolist(), initial=now))
+        inst.run = (ends, busy)
+        return ends[-1]
+
+    def _cut_run(self, inst: Instance, arrival_s: float) -> None:
+        """A request routed to ``inst`` at ``arrival_s`` ends its run after the step in flight then (step by
+        step, the steps starting before the arrival run without it); the instance steps on from that end."""
+        ends = inst.run[0]
+        steps = bisect.bisect_left(ends, arrival_s, hi=len(ends) - 1)  # steps starting before the arrival
+        self._apply_run(inst, steps)
+        inst.version += 1
+        heapq.heappush(self._heap, (ends[steps], inst.index, inst.version))
+
+    def _apply_run(self, inst: Instance, steps: int) -> None:
+        """Apply the first ``steps`` steps of ``inst``'s run to its groups (idle groups sample the timeline)."""
+        ends, busy = inst.run
+        inst.run = None
+        done = ends[1 : steps + 1]
+        for sim in inst.groups:
+            if any(sim is b for b in busy):
+                sim.advance_decode(done)
+            else:
+                sim.observe_run(done)
+        before = inst.steps
+        inst.steps += steps
+        self._steps += steps
+        inst.waiting.extend([0] * steps)
+        if self._check_every and inst.steps // self._check_every > before // self._check_every:
+            for sim in inst.groups:
+                sim.scheduler.check_integrity()
 
     # ----- one lockstep step ----------------------------------------------------------------------
     def _step(self, inst: Instance, now: float) -> float | None:
@@ -153,6 +220,7 @@ class Cluster:
             if all(sim is not s for s, _ in running):
                 sim.observe(end)  # every group's timeline samples every step of its instance
         inst.steps += 1
+        self._steps += 1
         inst.waiting.append(sum(len(sim.scheduler.waiting) for sim in inst.groups))
         if self._check_every and inst.steps % self._check_every == 0:
             for sim in inst.groups:
@@ -162,29 +230,34 @@ class Cluster:
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
         self._check_every = check_every
-        heap: list[tuple[float, int]] = []  # (time, instance): a step ends or a sleeping instance wakes
+        heap = self._heap
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
-        steps = 0
         while pending is not None or heap:
             if pending is not None and (not heap or pending_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
                     inst.scheduled = True
-                    heapq.heappush(heap, (pending_s, inst.index))
+                    heapq.heappush(heap, (pending_s, inst.index, inst.version))
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
                 continue
-            now, i = heapq.heappop(heap)
+            now, i, version = heapq.heappop(heap)
             inst = self.instances[i]
-            end = self._step(inst, now)
+            if version != inst.version:
+                continue  # the end of a run an arrival cut short: the instance's entry is the cut's
+            before = self._steps
+            if inst.run is not None:  # its run has ended: apply it whole
+                self._apply_run(inst, len(inst.run[0]) - 1)
+            end = self._start_run(inst, now)
+            if end is None:
+                end = self._step(inst, now)
             if end is None:
                 inst.scheduled = False  # asleep until a request is routed here
                 continue
-            heapq.heappush(heap, (end, i))
-            steps += 1
-            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+            heapq.heappush(heap, (end, i, inst.version))
+            if progress is not None and self._steps // PROGRESS_EVERY_STEPS > before // PROGRESS_EVERY_STEPS:
                 progress(sum(len(sim.records) for _, sim in self.targets))
         for _, sim in self.targets:
             for req in list(sim.scheduler.running) + list(sim.scheduler.loading) + list(sim.scheduler.waiting):
@@ -310,9 +383,11 @@ def simulate_cluster(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s."""
-    return Cluster(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)
+    cluster = Cluster(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
+    return cluster.run(progress, check_every)
 
 
 def run_simulation(
@@ -323,12 +398,16 @@ def run_simulation(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated),
     else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
     setup = setup or build_setup(cfg)
+    run = dict(
+        setup=setup, counters=counters, progress=progress, check_every=check_every, analytic_decode=analytic_decode
+    )
     if cfg.instances == 1 and setup.setting.dp_attention == 1:
-        result = simulate(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
+        result = simulate(cfg, requests, **run)
         result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
         return result
-    return simulate_cluster(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
+    return simulate_cluster(cfg, requests, **run)

@@ -33,12 +33,16 @@ records.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 import random
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import CacheEvent
@@ -104,8 +108,10 @@ class Simulation:
         requests: Iterable[TraceRequest],
         counters: Counters | None = None,
         event_sink: Callable[[CacheEvent], None] | None = None,
+        analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
+        self.analytic_decode = analytic_decode  # advance runs of plain decode steps at once (decode_run_steps)
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -304,6 +310,46 @@ class Simulation:
         self.observe(end)
         return end
 
+    # ----- runs of plain decode steps ---------------------------------------------------------------
+    def decode_run_steps(self) -> int:
+        """How many of the next steps form a run of plain decode steps (``Scheduler.decode_run_steps``) that
+        ``advance_decode`` applies at once; 0 when the analytic advance is off or the next step is not one.
+        Arrivals are the caller's to cut the run at."""
+        if not self.analytic_decode or self._loads:
+            return 0
+        return self.scheduler.decode_run_steps()
+
+    def decode_run_seconds(self, steps: int) -> np.ndarray:
+        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step)."""
+        contexts = [req.prompt_len + len(req.outputs) for req in self.scheduler.running]
+        return self.setup.step_time.decode_run_seconds(contexts, steps)
+
+    def advance_decode(self, ends: Sequence[float]) -> None:
+        """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and
+        the timeline become what ``run_step`` step by step makes them (no request finishes or is admitted)."""
+        live = self.live
+        tokens = [live[req.id].output_ids[0] for req in self.scheduler.running]
+        used = self.allocator.num_allocated
+        taken = self.scheduler.advance_decode(len(ends), tokens)
+        self.counters.steps += len(ends)
+        self.observe_run(ends, used, taken)
+
+    def observe_run(self, ends: Sequence[float], used: int | None = None, taken: Sequence[int] = ()) -> None:
+        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each, given the pages in use
+        before the run (``used``) and the run steps at which one more was taken (``taken``, sorted)."""
+        timeline, k = self.timeline, len(ends)
+        timeline.time_s.extend(ends)
+        if used is None:
+            used = self.allocator.num_allocated
+        if taken:
+            grown = np.searchsorted(np.asarray(taken), np.arange(k), side="right")
+            timeline.used_pages.extend((grown + used).tolist())
+        else:
+            timeline.used_pages.extend([used] * k)
+        cached = self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
+        timeline.cache_only_pages.extend([cached] * k)
+        timeline.running.extend([len(self.scheduler.running)] * k)
+
     def observe(self, now: float) -> None:
         """One timeline sample at ``now`` (a step's end)."""
         timeline = self.timeline
@@ -348,11 +394,14 @@ class Simulation:
                     break  # idle, or stalled with nothing more to come: what remains is unfinished
                 now = max(now, next_s)
                 continue
+            before = self.counters.steps
             now = self.run_step(plan, now)
+            if (run := self.decode_run_steps()) > 0:
+                now = self.advance_run(now, run)
             steps = self.counters.steps
-            if check_every and steps % check_every == 0:
+            if check_every and steps // check_every > before // check_every:
                 scheduler.check_integrity()
-            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+            if progress is not None and steps // PROGRESS_EVERY_STEPS > before // PROGRESS_EVERY_STEPS:
                 progress(len(self.records))
         for req in list(scheduler.running) + list(scheduler.loading) + list(scheduler.waiting):
             req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
@@ -362,6 +411,17 @@ class Simulation:
         if progress is not None:
             progress(len(self.records))
         return self.result()
+
+    def advance_run(self, now: float, steps: int) -> float:
+        """Run up to ``steps`` plain decode steps from ``now`` at once, cut before the first step that starts
+        at or after the next arrival (``arrive`` would queue it first); returns the last step's end."""
+        ends = list(itertools.accumulate(self.decode_run_seconds(steps).tolist(), initial=now))
+        next_s = self.next_arrival_s()  # no load-back is pending in a run
+        if next_s is not None:
+            steps = bisect.bisect_left(ends, next_s, hi=steps)  # ends[:steps] are the steps' starts
+        if steps:
+            self.advance_decode(ends[1 : steps + 1])
+        return ends[steps]
 
     def result(self) -> SimResult:
         self.records.sort_by_id()
@@ -389,12 +449,16 @@ def simulate(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
 
     ``counters`` seeds the run's counts (the trace reader's ``skipped_lines``, ``reordered_lines``; it is
     copied, not changed). ``progress`` is called with the number of requests that left the simulation so
     far, every few hundred steps. ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and
-    radix too) every n steps.
+    radix too) about every n steps (after each step or run of steps that passes a multiple of n).
+    ``analytic_decode``: advance runs of plain decode steps at once (the same records and figures as step by
+    step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them).
     """
-    return Simulation(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)
+    sim = Simulation(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
+    return sim.run(progress, check_every)
