@@ -260,12 +260,13 @@ class Scheduler(SchedulerState):
         req.stats.finish_step = plan.step
 
     # ----- runs of plain decode steps (the simulator's analytic advance) -------------------------------
-    def decode_run_steps(self) -> int:
+    def decode_run_steps(self, evict: bool = False) -> int:
         """How many of the next steps are plain decode steps that ``advance_decode`` may apply at once: every
         step a decode of one token of every running request (no drafts, nothing waiting or loading, nothing
         pending from ``abort`` / ``preempt``, no lower tiers, pages inserted at finish), none of them finishing
-        a request and every page they take coming off the free list (no eviction). 0 when the next step is
-        not such a step. Requests arriving meanwhile are the caller's to account for (they end a run)."""
+        a request and every page they take coming off the free list or, with ``evict``, from evicting the
+        prefix cache (never from preempting). 0 when the next step is not such a step. Requests arriving
+        meanwhile are the caller's to account for (they end a run)."""
         running, pending = self.running, self.pending
         if (
             not running
@@ -295,8 +296,11 @@ class Scheduler(SchedulerState):
             steps = left if steps is None or left < steps else steps
         if steps:
             pages = self._decode_run_pages(steps)
-            if len(pages) > self.allocator.num_free:  # the first step short of a free page evicts: it ends the run
-                steps = pages[self.allocator.num_free][0]
+            available = self.allocator.num_free
+            if evict and self.radix is not None:
+                available += self.radix.evictable_tokens // self.page_size
+            if len(pages) > available:  # the first step short of a page ends the run (it evicts or preempts)
+                steps = pages[available][0]
         return steps
 
     def _decode_run_pages(self, steps: int) -> list[tuple[int, int]]:
@@ -310,21 +314,26 @@ class Scheduler(SchedulerState):
         out.sort()
         return out
 
-    def advance_decode(self, steps: int, tokens: Sequence[int]) -> list[int]:
-        """Apply ``steps`` plain decode steps at once (at most ``decode_run_steps()``): the same pages, tokens,
-        counts and step indices as ``steps`` calls of ``step`` + ``update`` with ``tokens[i]`` sampled for
-        ``running[i]`` every step. Returns the step (0-based in the run) at which each page was taken."""
-        if not 0 < steps <= self.decode_run_steps():
-            raise DsakvError(f"advance_decode: steps = {steps!r}: must be in 1..decode_run_steps()")
+    def advance_decode(self, steps: int, tokens: Sequence[int], evict: bool = False) -> list[tuple[int, int]]:
+        """Apply ``steps`` plain decode steps at once (at most ``decode_run_steps(evict)``): the same pages,
+        evictions, tokens, counts and step indices as ``steps`` calls of ``step`` + ``update`` with
+        ``tokens[i]`` sampled for ``running[i]`` every step. Returns ``(step, evicted tokens)`` for each page
+        taken, in order (``step`` 0-based in the run)."""
+        if not 0 < steps <= self.decode_run_steps(evict):
+            raise DsakvError(f"advance_decode: steps = {steps!r}: must be in 1..decode_run_steps({evict})")
         if len(tokens) != len(self.running):
             raise DsakvError(f"advance_decode: {len(tokens)} tokens for {len(self.running)} running requests")
-        running, alloc = self.running, self.allocator
+        running, alloc, radix, ps = self.running, self.allocator, self.radix, self.page_size
         taken = []
         for j, i in self._decode_run_pages(steps):
             req = running[i]
+            evicted = 0
+            while alloc.num_free < 1:  # take_pages: evict the shortfall (decode_run_steps counted it evictable)
+                evicted += radix.evict((1 - alloc.num_free) * ps).evicted_tokens
+            self.stats.evicted_tokens += evicted
             req.pages.extend(alloc.alloc(1))
             req.stats.pages_written += 1
-            taken.append(j)
+            taken.append((j, evicted))
         for req, token in zip(running, tokens):
             req.stats.computed_tokens += steps
             req.outputs.extend([token] * steps)

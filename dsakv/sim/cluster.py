@@ -36,7 +36,7 @@ from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, SimResult, Timeline, summarize
-from dsakv.sim.routing import KvAware, Router, make_router
+from dsakv.sim.routing import KvAware, Oracle, Router, make_router
 from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.workloads.traces import TraceRequest
 
@@ -86,6 +86,9 @@ class Cluster:
                 sim = Simulation(group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode)
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
+        if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
+            for _, sim in self.targets:
+                sim.evict_in_runs = False
         self._load = [0] * len(self.targets)  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)

@@ -112,6 +112,9 @@ class Simulation:
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.analytic_decode = analytic_decode  # advance runs of plain decode steps at once (decode_run_steps)
+        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
+        # a router peeking at it: the cluster clears this then)
+        self.evict_in_runs = event_sink is None
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -317,7 +320,7 @@ class Simulation:
         Arrivals are the caller's to cut the run at."""
         if not self.analytic_decode or self._loads:
             return 0
-        return self.scheduler.decode_run_steps()
+        return self.scheduler.decode_run_steps(self.evict_in_runs)
 
     def decode_run_seconds(self, steps: int) -> np.ndarray:
         """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step)."""
@@ -327,27 +330,41 @@ class Simulation:
     def advance_decode(self, ends: Sequence[float]) -> None:
         """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and
         the timeline become what ``run_step`` step by step makes them (no request finishes or is admitted)."""
-        live = self.live
+        live, counters = self.live, self.counters
         tokens = [live[req.id].output_ids[0] for req in self.scheduler.running]
-        used = self.allocator.num_allocated
-        taken = self.scheduler.advance_decode(len(ends), tokens)
-        self.counters.steps += len(ends)
-        self.observe_run(ends, used, taken)
+        used, cached = self.allocator.num_allocated, self._cached_pages()
+        taken = self.scheduler.advance_decode(len(ends), tokens, self.evict_in_runs)
+        counters.steps += len(ends)
+        evicting = {j for j, evicted in taken if evicted}
+        if evicting:
+            counters.evicted_tokens += sum(evicted for _, evicted in taken)
+            counters.eviction_steps += len(evicting)
+        self.observe_run(ends, used, cached, taken)
 
-    def observe_run(self, ends: Sequence[float], used: int | None = None, taken: Sequence[int] = ()) -> None:
-        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each, given the pages in use
-        before the run (``used``) and the run steps at which one more was taken (``taken``, sorted)."""
+    def _cached_pages(self) -> int:
+        return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
+
+    def observe_run(
+        self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
+        pages, ``(step, tokens evicted for it)`` each), ``used`` and ``cached`` are the pool's pages in use and
+        cache-only before the run; without, the pool does not change in the run."""
         timeline, k = self.timeline, len(ends)
         timeline.time_s.extend(ends)
-        if used is None:
-            used = self.allocator.num_allocated
         if taken:
-            grown = np.searchsorted(np.asarray(taken), np.arange(k), side="right")
-            timeline.used_pages.extend((grown + used).tolist())
+            ps = self.setup.page_tokens
+            steps = np.fromiter((j for j, _ in taken), dtype=np.int64, count=len(taken))
+            evicted = np.fromiter((e // ps for _, e in taken), dtype=np.int64, count=len(taken))
+            # pages in use / cache-only after each step: the samples after every page its step took
+            last = np.searchsorted(steps, np.arange(k), side="right")
+            grown = np.concatenate(([0], np.cumsum(1 - evicted)))[last]
+            dropped = np.concatenate(([0], np.cumsum(evicted)))[last]
+            timeline.used_pages.extend((used + grown).tolist())
+            timeline.cache_only_pages.extend((cached - dropped).tolist())
         else:
-            timeline.used_pages.extend([used] * k)
-        cached = self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
-        timeline.cache_only_pages.extend([cached] * k)
+            timeline.used_pages.extend([self.allocator.num_allocated] * k)
+            timeline.cache_only_pages.extend([self._cached_pages()] * k)
         timeline.running.extend([len(self.scheduler.running)] * k)
 
     def observe(self, now: float) -> None:
@@ -355,8 +372,7 @@ class Simulation:
         timeline = self.timeline
         timeline.time_s.append(now)
         timeline.used_pages.append(self.allocator.num_allocated)
-        cached = self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
-        timeline.cache_only_pages.append(cached)
+        timeline.cache_only_pages.append(self._cached_pages())
         timeline.running.append(len(self.scheduler.running))
 
     def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
