@@ -28,7 +28,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,7 +51,9 @@ class Instance:
     routed_requests: int = 0
     steps: int = 0
     scheduled: bool = False  # a step (or a wake-up) of this instance is in the event heap
-    waiting: list[int] = field(default_factory=list)  # waiting requests (all groups) at each step's end
+    # waiting requests (all groups) at step ends: the most, and the sum over steps (mean = sum / steps)
+    peak_waiting: int = 0
+    sum_waiting: int = 0
     # a run of plain decode steps in flight (Cluster._start_run): its start and step ends, and its busy groups
     run: tuple[list[float], list[Simulation]] | None = None
     version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
@@ -86,6 +88,9 @@ class Cluster:
                 sim = Simulation(group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode)
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
+        if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
+            for _, sim in self.targets:
+                sim.timeline.merge_equal = True
         if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
             for _, sim in self.targets:
                 sim.evict_in_runs = False
@@ -188,7 +193,6 @@ class Cluster:
         before = inst.steps
         inst.steps += steps
         self._steps += steps
-        inst.waiting.extend([0] * steps)
         if self._check_every and inst.steps // self._check_every > before // self._check_every:
             for sim in inst.groups:
                 sim.scheduler.check_integrity()
@@ -224,7 +228,9 @@ class Cluster:
                 sim.observe(end)  # every group's timeline samples every step of its instance
         inst.steps += 1
         self._steps += 1
-        inst.waiting.append(sum(len(sim.scheduler.waiting) for sim in inst.groups))
+        waiting = sum(len(sim.scheduler.waiting) for sim in inst.groups)
+        inst.sum_waiting += waiting
+        inst.peak_waiting = max(inst.peak_waiting, waiting)
         if self._check_every and inst.steps % self._check_every == 0:
             for sim in inst.groups:
                 sim.scheduler.check_integrity()
@@ -300,15 +306,7 @@ class Cluster:
 
     def _instance_result(self, inst: Instance) -> SimResult:
         groups = inst.groups
-        if len(groups) == 1:
-            timeline = groups[0].timeline
-        else:  # lockstep: every group sampled at the same step ends
-            timeline = Timeline(time_s=groups[0].timeline.time_s)
-            for name in ("used_pages", "cache_only_pages", "running"):
-                total = np.sum([np.asarray(getattr(sim.timeline, name)) for sim in groups], axis=0)
-                getattr(timeline, name).extend(int(v) for v in total)
-            for sim in groups:
-                timeline.preempt_time_s.extend(sim.timeline.preempt_time_s)
+        timeline = groups[0].timeline if len(groups) == 1 else sum_timelines([sim.timeline for sim in groups])
         return self._merge(groups, timeline, inst.steps)
 
     def result(self) -> SimResult:
@@ -331,15 +329,14 @@ class Cluster:
 
 def instance_figures(inst: Instance, s: dict) -> dict:
     """One instance's row of the report: what it was sent and how it served it."""
-    waiting = np.asarray(inst.waiting, dtype=np.float64)
     return {
         "instance": inst.index,
         "requests": s["requests"],
         "routed_tokens": inst.routed_tokens,
         "hit_tokens": s["hit_tokens"],
         "hit_rate_tokens": s["hit_rate_tokens"],
-        "peak_waiting": int(waiting.max()) if waiting.size else 0,
-        "mean_waiting": float(waiting.mean()) if waiting.size else 0.0,
+        "peak_waiting": inst.peak_waiting,
+        "mean_waiting": inst.sum_waiting / inst.steps if inst.steps else 0.0,
         "mean_pool_use": s["mean_pool_use"],
         "peak_pool_use": s["peak_pool_use"],
         "mean_main_bytes": s["mean_main_bytes"],
@@ -352,19 +349,22 @@ def instance_figures(inst: Instance, s: dict) -> dict:
 
 
 def sum_timelines(timelines: list[Timeline]) -> Timeline:
-    """The cluster's timeline: at every instance's step end, the sum over instances of their latest sample
-    (a value holds over ``(t[i-1], t[i]]``, the convention of ``report._time_weighted``; after an instance's
-    last step its last sample holds)."""
+    """The sum of timelines (instances of a cluster, groups of an instance): at every sample time of any of
+    them, the sum of each one's value then (a value holds over ``(t[i-1], t[i]]``, the convention of
+    ``report._time_weighted``; before its first sample a timeline holds its first value, after its last its
+    last). Each timeline is a start value plus the changes right after its samples' times, so the sum is one
+    sort of every change: O(n log n) in the samples, whatever the number of timelines."""
     times = np.unique(np.concatenate([np.asarray(t.time_s) for t in timelines] or [np.zeros(0)]))
-    out = Timeline()
+    out = Timeline(merge_equal=any(t.merge_equal for t in timelines))
     out.time_s.extend(times.tolist())
+    change_s = np.concatenate([np.asarray(t.time_s)[:-1] for t in timelines] or [np.zeros(0)])
+    order = np.argsort(change_s, kind="stable")
+    before = np.searchsorted(change_s[order], times, side="left")  # changes strictly before each time
     for name in ("used_pages", "cache_only_pages", "running"):
-        total = np.zeros(times.size, dtype=np.int64)
-        for t in timelines:
-            ts, vs = np.asarray(t.time_s), np.asarray(getattr(t, name), dtype=np.int64)
-            if ts.size:
-                idx = np.minimum(np.searchsorted(ts, times, side="left"), ts.size - 1)
-                total += vs[idx]
+        values = [np.asarray(getattr(t, name), dtype=np.int64) for t in timelines]
+        start = sum(int(v[0]) for v in values if v.size)
+        steps = np.concatenate([np.diff(v) for v in values] or [np.zeros(0, dtype=np.int64)])[order]
+        total = start + np.concatenate(([0], np.cumsum(steps)))[before]
         getattr(out, name).extend(total.tolist())
     for t in timelines:
         out.preempt_time_s.extend(sorted(t.preempt_time_s))

@@ -350,30 +350,23 @@ class Simulation:
         """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
         pages, ``(step, tokens evicted for it)`` each), ``used`` and ``cached`` are the pool's pages in use and
         cache-only before the run; without, the pool does not change in the run."""
-        timeline, k = self.timeline, len(ends)
-        timeline.time_s.extend(ends)
+        k = len(ends)
         if taken:
             ps = self.setup.page_tokens
             steps = np.fromiter((j for j, _ in taken), dtype=np.int64, count=len(taken))
             evicted = np.fromiter((e // ps for _, e in taken), dtype=np.int64, count=len(taken))
-            # pages in use / cache-only after each step: the samples after every page its step took
+            # pages in use / cache-only after each step: after every page its step took
             last = np.searchsorted(steps, np.arange(k), side="right")
-            grown = np.concatenate(([0], np.cumsum(1 - evicted)))[last]
-            dropped = np.concatenate(([0], np.cumsum(evicted)))[last]
-            timeline.used_pages.extend((used + grown).tolist())
-            timeline.cache_only_pages.extend((cached - dropped).tolist())
+            used_after = used + np.concatenate(([0], np.cumsum(1 - evicted)))[last]
+            cached_after = cached - np.concatenate(([0], np.cumsum(evicted)))[last]
         else:
-            timeline.used_pages.extend([self.allocator.num_allocated] * k)
-            timeline.cache_only_pages.extend([self._cached_pages()] * k)
-        timeline.running.extend([len(self.scheduler.running)] * k)
+            used_after = np.full(k, self.allocator.num_allocated, dtype=np.int64)
+            cached_after = np.full(k, self._cached_pages(), dtype=np.int64)
+        self.timeline.sample_run(ends, used_after, cached_after, len(self.scheduler.running))
 
     def observe(self, now: float) -> None:
         """One timeline sample at ``now`` (a step's end)."""
-        timeline = self.timeline
-        timeline.time_s.append(now)
-        timeline.used_pages.append(self.allocator.num_allocated)
-        timeline.cache_only_pages.append(self._cached_pages())
-        timeline.running.append(len(self.scheduler.running))
+        self.timeline.sample(now, self.allocator.num_allocated, self._cached_pages(), len(self.scheduler.running))
 
     def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
         """The request leaves the simulation: its tracker becomes a ``RequestRecord``."""
