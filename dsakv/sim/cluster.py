@@ -35,7 +35,7 @@ import numpy as np
 from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
-from dsakv.sim.report import Counters, SimResult, Timeline, summarize
+from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Oracle, Router, make_router
 from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.workloads.traces import TraceRequest
@@ -289,7 +289,8 @@ class Cluster:
             counters.preemptions += c.preemptions
             counters.offloaded_pages += c.offloaded_pages
         counters.steps = steps
-        records = sorted((r for sim in sims for r in sim.records), key=lambda r: r.id)
+        records = RecordTable.concatenated([sim.records for sim in sims])
+        records.sort_by_id()
         result = SimResult(
             config=self.cfg.to_dict(),
             layout=setup.layout,

@@ -228,6 +228,37 @@ class RecordTable(Sequence):
         code = self._outcome_names.index(outcome)
         return [c == code for c in self._outcomes]
 
+    @classmethod
+    def concatenated(cls, tables: Sequence[RecordTable]) -> RecordTable:
+        """The rows of ``tables`` one after the other, column by column (no record object is made)."""
+        out = cls()
+        for table in tables:
+            if not table._size:
+                continue
+            if not out._size:
+                out._outcome_names = list(table._outcome_names)
+                for name, column in table._columns.items():
+                    out._columns[name] = array(column.typecode, column) if isinstance(column, array) else list(column)
+                out._outcomes = array("B", table._outcomes)
+                out._reasons = dict(table._reasons)
+                out._size = table._size
+                continue
+            for name, column in table._columns.items():
+                mine = out._columns[name]
+                if isinstance(mine, array) and isinstance(column, array) and mine.typecode == column.typecode:
+                    mine.extend(column)
+                else:  # a column that did not fit its array in one of them: plain values
+                    out._columns[name] = list(mine) + list(column)
+            codes = []
+            for name in table._outcome_names:
+                if name not in out._outcome_names:
+                    out._outcome_names.append(name)
+                codes.append(out._outcome_names.index(name))
+            out._outcomes.extend(codes[c] for c in table._outcomes)
+            out._reasons.update((row + out._size, reason) for row, reason in table._reasons.items())
+            out._size += table._size
+        return out
+
     def sort_by_id(self) -> None:
         """Reorder every column by the records' ids (stable)."""
         if self._size < 2:

@@ -124,3 +124,11 @@ def test_a_waiting_request_costs_about_a_kilobyte_not_its_boxed_hash_ids():
     waiting = sim.scheduler.waiting
     assert len(waiting) == count and all(type(r.prompt.hash_ids) is array for r in waiting)
     assert (after - before) / count < 1300  # a tuple of 24 boxed ids alone would add ~1,100
+
+
+def test_concatenated_tables_hold_every_row_in_order(result):
+    records = list(result.records)
+    assert {r.outcome for r in records} == {"finished", "rejected"} and any(r.reason for r in records)
+    rejected = [r for r in records if r.outcome == "rejected"]  # a part whose first outcome is the other one
+    parts = [RecordTable(records[:7]), RecordTable(), RecordTable(rejected), RecordTable(records[7:])]
+    assert list(RecordTable.concatenated(parts)) == records[:7] + rejected + records[7:]
