@@ -281,6 +281,8 @@ class RooflineStepTime:
             s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
         )  # fmt: skip
         n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
+        # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
+        larger = np.maximum if np.ndarray in map(type, s) else max
         topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
@@ -317,10 +319,10 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {
-            "linear": _maximum(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
-            "moe": _maximum(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
-            "sparse_mla": _maximum(mla_compute_s, mla_bytes / bw),
-            "indexer": _maximum(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
+            "linear": larger(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
+            "moe": larger(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
+            "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
+            "indexer": larger(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
@@ -402,13 +404,6 @@ class RooflineStepTime:
             mla_head_pad=self.gpu.mla_head_pad,
         )
         return out
-
-
-def _maximum(a, b):
-    """``max(a, b)`` of floats, element-wise when either is an array (same value: no NaN is priced)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return max(a, b)
 
 
 def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray:
