@@ -134,6 +134,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT.router,
         help=f"which DP group of which instance a request goes to: {', '.join(ROUTERS)}; a comma list compares them",
     )
+    c.add_argument(
+        "--no-analytic-decode",
+        action="store_true",
+        help="step every decode step one by one (same figures, slower; by default runs of plain decode steps are "
+        "advanced at once)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -248,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
         raise DsakvError("--ray / --ray-address: run sweep points; give --sweep or a comma list of --router")
     if args.ray and args.ray_address:
         raise DsakvError("give either --ray (a local Ray) or --ray-address ADDR (a running cluster), not both")
+    if args.no_analytic_decode and (args.sweep or len(routers) > 1):
+        raise DsakvError("--no-analytic-decode applies to one run: give it without --sweep or a comma list of --router")
     if len(routers) > 1:
         if args.sweep:
             raise DsakvError("--router with a comma list compares routers: give it without --sweep")
@@ -261,7 +269,14 @@ def run(args: argparse.Namespace) -> int:
         if bar:
             bar.start()
         try:
-            result = run_simulation(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
+            result = run_simulation(
+                cfg,
+                opened.requests,
+                setup=setup,
+                counters=opened.counters,
+                progress=tick,
+                analytic_decode=not args.no_analytic_decode,
+            )
         finally:
             if bar:
                 bar.stop()
