@@ -14,6 +14,14 @@ One iteration (``Simulation.run``)::
              loop jumps to the next arrival or load-back end
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
+Runs of plain decode steps (``analytic_decode``, on by default): when every running request decodes one
+token per step (nothing waiting or loading, no drafts, no lower tiers), the steps until the first one that
+finishes a request, needs a page the free list and the evictable cache cannot give, or starts at or after
+the next arrival are applied at once (``Scheduler.advance_decode``: the same pages, evictions and tokens in
+the same order; the step-time model prices the run as arrays, ``decode_run_seconds``; the clock adds the
+step times one by one). Records, timeline and figures equal stepping them one by one, bit for bit
+(tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
+
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
 loop simulates group 0 with every ``d``-th request and every figure is that group's (``dp_attention`` and
