@@ -41,8 +41,9 @@ def _same_runs(step, analytic):
         SimConfig(),
         SimConfig(pool_tokens=40_000),  # a small pool: runs evict the prefix cache
         SimConfig(pool_tokens=40_000, schedule_policy="prefill_first", step_model="constant"),
+        SimConfig(max_concurrency=3),  # closed loop: the next start waits on a finish, which ends every run
     ],
-    ids=["roofline", "evicting", "prefill-first-constant"],
+    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop"],
 )
 def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
