@@ -319,20 +319,24 @@ class Cluster:
         return self._merge(groups, timeline, inst.steps)
 
     def result(self) -> SimResult:
-        per_instance = [self._instance_result(inst) for inst in self.instances]
-        if len(per_instance) == 1:
-            cluster = per_instance[0]
+        # each instance's figures are taken as its result is made, and its copy of the records dropped then
+        if len(self.instances) == 1:
+            cluster = self._instance_result(self.instances[0])
+            rows = [instance_figures(self.instances[0], cluster.summary)]
         else:
-            timeline = sum_timelines([r.timeline for r in per_instance])
+            rows, timelines = [], []
+            for inst in self.instances:
+                r = self._instance_result(inst)
+                rows.append(instance_figures(inst, r.summary))
+                timelines.append(r.timeline)
+            timeline = sum_timelines(timelines)
             cluster = self._merge([sim for _, sim in self.targets], timeline, sum(i.steps for i in self.instances))
         routed = np.array([inst.routed_tokens for inst in self.instances], dtype=np.float64)
         cluster.summary["instances"] = self.cfg.instances
         cluster.summary["router"] = self.router.name
         cluster.summary["load_imbalance"] = float(routed.max() / routed.mean()) if routed.sum() else 1.0
         if self.cfg.instances > 1 or self.dp > 1:
-            cluster.summary["per_instance"] = [
-                instance_figures(inst, r.summary) for inst, r in zip(self.instances, per_instance)
-            ]
+            cluster.summary["per_instance"] = rows
         return cluster
 
 
