@@ -158,6 +158,15 @@ class MooncakePrompt(Sequence):
     def __len__(self) -> int:
         return self.input_length
 
+    @property
+    def token_id_bounds(self) -> tuple[int, int] | None:
+        """Bounds of its token ids without expanding them (``check_prompt`` reads them): every hash id in
+        ``0 .. MAX_HASH_ID`` gives tokens in ``0 .. WIDE_TOKEN_LIMIT - 1``; None for any other hash id."""
+        ids = self.hash_ids
+        if len(ids) and not (0 <= min(ids) and max(ids) <= MAX_HASH_ID):
+            return None
+        return 0, WIDE_TOKEN_LIMIT - 1
+
     def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
         return _block_tokens(self.hash_ids, self.input_length, self.block).astype(dtype or np.uint32)
 
