@@ -397,6 +397,12 @@ class Scheduler(SchedulerState):
             self.tiers.store.unpin(store_hashes)
         req.load_hashes = ((), ())
 
+    def forget(self, request_id: Hashable) -> None:
+        """Drop a request that left (finished, rejected, aborted) from ``done``: a caller that never asks about
+        it again (the simulator, whose ids are unique by construction) keeps ``done`` from growing with the
+        trace. ``abort`` then calls the id unknown, and ``new_request_id`` may hand it out again."""
+        self.done.pop(request_id, None)
+
     # ----- queries ------------------------------------------------------------------------------
     @property
     def is_idle(self) -> bool:

@@ -379,6 +379,7 @@ class Simulation:
     def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
         """The request leaves the simulation: its tracker becomes a ``RequestRecord``."""
         tracker = self.live.pop(req.id)
+        self.scheduler.forget(req.id)  # ids are unique in a run: the scheduler need not remember them
         if self._slots is not None:  # closed loop: the client's slot is free again
             heapq.heappush(self._slots, tracker.arrival_s if finish_s is None else finish_s)
         record = make_record(

@@ -147,3 +147,11 @@ def test_a_trace_prompt_is_checked_on_arrival_without_expanding_it():
     assert MooncakePrompt((3, -1), 700).token_id_bounds is None  # not a hash id: checked token by token
     with pytest.raises(AssertionError, match="expanded"):
         check_prompt(_Unexpandable((3, -1), 700))
+
+
+def test_the_scheduler_forgets_the_requests_that_left_the_simulation():
+    cfg = SimConfig(step_model="constant")
+    sim = Simulation(cfg, build_setup(cfg), generate_scenario("chat", seed=0, scale=0.05))
+    result = sim.run()
+    assert result.summary["finished"] == len(result.records) > 0
+    assert sim.scheduler.done == {} and sim.scheduler.stats.finished == len(result.records)
