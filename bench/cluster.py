@@ -7,7 +7,7 @@ Prints one summary line with units (``--json``: ``requests``, ``wall_s``, ``requ
 ``peak_rss_bytes``, ``hit_tokens`` and the run's other figures). ``wall_s`` covers reading the trace, the
 simulation and the summary; ``peak_rss_bytes`` is the process's peak resident set (``getrusage``).
 
-    python bench/cluster.py --scale K [--instances N] [--router R] [--trace PATH] [--json]
+    python bench/cluster.py --scale K [--instances N] [--router R] [--trace PATH] [--no-analytic] [--json]
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def main() -> None:
     ap.add_argument("--router", default="round-robin", choices=ROUTERS)
     ap.add_argument("--trace", default=str(DEFAULT_TRACE) if DEFAULT_TRACE.is_file() else None)
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    ap.add_argument(
+        "--no-analytic",
+        action="store_true",
+        help="step every decode step one by one (the baseline; the default advances runs of them at once)",
+    )
     args = ap.parse_args()
     if args.scale < 1 or (args.instances is not None and args.instances < 1):
         ap.error("--scale and --instances must be positive integers")
@@ -56,7 +61,8 @@ def main() -> None:
         base, what = list(MooncakeTrace(args.trace)), f"trace {Path(args.trace).name}"
     else:
         base, what = generate_scenario("chat", seed=0), "generated chat scenario (shared trace absent)"
-    result = run_simulation(cfg, scaled(base, args.scale), setup=build_setup(cfg))
+    analytic = not args.no_analytic
+    result = run_simulation(cfg, scaled(base, args.scale), setup=build_setup(cfg), analytic_decode=analytic)
     wall = time.perf_counter() - t0
     s = result.summary
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
@@ -69,6 +75,7 @@ def main() -> None:
         "scale": args.scale,
         "instances": instances,
         "router": args.router,
+        "analytic_decode": analytic,
         "source": what,
         "hit_rate_tokens": s["hit_rate_tokens"],
         "finished": s["finished"],

@@ -146,6 +146,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="ENDPOINT",
         help="the instances' replay sockets (instance i at PORT + i): the subscribers ask them for dropped batches",
     )
+    c.add_argument(
+        "--no-analytic-decode",
+        action="store_true",
+        help="step every decode step one by one (same figures, slower; by default runs of plain decode steps are "
+        "advanced at once)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -277,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
         raise DsakvError("--ray / --ray-address: run sweep points; give --sweep or a comma list of --router")
     if args.ray and args.ray_address:
         raise DsakvError("give either --ray (a local Ray) or --ray-address ADDR (a running cluster), not both")
+    if args.no_analytic_decode and (args.sweep or len(routers) > 1):
+        raise DsakvError("--no-analytic-decode applies to one run: give it without --sweep or a comma list of --router")
     if len(routers) > 1:
         if args.sweep:
             raise DsakvError("--router with a comma list compares routers: give it without --sweep")
@@ -290,7 +298,14 @@ def run(args: argparse.Namespace) -> int:
         if bar:
             bar.start()
         try:
-            result = run_simulation(cfg, opened.requests, setup=setup, counters=opened.counters, progress=tick)
+            result = run_simulation(
+                cfg,
+                opened.requests,
+                setup=setup,
+                counters=opened.counters,
+                progress=tick,
+                analytic_decode=not args.no_analytic_decode,
+            )
         finally:
             if bar:
                 bar.stop()

@@ -20,8 +20,8 @@ insert of the request happens in it, so requests of different namespaces never s
 
 A prompt is a list, a 1-D integer array, or a compact sequence that ``np.asarray`` expands (the simulator's
 ``dsakv.workloads.traces.MooncakePrompt`` keeps a trace prompt as its hash ids): such a prompt is expanded
-when it is checked on arrival and when its key is encoded, and never kept expanded, so a waiting request
-costs what its compact form costs.
+when its key is encoded (and when it is checked on arrival, unless it states ``token_id_bounds`` within the
+token id range), and never kept expanded, so a waiting request costs what its compact form costs.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def check_prompt(prompt: Sequence[int]) -> None:
     """
     if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
         raise DsakvError(f"prompt: got {type(prompt).__name__}: must be a list or 1-D array of integer token ids")
+    bounds = getattr(prompt, "token_id_bounds", None)  # a compact prompt vouching for its ids: not expanded
+    if bounds is not None and 0 <= bounds[0] and bounds[1] <= MAX_TOKEN_ID:
+        return
     ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise DsakvError(

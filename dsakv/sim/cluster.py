@@ -14,6 +14,14 @@ classes as a single run), stepped from here; the cluster adds what lies between 
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
 
+* **Runs.** An instance whose groups all decode plainly (or idle) starts a run of decode steps
+  (``Simulation.decode_run_steps``) and is next woken at its last end; a request routed to it before then
+  cuts the run after the step in flight at its arrival (the steps starting before it are applied, as step
+  by step). Nothing a router sees changes inside a run (no request leaves; with a router that watches the
+  trees, KV-aware or oracle, no page enters or leaves them), so an arrival touches one instance's run only:
+  the cost per request does not grow with the instances. With several groups in all, each group's timeline
+  keeps one sample per stretch of equal values (``Timeline.merge_equal``): bounded by events, not steps.
+
 With one instance of one group this is exactly ``dsakv.sim.loop.simulate`` (same records, same figures: a
 test pins it). The result is a ``SimResult`` for the whole cluster (records of every group, pool figures
 over every group's pool, the pool timeline summed over the instances) whose summary adds ``instances``,
@@ -23,17 +31,20 @@ caches, TTFT / TPOT); ``docs/routing.md`` defines them.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import heapq
+import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
-from dsakv.sim.report import Counters, SimResult, Timeline, summarize
-from dsakv.sim.routing import KvAware, Router, make_router
+from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, summarize
+from dsakv.sim.routing import KvAware, Oracle, Router, make_router
 from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.workloads.traces import TraceRequest
 
@@ -48,7 +59,12 @@ class Instance:
     routed_requests: int = 0
     steps: int = 0
     scheduled: bool = False  # a step (or a wake-up) of this instance is in the event heap
-    waiting: list[int] = field(default_factory=list)  # waiting requests (all groups) at each step's end
+    # waiting requests (all groups) at step ends: the most, and the sum over steps (mean = sum / steps)
+    peak_waiting: int = 0
+    sum_waiting: int = 0
+    # a run of plain decode steps in flight (Cluster._start_run): its start and step ends, and its busy groups
+    run: tuple[list[float], list[Simulation]] | None = None
+    version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
 
 
 class Cluster:
@@ -61,8 +77,10 @@ class Cluster:
         requests: Iterable[TraceRequest],
         counters: Counters | None = None,
         router: Router | None = None,
+        analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
+        self.analytic_decode = analytic_decode
         self.dp = setup.setting.dp_attention
         n = cfg.instances
         self.router = router or make_router(
@@ -76,14 +94,23 @@ class Cluster:
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
-                sim = Simulation(group_cfg, setup, (), event_sink=sink_of(t) if sink_of else None)
+                sink = sink_of(t) if sink_of else None
+                sim = Simulation(group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode)
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
+        if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
+            for _, sim in self.targets:
+                sim.timeline.merge_equal = True
+        if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
+            for _, sim in self.targets:
+                sim.evict_in_runs = False
         self._load = [0] * len(self.targets)  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
         self._serial = 0
         self._check_every = 0
+        self._heap: list[tuple[float, int, int]] = []  # (time, instance, version): a step ends or an instance wakes
+        self._steps = 0  # instance steps so far
 
     def close(self) -> None:
         """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events``)."""
@@ -112,6 +139,8 @@ class Cluster:
         self._clock(arrival_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
+        if inst.run is not None:
+            self._cut_run(inst, arrival_s)
         tokens = req.input_length + req.output_length
         self._load[target] += tokens
         inst.routed_tokens += tokens
@@ -129,6 +158,59 @@ class Cluster:
         for rec in sim.records[before:]:
             target, tokens = self._held.pop(rec.id)
             self._load[target] -= tokens
+
+    # ----- runs of plain decode steps ------------------------------------------------------------
+    def _start_run(self, inst: Instance, now: float) -> float | None:
+        """Start a run of plain decode steps of ``inst`` at ``now`` when every group is idle or in such a run
+        (``Simulation.decode_run_steps``) for two steps or more; returns the run's last end (None: no run).
+
+        The run is applied when that end is reached, or cut by the first request routed to ``inst`` before
+        it (``_cut_run``). Nothing the router sees changes inside a run (no request leaves, no page enters or
+        leaves the prefix cache), so no other instance waits on it."""
+        if not self.analytic_decode:
+            return None
+        steps, busy = None, []
+        for sim in inst.groups:
+            if sim.scheduler.is_idle:
+                continue
+            k = sim.decode_run_steps()
+            if k < 2:
+                return None
+            busy.append(sim)
+            steps = k if steps is None or k < steps else steps
+        if not busy:
+            return None
+        # lockstep: each step takes its slowest group's time (the same max as ``_step``'s, per step)
+        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps) for sim in busy))
+        ends = list(itertools.accumulate(seconds.tolist(), initial=now))
+        inst.run = (ends, busy)
+        return ends[-1]
+
+    def _cut_run(self, inst: Instance, arrival_s: float) -> None:
+        """A request routed to ``inst`` at ``arrival_s`` ends its run after the step in flight then (step by
+        step, the steps starting before the arrival run without it); the instance steps on from that end."""
+        ends = inst.run[0]
+        steps = bisect.bisect_left(ends, arrival_s, hi=len(ends) - 1)  # steps starting before the arrival
+        self._apply_run(inst, steps)
+        inst.version += 1
+        heapq.heappush(self._heap, (ends[steps], inst.index, inst.version))
+
+    def _apply_run(self, inst: Instance, steps: int) -> None:
+        """Apply the first ``steps`` steps of ``inst``'s run to its groups (idle groups sample the timeline)."""
+        ends, busy = inst.run
+        inst.run = None
+        done = ends[1 : steps + 1]
+        for sim in inst.groups:
+            if any(sim is b for b in busy):
+                sim.advance_decode(done)
+            else:
+                sim.observe_run(done)
+        before = inst.steps
+        inst.steps += steps
+        self._steps += steps
+        if self._check_every and inst.steps // self._check_every > before // self._check_every:
+            for sim in inst.groups:
+                sim.scheduler.check_integrity()
 
     # ----- one lockstep step ----------------------------------------------------------------------
     def _step(self, inst: Instance, now: float) -> float | None:
@@ -160,7 +242,10 @@ class Cluster:
             if all(sim is not s for s, _ in running):
                 sim.observe(end)  # every group's timeline samples every step of its instance
         inst.steps += 1
-        inst.waiting.append(sum(len(sim.scheduler.waiting) for sim in inst.groups))
+        self._steps += 1
+        waiting = sum(len(sim.scheduler.waiting) for sim in inst.groups)
+        inst.sum_waiting += waiting
+        inst.peak_waiting = max(inst.peak_waiting, waiting)
         if self._check_every and inst.steps % self._check_every == 0:
             for sim in inst.groups:
                 sim.scheduler.check_integrity()
@@ -169,29 +254,34 @@ class Cluster:
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
         self._check_every = check_every
-        heap: list[tuple[float, int]] = []  # (time, instance): a step ends or a sleeping instance wakes
+        heap = self._heap
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
-        steps = 0
         while pending is not None or heap:
             if pending is not None and (not heap or pending_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
                     inst.scheduled = True
-                    heapq.heappush(heap, (pending_s, inst.index))
+                    heapq.heappush(heap, (pending_s, inst.index, inst.version))
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
                 continue
-            now, i = heapq.heappop(heap)
+            now, i, version = heapq.heappop(heap)
             inst = self.instances[i]
-            end = self._step(inst, now)
+            if version != inst.version:
+                continue  # the end of a run an arrival cut short: the instance's entry is the cut's
+            before = self._steps
+            if inst.run is not None:  # its run has ended: apply it whole
+                self._apply_run(inst, len(inst.run[0]) - 1)
+            end = self._start_run(inst, now)
+            if end is None:
+                end = self._step(inst, now)
             if end is None:
                 inst.scheduled = False  # asleep until a request is routed here
                 continue
-            heapq.heappush(heap, (end, i))
-            steps += 1
-            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+            heapq.heappush(heap, (end, i, inst.version))
+            if progress is not None and self._steps // PROGRESS_EVERY_STEPS > before // PROGRESS_EVERY_STEPS:
                 progress(sum(len(sim.records) for _, sim in self.targets))
         for _, sim in self.targets:
             for req in list(sim.scheduler.running) + list(sim.scheduler.loading) + list(sim.scheduler.waiting):
@@ -214,7 +304,8 @@ class Cluster:
             counters.preemptions += c.preemptions
             counters.offloaded_pages += c.offloaded_pages
         counters.steps = steps
-        records = sorted((r for sim in sims for r in sim.records), key=lambda r: r.id)
+        records = RecordTable.concatenated([sim.records for sim in sims])
+        records.sort_by_id()
         result = SimResult(
             config=self.cfg.to_dict(),
             layout=setup.layout,
@@ -231,46 +322,41 @@ class Cluster:
 
     def _instance_result(self, inst: Instance) -> SimResult:
         groups = inst.groups
-        if len(groups) == 1:
-            timeline = groups[0].timeline
-        else:  # lockstep: every group sampled at the same step ends
-            timeline = Timeline(time_s=groups[0].timeline.time_s)
-            for name in ("used_pages", "cache_only_pages", "running"):
-                total = np.sum([np.asarray(getattr(sim.timeline, name)) for sim in groups], axis=0)
-                getattr(timeline, name).extend(int(v) for v in total)
-            for sim in groups:
-                timeline.preempt_time_s.extend(sim.timeline.preempt_time_s)
+        timeline = groups[0].timeline if len(groups) == 1 else sum_timelines([sim.timeline for sim in groups])
         return self._merge(groups, timeline, inst.steps)
 
     def result(self) -> SimResult:
-        per_instance = [self._instance_result(inst) for inst in self.instances]
-        if len(per_instance) == 1:
-            cluster = per_instance[0]
+        # each instance's figures are taken as its result is made, and its copy of the records dropped then
+        if len(self.instances) == 1:
+            cluster = self._instance_result(self.instances[0])
+            rows = [instance_figures(self.instances[0], cluster.summary)]
         else:
-            timeline = sum_timelines([r.timeline for r in per_instance])
+            rows, timelines = [], []
+            for inst in self.instances:
+                r = self._instance_result(inst)
+                rows.append(instance_figures(inst, r.summary))
+                timelines.append(r.timeline)
+            timeline = sum_timelines(timelines)
             cluster = self._merge([sim for _, sim in self.targets], timeline, sum(i.steps for i in self.instances))
         routed = np.array([inst.routed_tokens for inst in self.instances], dtype=np.float64)
         cluster.summary["instances"] = self.cfg.instances
         cluster.summary["router"] = self.router.name
         cluster.summary["load_imbalance"] = float(routed.max() / routed.mean()) if routed.sum() else 1.0
         if self.cfg.instances > 1 or self.dp > 1:
-            cluster.summary["per_instance"] = [
-                instance_figures(inst, r.summary) for inst, r in zip(self.instances, per_instance)
-            ]
+            cluster.summary["per_instance"] = rows
         return cluster
 
 
 def instance_figures(inst: Instance, s: dict) -> dict:
     """One instance's row of the report: what it was sent and how it served it."""
-    waiting = np.asarray(inst.waiting, dtype=np.float64)
     return {
         "instance": inst.index,
         "requests": s["requests"],
         "routed_tokens": inst.routed_tokens,
         "hit_tokens": s["hit_tokens"],
         "hit_rate_tokens": s["hit_rate_tokens"],
-        "peak_waiting": int(waiting.max()) if waiting.size else 0,
-        "mean_waiting": float(waiting.mean()) if waiting.size else 0.0,
+        "peak_waiting": inst.peak_waiting,
+        "mean_waiting": inst.sum_waiting / inst.steps if inst.steps else 0.0,
         "mean_pool_use": s["mean_pool_use"],
         "peak_pool_use": s["peak_pool_use"],
         "mean_main_bytes": s["mean_main_bytes"],
@@ -283,20 +369,24 @@ def instance_figures(inst: Instance, s: dict) -> dict:
 
 
 def sum_timelines(timelines: list[Timeline]) -> Timeline:
-    """The cluster's timeline: at every instance's step end, the sum over instances of their latest sample
-    (a value holds over ``(t[i-1], t[i]]``, the convention of ``report._time_weighted``; after an instance's
-    last step its last sample holds)."""
+    """The sum of timelines (instances of a cluster, groups of an instance): at every sample time of any of
+    them, the sum of each one's value then (a value holds over ``(t[i-1], t[i]]``, the convention of
+    ``report._time_weighted``; before its first sample a timeline holds its first value, after its last its
+    last). Each timeline is a start value plus the changes right after its samples' times, so the sum is one
+    sort of every change: O(n log n) in the samples, whatever the number of timelines."""
     times = np.unique(np.concatenate([np.asarray(t.time_s) for t in timelines] or [np.zeros(0)]))
-    out = Timeline()
-    out.time_s.extend(times.tolist())
+    out = Timeline(merge_equal=any(t.merge_equal for t in timelines))
+    out.time_s.frombytes(times.astype(np.float64).tobytes())  # no Python float per sample
+    change_s = np.concatenate([np.asarray(t.time_s)[:-1] for t in timelines] or [np.zeros(0)])
+    order = np.argsort(change_s, kind="stable")
+    before = np.searchsorted(change_s[order], times, side="left")  # changes strictly before each time
+    del change_s, times
     for name in ("used_pages", "cache_only_pages", "running"):
-        total = np.zeros(times.size, dtype=np.int64)
-        for t in timelines:
-            ts, vs = np.asarray(t.time_s), np.asarray(getattr(t, name), dtype=np.int64)
-            if ts.size:
-                idx = np.minimum(np.searchsorted(ts, times, side="left"), ts.size - 1)
-                total += vs[idx]
-        getattr(out, name).extend(total.tolist())
+        values = [np.asarray(getattr(t, name), dtype=np.int64) for t in timelines]
+        start = sum(int(v[0]) for v in values if v.size)
+        steps = np.concatenate([np.diff(v) for v in values] or [np.zeros(0, dtype=np.int64)])[order]
+        total = start + np.concatenate(([0], np.cumsum(steps)))[before]
+        getattr(out, name).frombytes(total.astype(np.int64).tobytes())
     for t in timelines:
         out.preempt_time_s.extend(sorted(t.preempt_time_s))
     return out
@@ -317,9 +407,10 @@ def simulate_cluster(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s."""
-    cluster = Cluster(cfg, setup or build_setup(cfg), requests, counters)
+    cluster = Cluster(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
     try:
         return cluster.run(progress, check_every)
     finally:
@@ -334,12 +425,16 @@ def run_simulation(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated)
     or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
     setup = setup or build_setup(cfg)
+    run = dict(
+        setup=setup, counters=counters, progress=progress, check_every=check_every, analytic_decode=analytic_decode
+    )
     if cfg.instances == 1 and setup.setting.dp_attention == 1 and cfg.kv_events is None:
-        result = simulate(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
+        result = simulate(cfg, requests, **run)
         result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
         return result
-    return simulate_cluster(cfg, requests, setup=setup, counters=counters, progress=progress, check_every=check_every)
+    return simulate_cluster(cfg, requests, **run)

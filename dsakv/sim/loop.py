@@ -14,6 +14,14 @@ One iteration (``Simulation.run``)::
              loop jumps to the next arrival or load-back end
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
+Runs of plain decode steps (``analytic_decode``, on by default): when every running request decodes one
+token per step (nothing waiting or loading, no drafts, no lower tiers), the steps until the first one that
+finishes a request, needs a page the free list and the evictable cache cannot give, or starts at or after
+the next arrival are applied at once (``Scheduler.advance_decode``: the same pages, evictions and tokens in
+the same order; the step-time model prices the run as arrays, ``decode_run_seconds``; the clock adds the
+step times one by one). Records, timeline and figures equal stepping them one by one, bit for bit
+(tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
+
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
 loop simulates group 0 with every ``d``-th request and every figure is that group's (``dp_attention`` and
@@ -33,12 +41,16 @@ records.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 import random
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import CacheEvent
@@ -104,8 +116,13 @@ class Simulation:
         requests: Iterable[TraceRequest],
         counters: Counters | None = None,
         event_sink: Callable[[CacheEvent], None] | None = None,
+        analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
+        self.analytic_decode = analytic_decode  # advance runs of plain decode steps at once (decode_run_steps)
+        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
+        # a router peeking at it: the cluster clears this then)
+        self.evict_in_runs = event_sink is None
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -304,18 +321,65 @@ class Simulation:
         self.observe(end)
         return end
 
+    # ----- runs of plain decode steps ---------------------------------------------------------------
+    def decode_run_steps(self) -> int:
+        """How many of the next steps form a run of plain decode steps (``Scheduler.decode_run_steps``) that
+        ``advance_decode`` applies at once; 0 when the analytic advance is off or the next step is not one.
+        Arrivals are the caller's to cut the run at."""
+        if not self.analytic_decode or self._loads:
+            return 0
+        return self.scheduler.decode_run_steps(self.evict_in_runs)
+
+    def decode_run_seconds(self, steps: int) -> np.ndarray:
+        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step)."""
+        contexts = [req.prompt_len + len(req.outputs) for req in self.scheduler.running]
+        return self.setup.step_time.decode_run_seconds(contexts, steps)
+
+    def advance_decode(self, ends: Sequence[float]) -> None:
+        """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and
+        the timeline become what ``run_step`` step by step makes them (no request finishes or is admitted)."""
+        live, counters = self.live, self.counters
+        tokens = [live[req.id].output_ids[0] for req in self.scheduler.running]
+        used, cached = self.allocator.num_allocated, self._cached_pages()
+        taken = self.scheduler.advance_decode(len(ends), tokens, self.evict_in_runs)
+        counters.steps += len(ends)
+        evicting = {j for j, evicted in taken if evicted}
+        if evicting:
+            counters.evicted_tokens += sum(evicted for _, evicted in taken)
+            counters.eviction_steps += len(evicting)
+        self.observe_run(ends, used, cached, taken)
+
+    def _cached_pages(self) -> int:
+        return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
+
+    def observe_run(
+        self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
+        pages, ``(step, tokens evicted for it)`` each), ``used`` and ``cached`` are the pool's pages in use and
+        cache-only before the run; without, the pool does not change in the run."""
+        k = len(ends)
+        if taken:
+            ps = self.setup.page_tokens
+            steps = np.fromiter((j for j, _ in taken), dtype=np.int64, count=len(taken))
+            evicted = np.fromiter((e // ps for _, e in taken), dtype=np.int64, count=len(taken))
+            # pages in use / cache-only after each step: after every page its step took
+            last = np.searchsorted(steps, np.arange(k), side="right")
+            used_after = used + np.concatenate(([0], np.cumsum(1 - evicted)))[last]
+            cached_after = cached - np.concatenate(([0], np.cumsum(evicted)))[last]
+        else:
+            used_after = np.full(k, self.allocator.num_allocated, dtype=np.int64)
+            cached_after = np.full(k, self._cached_pages(), dtype=np.int64)
+        self.timeline.sample_run(ends, used_after, cached_after, len(self.scheduler.running))
+
     def observe(self, now: float) -> None:
         """One timeline sample at ``now`` (a step's end)."""
-        timeline = self.timeline
-        timeline.time_s.append(now)
-        timeline.used_pages.append(self.allocator.num_allocated)
-        cached = self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
-        timeline.cache_only_pages.append(cached)
-        timeline.running.append(len(self.scheduler.running))
+        self.timeline.sample(now, self.allocator.num_allocated, self._cached_pages(), len(self.scheduler.running))
 
     def leave(self, req: Request, finish_s: float | None, outcome: str) -> None:
         """The request leaves the simulation: its tracker becomes a ``RequestRecord``."""
         tracker = self.live.pop(req.id)
+        self.scheduler.forget(req.id)  # ids are unique in a run: the scheduler need not remember them
         if self._slots is not None:  # closed loop: the client's slot is free again
             heapq.heappush(self._slots, tracker.arrival_s if finish_s is None else finish_s)
         record = make_record(
@@ -348,11 +412,14 @@ class Simulation:
                     break  # idle, or stalled with nothing more to come: what remains is unfinished
                 now = max(now, next_s)
                 continue
+            before = self.counters.steps
             now = self.run_step(plan, now)
+            if (run := self.decode_run_steps()) > 0:
+                now = self.advance_run(now, run)
             steps = self.counters.steps
-            if check_every and steps % check_every == 0:
+            if check_every and steps // check_every > before // check_every:
                 scheduler.check_integrity()
-            if progress is not None and steps % PROGRESS_EVERY_STEPS == 0:
+            if progress is not None and steps // PROGRESS_EVERY_STEPS > before // PROGRESS_EVERY_STEPS:
                 progress(len(self.records))
         for req in list(scheduler.running) + list(scheduler.loading) + list(scheduler.waiting):
             req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
@@ -362,6 +429,17 @@ class Simulation:
         if progress is not None:
             progress(len(self.records))
         return self.result()
+
+    def advance_run(self, now: float, steps: int) -> float:
+        """Run up to ``steps`` plain decode steps from ``now`` at once, cut before the first step that starts
+        at or after the next arrival (``arrive`` would queue it first); returns the last step's end."""
+        ends = list(itertools.accumulate(self.decode_run_seconds(steps).tolist(), initial=now))
+        next_s = self.next_arrival_s()  # no load-back is pending in a run
+        if next_s is not None:
+            steps = bisect.bisect_left(ends, next_s, hi=steps)  # ends[:steps] are the steps' starts
+        if steps:
+            self.advance_decode(ends[1 : steps + 1])
+        return ends[steps]
 
     def result(self) -> SimResult:
         self.records.sort_by_id()
@@ -389,12 +467,16 @@ def simulate(
     counters: Counters | None = None,
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
+    analytic_decode: bool = True,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
 
     ``counters`` seeds the run's counts (the trace reader's ``skipped_lines``, ``reordered_lines``; it is
     copied, not changed). ``progress`` is called with the number of requests that left the simulation so
     far, every few hundred steps. ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and
-    radix too) every n steps.
+    radix too) about every n steps (after each step or run of steps that passes a multiple of n).
+    ``analytic_decode``: advance runs of plain decode steps at once (the same records and figures as step by
+    step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them).
     """
-    return Simulation(cfg, setup or build_setup(cfg), requests, counters).run(progress, check_every)
+    sim = Simulation(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
+    return sim.run(progress, check_every)

@@ -228,6 +228,37 @@ class RecordTable(Sequence):
         code = self._outcome_names.index(outcome)
         return [c == code for c in self._outcomes]
 
+    @classmethod
+    def concatenated(cls, tables: Sequence[RecordTable]) -> RecordTable:
+        """The rows of ``tables`` one after the other, column by column (no record object is made)."""
+        out = cls()
+        for table in tables:
+            if not table._size:
+                continue
+            if not out._size:
+                out._outcome_names = list(table._outcome_names)
+                for name, column in table._columns.items():
+                    out._columns[name] = array(column.typecode, column) if isinstance(column, array) else list(column)
+                out._outcomes = array("B", table._outcomes)
+                out._reasons = dict(table._reasons)
+                out._size = table._size
+                continue
+            for name, column in table._columns.items():
+                mine = out._columns[name]
+                if isinstance(mine, array) and isinstance(column, array) and mine.typecode == column.typecode:
+                    mine.extend(column)
+                else:  # a column that did not fit its array in one of them: plain values
+                    out._columns[name] = list(mine) + list(column)
+            codes = []
+            for name in table._outcome_names:
+                if name not in out._outcome_names:
+                    out._outcome_names.append(name)
+                codes.append(out._outcome_names.index(name))
+            out._outcomes.extend(codes[c] for c in table._outcomes)
+            out._reasons.update((row + out._size, reason) for row, reason in table._reasons.items())
+            out._size += table._size
+        return out
+
     def sort_by_id(self) -> None:
         """Reorder every column by the records' ids (stable)."""
         if self._size < 2:
@@ -260,13 +291,61 @@ class Counters:
 
 @dataclass
 class Timeline:
-    """One sample per scheduler step (at the step's end): pool pages in use, pages held only by the cache."""
+    """Samples at step ends: pool pages in use, pages held only by the cache, running requests. A sample's
+    values hold over ``(previous sample's time, its time]``.
+
+    One sample per scheduler step, or, with ``merge_equal`` (a cluster of several groups: its timelines must
+    not grow with the steps), one per stretch of steps with equal values, at the stretch's last step end:
+    the same step function, sampled where it changes (peaks and the makespan equal, time-weighted means
+    equal up to the rounding of a sum)."""
 
     time_s: array = field(default_factory=lambda: array("d"))
     used_pages: array = field(default_factory=lambda: array("q"))
     cache_only_pages: array = field(default_factory=lambda: array("q"))
     running: array = field(default_factory=lambda: array("q"))
     preempt_time_s: array = field(default_factory=lambda: array("d"))
+    merge_equal: bool = False
+
+    def sample(self, time_s: float, used: int, cached: int, running: int) -> None:
+        """The sample at a step's end."""
+        if (
+            self.merge_equal
+            and self.time_s
+            and used == self.used_pages[-1]
+            and cached == self.cache_only_pages[-1]
+            and running == self.running[-1]
+        ):
+            self.time_s[-1] = time_s
+            return
+        self.time_s.append(time_s)
+        self.used_pages.append(used)
+        self.cache_only_pages.append(cached)
+        self.running.append(running)
+
+    def sample_run(self, times: Sequence[float], used: np.ndarray, cached: np.ndarray, running: int) -> None:
+        """The samples at the ends of a run of steps (``used`` / ``cached``: int64, one per step): what
+        ``sample`` at each step end makes, in one pass."""
+        if not self.merge_equal:
+            self.time_s.extend(times)
+            self.used_pages.extend(used.tolist())
+            self.cache_only_pages.extend(cached.tolist())
+            self.running.extend([running] * len(times))
+            return
+        last = np.ones(len(times), dtype=bool)  # the last step of each stretch of equal values
+        last[:-1] = (used[1:] != used[:-1]) | (cached[1:] != cached[:-1])
+        keep = np.flatnonzero(last)
+        first = keep[0]
+        if self.time_s and (used[first], cached[first], running) == (
+            self.used_pages[-1],
+            self.cache_only_pages[-1],
+            self.running[-1],
+        ):  # the run's first stretch continues the last sample's
+            self.time_s[-1] = times[first]
+            keep = keep[1:]
+        self.time_s.extend([times[i] for i in keep.tolist()])
+        self.used_pages.extend(used[keep].tolist())
+        self.cache_only_pages.extend(cached[keep].tolist())
+        self.running.extend([running] * keep.size)
 
 
 @dataclass

@@ -19,14 +19,22 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
 Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
-``decode``: the context length, including the new token, per decoding request) and ``to_dict()``.
+``decode``: the context length, including the new token, per decoding request), ``decode_run_seconds`` (the
+seconds of each step of a run of decode-only steps, every context one longer per step: equal to
+``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer
+aggregates (``sums`` -> ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
@@ -48,6 +56,10 @@ class ConstantStepTime:
     def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
         return self.per_step_s + self.per_token_s * (sum(n for n, _ in prefill) + len(decode))
 
+    def decode_run_seconds(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        """Seconds of each of ``steps`` decode-only steps of these decodes (``RooflineStepTime``'s twin)."""
+        return np.full(steps, self.step_seconds((), contexts))
+
     def to_dict(self) -> dict:
         return {"model": "constant", "per_step_s": self.per_step_s, "per_token_s": self.per_token_s}
 
@@ -62,7 +74,24 @@ class StepCost:
 
     @property
     def total_seconds(self) -> float:
-        return sum(self.seconds.values())
+        """The components' sum, added left to right (what ``sum`` does on Python 3.11; spelled out so a run of
+        steps priced as arrays adds in the same order as one step priced as floats)."""
+        return functools.reduce(operator.add, self.seconds.values(), 0.0)
+
+
+class StepSums(NamedTuple):
+    """One step's batch as the integer aggregates the roofline prices (``RooflineStepTime.sums``)."""
+
+    pf_chunks: int  # prefill chunks (each sends one row to the lm_head)
+    pf_tokens: int  # new prefill tokens
+    pf_keys: int  # keys the chunks' indexer reads (context + new tokens, per chunk)
+    pf_idx_pairs: int  # causal (query, key) indexer pairs of the chunks
+    pf_pairs: int  # sparse-MLA (query, key) pairs of the chunks: min(position, top-k) per query
+    pf_chunk_rows: int  # latent rows a chunk reads once: min(context + new, new x top-k) per chunk
+    n_dec: int  # decodes
+    dec_sum: int  # their context lengths summed
+    dec_topk: int  # ... each clipped at top-k
+    dec_rows: int  # ... each clipped at (1 + drafts) x top-k (dec_topk without drafts)
 
 
 MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
@@ -218,10 +247,13 @@ class RooflineStepTime:
         return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
 
     def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
-        c, g = self._const, self.gpu
+        return self.price(self.sums(prefill, decode))
+
+    def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
+        """The batch reduced to the integer aggregates ``price`` needs."""
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
-        topk = c["topk"]
+        topk = self._const["topk"]
         # Decode sums: the plain sum is C-level; the clipped ones need a pass only past top-k (equal when q = 1).
         dec_sum = sum(decode)
         longest = max(decode) if n_dec else 0
@@ -234,9 +266,27 @@ class RooflineStepTime:
             pf_idx_pairs += n * ctx + n * (n + 1) // 2
             pf_pairs += _sparse_pairs(n, ctx, topk)
             pf_chunk_rows += min(n + ctx, n * topk)
+        return StepSums(
+            len(prefill), pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows, n_dec, dec_sum, dec_topk, dec_rows
+        )
+
+    def price(self, s: StepSums) -> StepCost:
+        """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
+        ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
+        step of a run of the same batch shape: every figure is then an array, each entry computed by the same
+        operations in the same order as for one step (``decode_run_seconds``)."""
+        c, g = self._const, self.gpu
+        q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
+        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
+            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
+        )  # fmt: skip
+        n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
+        # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
+        larger = np.maximum if np.ndarray in map(type, s) else max
+        topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
-        rows = len(prefill) + n_dec * q  # rows that reach the lm_head
+        rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
         lin_peak = c["lin_peak"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
@@ -269,10 +319,10 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {
-            "linear": max(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
-            "moe": max(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
-            "sparse_mla": max(mla_compute_s, mla_bytes / bw),
-            "indexer": max(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
+            "linear": larger(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
+            "moe": larger(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
+            "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
+            "indexer": larger(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
@@ -280,6 +330,19 @@ class RooflineStepTime:
         secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
+
+    def decode_run_seconds(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        """Seconds of each of ``steps`` decode-only steps: step ``j`` decodes ``contexts[i] + j`` for every ``i``
+        (no prefill). Entry ``j`` equals ``step_seconds([], [c + j for c in contexts])`` bit for bit: the sums
+        are exact integers per step and ``price`` prices them all in one pass."""
+        first = self.sums((), contexts)
+        j = np.arange(steps, dtype=np.int64)
+        dec_sum = first.dec_sum + len(contexts) * j
+        q = 1 + self.mtp_draft
+        dec_topk = _clipped_run(contexts, first.dec_topk, self._const["topk"], j)
+        dec_rows = dec_topk if q == 1 else _clipped_run(contexts, first.dec_rows, q * self._const["topk"], j)
+        run = first._replace(dec_sum=dec_sum, dec_topk=dec_topk, dec_rows=dec_rows)
+        return self.price(run).total_seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int) -> tuple[float, int]:
         """Link bytes per rank and collective count of one step (docs/steptime.md, collectives)."""
@@ -341,6 +404,15 @@ class RooflineStepTime:
             mla_head_pad=self.gpu.mla_head_pad,
         )
         return out
+
+
+def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray:
+    """``sum(min(v + j, cap) for v in values)`` for each ``j`` in ``steps``, given its value ``first`` at j = 0:
+    only the values below ``cap`` still grow (each by ``min(j, cap - v)``); exact int64."""
+    gaps = np.array([cap - v for v in values if v < cap], dtype=np.int64)
+    if not gaps.size:
+        return np.full(steps.shape, first, dtype=np.int64)
+    return first + np.minimum(steps[:, None], gaps[None, :]).sum(axis=1)
 
 
 def _clipped_sum(values: Sequence[int], total: int, largest: int, cap: int) -> int:

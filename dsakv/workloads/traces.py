@@ -93,17 +93,15 @@ def _block_tokens(hash_ids: object, input_length: int, block: int) -> np.ndarray
         raise DsakvError(f"input_length = {input_length}: {ids.size} hash ids cover at most {ids.size * block} tokens")
     direct_limit = PROMPT_TOKEN_LIMIT // block
     positions = np.arange(block, dtype=np.int64)
-    if not ids.size or int(ids.max()) < direct_limit:  # the common case: direct ids only
-        tokens = (ids[:, None] * block + positions[None, :]).reshape(-1)
-    else:
+    tokens = ids[:, None] * block + positions[None, :]  # direct ids (the common case: all of them)
+    if ids.size and int(ids.max()) >= direct_limit:  # wide rows: one digit per token, position beside it
         base = WIDE_TOKEN_SPAN // block
         digits = math.ceil(63 / math.log2(base))
-        wide = np.maximum(ids - direct_limit, 0)  # row r's digits, least significant first
+        rows = np.flatnonzero(ids >= direct_limit)
+        wide = ids[rows] - direct_limit  # each row's digits, least significant first
         digit = (wide[:, None] // base ** np.arange(digits, dtype=np.int64)[None, :]) % base
-        wide_tokens = PROMPT_TOKEN_LIMIT + digit[:, positions % digits] * block + positions[None, :]
-        direct_tokens = ids[:, None] * block + positions[None, :]
-        tokens = np.where((ids >= direct_limit)[:, None], wide_tokens, direct_tokens).reshape(-1)
-    return tokens[:input_length]
+        tokens[rows] = PROMPT_TOKEN_LIMIT + digit[:, positions % digits] * block + positions[None, :]
+    return tokens.reshape(-1)[:input_length]
 
 
 def block_token(hash_id: int, position: int, block: int = MOONCAKE_BLOCK) -> int:
@@ -157,6 +155,15 @@ class MooncakePrompt(Sequence):
 
     def __len__(self) -> int:
         return self.input_length
+
+    @property
+    def token_id_bounds(self) -> tuple[int, int] | None:
+        """Bounds of its token ids without expanding them (``check_prompt`` reads them): every hash id in
+        ``0 .. MAX_HASH_ID`` gives tokens in ``0 .. WIDE_TOKEN_LIMIT - 1``; None for any other hash id."""
+        ids = self.hash_ids
+        if len(ids) and not (0 <= min(ids) and max(ids) <= MAX_HASH_ID):
+            return None
+        return 0, WIDE_TOKEN_LIMIT - 1
 
     def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
         return _block_tokens(self.hash_ids, self.input_length, self.block).astype(dtype or np.uint32)

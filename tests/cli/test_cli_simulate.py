@@ -32,6 +32,13 @@ def test_json_carries_every_required_summary_figure(capsys):
     assert d["config"]["setup"]["pool"]["source"] == "planner (GPU setting)"
 
 
+def test_stepping_every_decode_step_gives_the_same_figures(capsys):
+    argv = ["simulate", "--scenario", "chat", "--scale", "0.05", "--instances", "2", "--json"]
+    assert _json(capsys, argv + ["--no-analytic-decode"]) == _json(capsys, argv)
+    assert main(argv + ["--no-analytic-decode", "--router", "round-robin,oracle"]) == 1
+    assert "--no-analytic-decode applies to one run" in capsys.readouterr().err
+
+
 def test_default_run_needs_no_file(capsys):
     assert main(["simulate", "--scale", "0.05", "--step-model", "constant"]) == 0
     assert "hit rate" in capsys.readouterr().out

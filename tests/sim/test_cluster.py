@@ -53,9 +53,21 @@ def test_a_long_prefill_in_one_dp_group_stalls_the_other_groups_decode():
     assert separate.tpot_s == pytest.approx(alone.tpot_s)  # instance 1's prefill does not touch instance 0
 
 
+MEANS = {"mean_used_pages", "mean_pool_use", "mean_main_bytes", "mean_indexer_bytes"}  # time-weighted
+
+
+def _merged(timeline: Timeline) -> list[tuple]:
+    """A per-step timeline's samples with each stretch of equal values kept once, at its last time."""
+    rows = list(zip(timeline.time_s, timeline.used_pages, timeline.cache_only_pages, timeline.running))
+    return [row for row, after in zip(rows, [*rows[1:], None]) if after is None or after[1:] != row[1:]]
+
+
 def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(chat):
     cfg = SimConfig(gpu=GpuSetting(dp_attention=4), instances=2, step_model="constant")
     cluster = Cluster(cfg, build_setup(cfg), chat)
+    for _, sim in cluster.targets:
+        assert sim.timeline.merge_equal  # a cluster's timelines are bounded by events: sampled per step here
+        sim.timeline.merge_equal = False
     result = cluster.run(check_every=25)
     for inst in cluster.instances:
         times = [list(sim.timeline.time_s) for sim in inst.groups]
@@ -63,6 +75,19 @@ def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(cha
     assert result.summary["requests"] == len(chat)  # every request simulated, none counted aside
     assert result.summary["other_group_requests"] == 0
     assert result.summary["pool_pages"] == 8 * build_setup(cfg).pages
+    merged = Cluster(cfg, build_setup(cfg), chat)
+    again = merged.run()
+    for (_, sim), (_, kept) in zip(merged.targets, cluster.targets):  # the same step function, where it changes
+        assert list(zip(sim.timeline.time_s, sim.timeline.used_pages, sim.timeline.cache_only_pages,
+                        sim.timeline.running)) == _merged(kept.timeline)  # fmt: skip
+    pairs = [(again.summary, result.summary)]
+    pairs += zip(again.summary["per_instance"], result.summary["per_instance"])
+    for s, t in pairs:
+        assert {k: v for k, v in s.items() if k not in MEANS and k != "per_instance"} == {
+            k: v for k, v in t.items() if k not in MEANS and k != "per_instance"
+        }
+        for key in MEANS & s.keys():
+            assert s[key] == pytest.approx(t[key], rel=1e-12)  # the same integral, summed over fewer pieces
 
 
 def test_cluster_figures_add_up_over_the_instances(chat):

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsakv.scheduler.request import check_prompt
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import Simulation, simulate
 from dsakv.sim.report import RecordTable, RequestRecord, summarize
 from dsakv.workloads.scenarios import generate_scenario
-from dsakv.workloads.traces import TraceRequest
+from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,33 @@ def test_a_waiting_request_costs_about_a_kilobyte_not_its_boxed_hash_ids():
     waiting = sim.scheduler.waiting
     assert len(waiting) == count and all(type(r.prompt.hash_ids) is array for r in waiting)
     assert (after - before) / count < 1300  # a tuple of 24 boxed ids alone would add ~1,100
+
+
+def test_concatenated_tables_hold_every_row_in_order(result):
+    records = list(result.records)
+    assert {r.outcome for r in records} == {"finished", "rejected"} and any(r.reason for r in records)
+    rejected = [r for r in records if r.outcome == "rejected"]  # a part whose first outcome is the other one
+    parts = [RecordTable(records[:7]), RecordTable(), RecordTable(rejected), RecordTable(records[7:])]
+    assert list(RecordTable.concatenated(parts)) == records[:7] + rejected + records[7:]
+
+
+class _Unexpandable(MooncakePrompt):
+    __slots__ = ()
+
+    def __array__(self, dtype=None, copy=None):
+        raise AssertionError("expanded")
+
+
+def test_a_trace_prompt_is_checked_on_arrival_without_expanding_it():
+    check_prompt(_Unexpandable((3, 2**40), 700))  # its bounds vouch for its token ids
+    assert MooncakePrompt((3, -1), 700).token_id_bounds is None  # not a hash id: checked token by token
+    with pytest.raises(AssertionError, match="expanded"):
+        check_prompt(_Unexpandable((3, -1), 700))
+
+
+def test_the_scheduler_forgets_the_requests_that_left_the_simulation():
+    cfg = SimConfig(step_model="constant")
+    sim = Simulation(cfg, build_setup(cfg), generate_scenario("chat", seed=0, scale=0.05))
+    result = sim.run()
+    assert result.summary["finished"] == len(result.records) > 0
+    assert sim.scheduler.done == {} and sim.scheduler.stats.finished == len(result.records)

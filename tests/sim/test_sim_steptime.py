@@ -110,3 +110,14 @@ def test_amd_peaks_are_computed_from_compute_units_and_clock():
 def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
     total, largest = sum(values), max(values, default=0)
     assert _clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)
+
+
+@pytest.mark.parametrize("options", [{}, {"mtp_draft": 2}, {"mla_padded_topk": True, "dp_attention": 2}])
+@given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
+def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
+    # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.loop) rely on it.
+    model = RooflineStepTime(glm.layout, **options)
+    run = model.decode_run_seconds(contexts, steps)
+    assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]
+    constant = ConstantStepTime(0.01, 0.001)
+    assert list(constant.decode_run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
