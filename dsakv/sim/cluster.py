@@ -7,9 +7,10 @@ classes as a single run), stepped from here; the cluster adds what lies between 
 * **Routing.** Requests arrive in trace order; the router picks a target group at the arrival time (it sees
   every group's state as of the end of its step in flight: at most one step ahead).
 * **Lockstep.** An instance steps all its groups together: each group's scheduler plans its own batch, the
-  step takes the time of the slowest group (each group priced by the step-time model with its own batch: the
-  model's DP term carries the MoE of ``dp_attention`` such batches), and every group's clock advances to that
-  end. So a long prefill in any group stalls every group's decode, as in the engine.
+  step takes the time of the slowest group (each group priced by the step-time model with its own batch for
+  attention, and the sum of every group's tokens for the MoE, dense MLP and their collectives: the engine
+  gathers all groups' tokens before the MLP), and every group's clock advances to that end. So a long prefill
+  in any group stalls every group's decode, as in the engine.
 * **Events.** An event-driven loop over the instances: the next arrival (ties first, so requests that arrive
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
@@ -143,7 +144,12 @@ class Cluster:
             loads = [sim.next_load_s() for sim in inst.groups]
             loads = [t for t in loads if t is not None]
             return max(now, min(loads)) if loads else None  # wake when a load-back ends, else sleep
-        end = now + max(sim.transfer(plan, now) + sim.price(plan) for sim, plan in running)
+        dp_tokens = dp_decodes = None
+        if self.dp > 1:  # the MoE / dense MLP carry the sum of every group's tokens; attention each group's own
+            shapes = [sim.shape(plan) for sim, plan in running]
+            dp_tokens = sum(self.setup.step_time.step_tokens(*shape) for shape in shapes)
+            dp_decodes = sum(len(decode) for _, decode in shapes)
+        end = now + max(sim.transfer(plan, now) + sim.price(plan, dp_tokens, dp_decodes) for sim, plan in running)
         self._clock(end)  # what the step stores (or frees) when it completes happens at its end
         for sim, plan in running:
             before = len(sim.records)

@@ -227,16 +227,25 @@ class Simulation:
                 sampled.append(token)
         return sampled
 
-    def price(self, plan: BatchPlan) -> float:
-        """Seconds the step takes: the step-time model over its chunks and decodes, plus host copies."""
-        prefill: list[tuple[int, int]] = []  # (new tokens, context before them) per chunk
-        decode: list[int] = []  # context length per decode
+    @staticmethod
+    def shape(plan: BatchPlan) -> tuple[list[tuple[int, int]], list[int]]:
+        """The step's shape as the step-time model takes it: (new tokens, context before them) per prefill
+        chunk, and the context length per decode."""
+        prefill: list[tuple[int, int]] = []
+        decode: list[int] = []
         for item in plan.items:
             if item.end - item.start > 1:
                 prefill.append((item.end - item.start, item.start))
             else:
                 decode.append(item.end)
-        seconds = self.setup.step_time.step_seconds(prefill, decode)
+        return prefill, decode
+
+    def price(self, plan: BatchPlan, dp_tokens: int | None = None, dp_decodes: int | None = None) -> float:
+        """Seconds the step takes: the step-time model over its chunks and decodes, plus host copies.
+        ``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes in this lockstep step (the cluster
+        knows them; None: this group's times the group count)."""
+        prefill, decode = self.shape(plan)
+        seconds = self.setup.step_time.step_seconds(prefill, decode, dp_tokens, dp_decodes)
         host_pages = sum(len(h.pages) for h in plan.offloads) + sum(len(h.pages) for h in plan.restores)
         if host_pages:
             seconds += host_pages * self.setup.cell.page_bytes / HOST_COPY_BYTES_PER_S

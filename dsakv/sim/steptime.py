@@ -18,8 +18,10 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   Everything constant for a model and deployment is computed once in the constructor (``_constants``).
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
-Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
-``decode``: the context length, including the new token, per decoding request) and ``to_dict()``.
+Both offer ``step_seconds(prefill, decode, dp_tokens=None, dp_decodes=None)`` (``prefill``: ``(new_tokens,
+context_before)`` per chunk; ``decode``: the context length, including the new token, per decoding request;
+``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes this step, for the MoE under DP attention),
+``step_tokens(prefill, decode)`` (the tokens one group's step computes) and ``to_dict()``.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
 
@@ -45,8 +47,18 @@ class ConstantStepTime:
         if self.per_step_s < 0 or self.per_token_s < 0:
             raise DsakvError("constant step time: per_step_s and per_token_s must be >= 0")
 
-    def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
-        return self.per_step_s + self.per_token_s * (sum(n for n, _ in prefill) + len(decode))
+    def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
+        return sum(n for n, _ in prefill) + len(decode)
+
+    def step_seconds(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> float:
+        """``dp_tokens`` / ``dp_decodes`` (every DP group's, as the roofline takes them) do not change a constant."""
+        return self.per_step_s + self.per_token_s * self.step_tokens(prefill, decode)
 
     def to_dict(self) -> dict:
         return {"model": "constant", "per_step_s": self.per_step_s, "per_token_s": self.per_token_s}
@@ -99,7 +111,8 @@ class RooflineStepTime:
     ``dcp`` splits the main-KV reads of sparse MLA across the DCP group (the indexer K is replicated,
     so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: the simulated
     batch is one group's, and the MoE / dense MLP (and their collectives) carry all ``dp_attention`` groups'
-    tokens (group 0's batch scaled by the group count: the groups are balanced round-robin). ``ep`` ranks
+    tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
+    group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
     bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
     (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
@@ -217,7 +230,20 @@ class RooflineStepTime:
         experts = c["experts"]
         return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
 
-    def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
+    def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
+        """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.mtp_draft)
+
+    def cost(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> StepCost:
+        """One DP group's step. ``dp_tokens`` / ``dp_decodes``: the tokens (``step_tokens``) and decodes of every
+        DP group of the instance in this step, this one's included, which the MoE, dense MLP, their collectives
+        and the draft passes carry; None: this group's times ``dp_attention`` (balanced groups)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
@@ -235,7 +261,8 @@ class RooflineStepTime:
             pf_pairs += _sparse_pairs(n, ctx, topk)
             pf_chunk_rows += min(n + ctx, n * topk)
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
-        moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
+        # every DP group's tokens go through the MoE / dense MLP
+        moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
         rows = len(prefill) + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
         lin_peak = c["lin_peak"]
@@ -276,7 +303,8 @@ class RooflineStepTime:
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
-        secs["mtp_draft"] = self._draft_seconds(n_dec, lin_peak) if n_dec and self.mtp_draft else 0.0
+        draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+        secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) if n_dec and self.mtp_draft else 0.0
         secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
@@ -305,12 +333,11 @@ class RooflineStepTime:
             count += layers
         return nbytes, count
 
-    def _draft_seconds(self, n_dec: int, lin_peak: float) -> float:
+    def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
         """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
-        steps + 1 draft extend): one layer's weights (experts where touched), the lm_head, one layer's floor
-        and its two collectives each."""
+        steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
+        decodes), the lm_head (this group's ``n_dec``), one layer's floor and its two collectives each."""
         c, g = self._const, self.gpu
-        rows = n_dec * self.dp_attention
         layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
         flops = rows * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
         flops += n_dec * c["lm_head_flops_per_row"]
@@ -319,8 +346,14 @@ class RooflineStepTime:
         one += self.layer_floor_s + (2 * g.link_latency_s if self.tp > 1 else 0.0)
         return self.mtp_draft * one
 
-    def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
-        return self.cost(prefill, decode).total_seconds
+    def step_seconds(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> float:
+        return self.cost(prefill, decode, dp_tokens, dp_decodes).total_seconds
 
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
