@@ -16,7 +16,12 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9.
 
-``--fit`` replays every row at every point of ``FIT_GRID`` (the roofline's free parameters) and prints the
+Every figure is the client's: each request reaches the engine ``FRONTEND_S`` after the client sends it (fitted,
+docs/steptime.md). Lengths follow the row's benchmark client: a ``range_ratio`` column r draws each request's
+input and output lengths uniformly from [r x len, len] (seeded); without it, rows from InferenceX take its
+client's ``INFERENCEX_RANGE_RATIO`` and the others keep the trace's lengths.
+
+``--fit`` replays every row at every point of ``FIT_GRID`` (the free parameters) and prints the
 points best first: fewest rows outside their band (the issue's criterion), then the smallest loss (sum over
 rows and metrics of log(ratio)^2); the best point's table follows.
 """
@@ -29,6 +34,7 @@ import dataclasses
 import itertools
 import json
 import math
+import random
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
+from dsakv.workloads.traces import TraceRequest
 
 BANDS = {"ttft_ms": (0.5, 2.0)}
 DEFAULT_BAND = (0.75, 1.33)
@@ -47,12 +54,20 @@ RATES = ("out_tok_s", "out_tok_s_gpu")
 # Free parameters of the roofline step time (dsakv.sim.steptime.RooflineStepTime) that --fit searches. gemm_eff
 # is pinned to DeepGEMM's published dense fp8 rate (docs/steptime.md, fact 4); freeing it (0.5, 0.35) moves
 # the best loss by under 2% (docs/steptime.md, calibration).
+# ``frontend_s`` is the SimConfig's front-end latency (client send -> scheduler queue), the others the roofline's.
 FIT_GRID = {
     "gemm_eff": (0.7,),
     "moe_eff": (0.6, 0.45, 0.3, 0.2),
     "link_eff": (0.7, 0.5, 0.35),
     "layer_floor_s": (40e-6, 80e-6, 120e-6),
+    "frontend_s": (0.15, 0.2, 0.25, 0.3),
 }
+# Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
+FRONTEND_S = 0.25
+# InferenceX's benchmark client draws every request's input and output lengths uniformly from [0.8 x len, len]
+# (RANDOM_RANGE_RATIO 0.8 in its "Benchmark Client Configuration", passed to benchmark_serving.py's random
+# dataset with --ignore-eos; benchmarks/benchmark_lib.sh run_benchmark_serving --random-range-ratio).
+INFERENCEX_RANGE_RATIO = 0.8
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,31 @@ def engine_mem_fraction(anchor: dict) -> float:
     )
 
 
+def range_ratio_of(anchor: dict) -> float:
+    """The row's ``range_ratio`` column, else its client's: InferenceX's 0.8, fixed lengths (1) otherwise."""
+    text = (anchor.get("range_ratio") or "").strip()
+    if text:
+        ratio = float(text)
+        if not 0 <= ratio <= 1:
+            raise DsakvError(f"anchor {anchor['id']}: range_ratio = {text}: must be in [0, 1]")
+        return ratio
+    return INFERENCEX_RANGE_RATIO if "inferencex" in (anchor.get("src") or "").lower() else 1.0
+
+
+def client_lengths(requests: list[TraceRequest], ratio: float, seed: int = 0) -> list[TraceRequest]:
+    """The benchmark client's lengths: each request's input and output drawn uniformly (seeded) from
+    [int(ratio x len), len], as benchmark_serving.py's random dataset does; ratio 1 keeps them."""
+    if ratio >= 1:
+        return requests
+    rng = random.Random(seed)
+    out = []
+    for r in requests:
+        isl = rng.randint(max(int(r.input_length * ratio), 1), r.input_length)
+        osl = rng.randint(max(int(r.output_length * ratio), 1), r.output_length)
+        out.append(dataclasses.replace(r, input_length=isl, output_length=osl))
+    return out
+
+
 def sim_config(anchor: dict) -> SimConfig:
     chunk = _int(anchor.get("chunk"), 8192)
     gpus = _int(anchor["gpus"])
@@ -135,6 +175,7 @@ def sim_config(anchor: dict) -> SimConfig:
         max_running=_int(anchor.get("cap"), 256),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
+        frontend_s=FRONTEND_S,
     )
 
 
@@ -143,13 +184,18 @@ def _stat(values: list[float], how: str) -> float:
 
 
 def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
-    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields."""
+    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields
+    (and ``frontend_s``, the config's)."""
     cfg = sim_config(anchor)
+    step_params = dict(step_params or {})
+    if "frontend_s" in step_params:
+        cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
+    requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
+    result = simulate(cfg, requests, setup=setup, counters=opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")

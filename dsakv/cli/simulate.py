@@ -103,6 +103,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=f"scheduling: {', '.join(SCHEDULE_POLICIES)} (mixed = vLLM-like, prefill_first = SGLang-like)",
     )
     e.add_argument("--max-concurrency", help="closed loop: request k starts when request k - C finishes")
+    e.add_argument(
+        "--frontend-s", help="seconds from a client's send to the scheduler's queue (HTTP, tokenizer), in TTFT"
+    )
     t = p.add_argument_group("lower tiers (host memory and a shared store, docs/tiers.md)")
     t.add_argument("--host-bytes", help="host memory per node for the KV host tier: 2TB, 500GB, 1.5TiB or unbounded")
     t.add_argument("--host-tokens", help="host tier size in tokens instead of bytes")
@@ -201,6 +204,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         moe_a2a=args.moe_a2a,
         schedule_policy=args.schedule_policy,
         max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
+        frontend_s=0.0 if args.frontend_s is None else parse_float("--frontend-s", args.frontend_s),
         host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
         host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
         store_bytes=_store_bytes(args),

@@ -103,7 +103,8 @@ class Cluster:
 
     # ----- arrivals -----------------------------------------------------------------------------------
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
-        self._clock(arrival_s)
+        """Route a request the client sent at ``arrival_s``; it reaches its group ``frontend_s`` later."""
+        self._clock(arrival_s + self.cfg.frontend_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
         tokens = req.input_length + req.output_length
@@ -173,11 +174,12 @@ class Cluster:
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
         steps = 0
         while pending is not None or heap:
-            if pending is not None and (not heap or pending_s <= heap[0][0]):
+            queued_s = pending_s + self.cfg.frontend_s  # when the request reaches the engine
+            if pending is not None and (not heap or queued_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
                     inst.scheduled = True
-                    heapq.heappush(heap, (pending_s, inst.index))
+                    heapq.heappush(heap, (queued_s, inst.index))
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)

@@ -54,7 +54,10 @@ class SimConfig:
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps). ``instances``: engine instances of the cluster, each of
+    finishes (None: open loop, trace timestamps). ``frontend_s``: seconds from a client sending a request to
+    the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to the scheduler):
+    the request's arrival is the client's send time, so its TTFT and the makespan include it (default 0: the
+    engine's own TTFT; docs/steptime.md, front-end latency). ``instances``: engine instances of the cluster, each of
     ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``)."""
 
     model: str | None = None
@@ -79,6 +82,7 @@ class SimConfig:
     moe_a2a: str = "none"
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
+    frontend_s: float = 0.0
     # lower tiers (dsakv.sim.transfers): host memory per node and the shared store, in bytes ("unbounded": no
     # limit) or in tokens (``*_tokens``, one of the two per tier); None for both: no such tier
     host_bytes: int | str | None = None
@@ -108,6 +112,9 @@ class SimConfig:
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        fe = self.frontend_s
+        if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
+            raise DsakvError(f"frontend_s = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):

@@ -23,6 +23,9 @@ Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurr
 when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
 measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
 
+Front-end latency (``SimConfig.frontend_s = L``): a request the client sends at ``t`` reaches the scheduler's
+queue at ``t + L``; its arrival stays ``t``, so TTFT and the makespan include ``L``.
+
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
 prompt (prompt token ids lie below ``WIDE_TOKEN_LIMIT``, 2**31 + 2**30: ``dsakv.workloads.traces``), for up to
@@ -161,22 +164,29 @@ class Simulation:
         if pending is not None:
             self._pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
 
-    def next_arrival_s(self) -> float | None:
+    def _next_send_s(self) -> float | None:
+        """When the client sends the next request: its trace time (closed loop: or when a slot frees, if later)."""
         if self._pending is None or self._slots == []:
             return None
         start = self._pending_s
         return start if self._slots is None else max(start, self._slots[0])
 
+    def next_arrival_s(self) -> float | None:
+        """When the next request reaches the scheduler's queue: ``frontend_s`` after the client sent it."""
+        sent_s = self._next_send_s()
+        return None if sent_s is None else sent_s + self.cfg.frontend_s
+
     def arrive(self, now: float) -> None:
-        """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
-        while (arrival_s := self.next_arrival_s()) is not None and arrival_s <= now:
+        """Queue every request that has reached the scheduler by ``now`` (its arrival is the client's send time);
+        one refused (or done) on arrival leaves at once."""
+        while (sent_s := self._next_send_s()) is not None and sent_s + self.cfg.frontend_s <= now:
             if self._slots is not None:
                 heapq.heappop(self._slots)
             if self._serial == MAX_REQUESTS:
                 raise DsakvError(
                     f"trace line {self._pending.line}: more than {MAX_REQUESTS} requests in one simulation"
                 )
-            self.add(self._pending, arrival_s, self._serial)
+            self.add(self._pending, sent_s, self._serial)
             self._serial += 1
             self._take_next()
 

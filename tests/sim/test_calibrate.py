@@ -92,3 +92,20 @@ def test_an_empty_mem_takes_the_engines_default(calibrate):
     assert calibrate.engine_mem_fraction(row) == 0.769
     assert calibrate.engine_mem_fraction({**row, "id": "x-vllm-tp8", "dp": "1"}) == 0.9
     assert calibrate.engine_mem_fraction({**row, "mem": "0.85"}) == 0.85
+
+
+def test_inferencex_rows_replay_its_clients_length_range(calibrate):
+    from dsakv.workloads.traces import TraceRequest
+
+    assert (
+        calibrate.range_ratio_of({"id": "r1", "src": "https://github.com/SemiAnalysisAI/InferenceX/issues/870"}) == 0.8
+    )
+    assert calibrate.range_ratio_of({"id": "ds", "src": "https://github.com/gpustack/gpustack"}) == 1.0
+    assert calibrate.range_ratio_of({"id": "x", "src": "InferenceX", "range_ratio": "0.5"}) == 0.5
+    reqs = [TraceRequest(0.0, 1024, 1024, (2 * i, 2 * i + 1)) for i in range(500)]
+    drawn = calibrate.client_lengths(reqs, 0.8)
+    for r in drawn:  # benchmark_serving's random dataset: uniform integers in [int(0.8 x len), len]
+        assert 819 <= r.input_length <= 1024 and 819 <= r.output_length <= 1024
+    assert len({r.input_length for r in drawn}) > 100  # lengths vary: the closed loop's waves desynchronise
+    assert calibrate.client_lengths(reqs, 0.8) == drawn  # seeded
+    assert calibrate.client_lengths(reqs, 1.0) is reqs
