@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
-from dsakv.planner.weights import weight_parts
+from dsakv.planner.weights import shard_divisors, weight_parts
 from dsakv.spec.layout import CacheLayout
 
 
@@ -177,7 +177,7 @@ class RooflineStepTime:
         dtype = self.weight_dtype or spec.weight_dtype
         parts = weight_parts(spec, lay.mtp_layers, dtype)
         attn_tp = max(self.tp // self.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
-        div = {"tp": self.tp, "attn_tp": attn_tp, "ep": self.tp, "replicated": 1}
+        div = shard_divisors(self.tp, self.dp_attention)
         c = dict.fromkeys(("attn_bytes", "attn_flops", "mlp_bytes", "mlp_flops", "expert_bytes"), 0.0)
         c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
