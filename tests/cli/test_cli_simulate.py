@@ -32,6 +32,16 @@ def test_json_carries_every_required_summary_figure(capsys):
     assert d["config"]["setup"]["pool"]["source"] == "planner (GPU setting)"
 
 
+def test_frontend_latency_shifts_every_ttft(capsys):
+    # Every request reaches the scheduler 0.5 s after its send: the engine runs the same steps 0.5 s later.
+    a = _json(capsys, SMALL + ["--json"])
+    b = _json(capsys, SMALL + ["--json", "--frontend-s", "0.5"])
+    assert b["config"]["config"]["frontend_s"] == 0.5 and a["config"]["config"]["frontend_s"] == 0.0
+    for q in ("p50", "p99", "mean"):
+        assert b["ttft_s"][q] == pytest.approx(a["ttft_s"][q] + 0.5)
+    assert b["tpot_s"]["p50"] == pytest.approx(a["tpot_s"]["p50"])
+
+
 def test_default_run_needs_no_file(capsys):
     assert main(["simulate", "--scale", "0.05", "--step-model", "constant"]) == 0
     assert "hit rate" in capsys.readouterr().out
@@ -77,6 +87,7 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--gpu-memory", "1GB"], "less than one page"),
         (["--policy", "random"], "policy"),
         (["--time-scale", "0"], "time-scale"),
+        (["--frontend-s", "-1"], "--frontend-s"),
         (["--scenario", "nope"], "scenario"),
         (["--trace", "x.jsonl", "--scenario", "chat"], "not both"),
     ],
