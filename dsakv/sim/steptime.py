@@ -336,10 +336,11 @@ class RooflineStepTime:
     def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
         """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
         steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
-        decodes), the lm_head (this group's ``n_dec``), one layer's floor and its two collectives each."""
+        decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, one
+        layer's floor and its two collectives each."""
         c, g = self._const, self.gpu
         layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
-        flops = rows * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
+        flops = (n_dec * c["attn_flops"] + rows * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
         flops += n_dec * c["lm_head_flops_per_row"]
         bw = g.hbm_bytes_per_s * self.bw_eff
         one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)

@@ -168,3 +168,19 @@ def test_one_mtp_draft_pass_follows_the_formula(dsv32):
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
     expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
     assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected)
+
+
+def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(dsv32):
+    # One draft pass: the layer's MLP and experts on all 13 groups' decodes (experts read where those touch),
+    # its attention and the lm_head on this group's 1.
+    st = RooflineStepTime(dsv32, dp_attention=2, mtp_draft=1)
+    c, g, mine, every = st._const, st.gpu, 1, 13
+    layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(every)) / c["layers"]
+    flops = (mine * c["attn_flops"] + every * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
+    flops += mine * c["lm_head_flops_per_row"]
+    compute = flops / (g.fp8_flops * st.moe_eff)
+    memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
+    expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
+    cost = st.cost([], [4096] * mine, dp_tokens=2 * every, dp_decodes=every)
+    assert cost.seconds["mtp_draft"] == pytest.approx(expected)
+    assert st.cost([], [4096] * mine).seconds["mtp_draft"] < expected  # balanced: 2 x 1 decodes only
