@@ -140,6 +140,18 @@ def range_ratio_of(anchor: dict) -> float:
     return INFERENCEX_RANGE_RATIO if "inferencex" in (anchor.get("src") or "").lower() else 1.0
 
 
+def has_indexer(anchor: dict) -> bool:
+    """Whether the served model has DSA's lightning indexer: an ``indexer`` column (1 / 0) if present, else
+    False for ``r1-*`` rows (DeepSeek-R1: dense MLA, no ``index_*`` fields in its config; the anchors README
+    names the DSA preset a proxy for its linear / MoE layers) and True otherwise."""
+    text = (anchor.get("indexer") or "").strip().lower()
+    if text:
+        if text not in ("0", "1", "true", "false"):
+            raise DsakvError(f"anchor {anchor['id']}: indexer = {text}: must be 1 / 0 / true / false")
+        return text in ("1", "true")
+    return not anchor["id"].lower().startswith("r1-")
+
+
 def client_lengths(requests: list[TraceRequest], ratio: float, seed: int = 0) -> list[TraceRequest]:
     """The benchmark client's lengths: each request's input and output drawn uniformly (seeded) from
     [int(ratio x len), len], as benchmark_serving.py's random dataset does; ratio 1 keeps them."""
@@ -191,6 +203,7 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     if "frontend_s" in step_params:
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
+    step_params.setdefault("indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))

@@ -82,6 +82,12 @@ MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or De
 # rank has fewer query heads than this and the cache is fp8 (vllm/v1/attention/backends/mla/flashmla_sparse.py:
 # MIN_HEADS_FOR_BF16_PREFILL); SGLang's NSA backend keeps a prefill kernel.
 VLLM_MIN_HEADS_FOR_BF16_PREFILL = 32
+# Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
+# lightning indexer adds on each full indexer layer (fact 11: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
+# q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
+# per-kernel share times its kernels.
+LAYER_KERNELS = 20
+INDEXER_KERNELS = 9
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -123,6 +129,9 @@ class RooflineStepTime:
     ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
     query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
     stay the valid ones (padded slots gather nothing).
+    ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
+    DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
+    sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
     """
 
     layout: CacheLayout
@@ -137,6 +146,7 @@ class RooflineStepTime:
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
     mla_padded_topk: bool = False
+    indexer: bool = True
     gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
     moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M); fitted
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
@@ -145,6 +155,7 @@ class RooflineStepTime:
     bw_eff: float = 0.8
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
     layer_floor_s: float = 80e-6  # fitted; launch / small-kernel floor per layer and step
+    indexer_floor_s: float = INDEXER_KERNELS * 80e-6 / LAYER_KERNELS  # the indexer's kernel chain per full layer
     overhead_s: float = 0.002  # scheduling and sampling per step
 
     def __post_init__(self) -> None:
@@ -161,8 +172,8 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if self.layer_floor_s < 0 or self.overhead_s < 0:
-            raise DsakvError("step time layer_floor_s and overhead_s must be >= 0")
+        if self.layer_floor_s < 0 or self.indexer_floor_s < 0 or self.overhead_s < 0:
+            raise DsakvError("step time layer_floor_s, indexer_floor_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -182,8 +193,8 @@ class RooflineStepTime:
         c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
-            if p.name == "embedding":
-                continue  # a gather of the batch's rows, not a read of the matrix
+            if p.name == "embedding" or (p.name.startswith("indexer") and not self.indexer):
+                continue  # the embedding is a gather of the batch's rows, not a read of the matrix
             if p.name == "lm_head":
                 c["lm_head_bytes"] = per_rank_bytes
                 c["lm_head_flops_per_row"] = 2 * per_rank_params
@@ -209,11 +220,12 @@ class RooflineStepTime:
         c["attn_tp"] = attn_tp
         c["layers"] = spec.num_hidden_layers + lay.mtp_layers
         # Per-step constants of cost(): layer counts, per-pair / per-row figures, peaks and bandwidths.
-        c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, lay.num_indexer_layers, spec.index_topk
+        idx_layers = lay.num_indexer_layers if self.indexer else 0
+        c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, idx_layers, spec.index_topk
         c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
         c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
         c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
-        c["cell_bytes"] = lay.cell_bytes
+        c["cell_bytes"] = lay.cell_bytes if self.indexer else lay.main_bytes_per_token
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
@@ -305,7 +317,7 @@ class RooflineStepTime:
         }
         draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
         secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) if n_dec and self.mtp_draft else 0.0
-        secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
+        secs["floor"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s if tokens else 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
 
@@ -361,9 +373,10 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
             "mla_padded_topk",
+            "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "overhead_s",
+            "indexer_floor_s", "overhead_s",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         out.update(
