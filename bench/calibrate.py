@@ -46,6 +46,7 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
+from dsakv.sim.steptime import RooflineStepTime
 from dsakv.workloads.traces import TraceRequest
 
 BANDS = {"ttft_ms": (0.5, 2.0)}
@@ -61,6 +62,19 @@ FIT_GRID = {
     "link_eff": (0.7, 0.5, 0.35),
     "layer_floor_s": (40e-6, 80e-6, 120e-6),
     "frontend_s": (0.15, 0.2, 0.25, 0.3),
+}
+# Bounds of the free parameters that --refine moves (coordinate descent on log scale): efficiencies in (0, 1],
+# the sparse-MLA ones at most FlashMLA's measured rates (docs/steptime.md, fact 4), times within a factor ~4 of
+# the defaults. gemm_eff and moe_eff are DeepGEMM's measured rates (fact 11), not fitted.
+REFINE_BOUNDS = {
+    "indexer_eff": (0.1, 0.85),
+    "mla_prefill_eff": (0.1, 640 / 989.4),
+    "mla_decode_eff": (0.1, 410 / 989.4),
+    "bw_eff": (0.5, 0.92),
+    "link_eff": (0.15, 0.9),
+    "layer_floor_s": (20e-6, 320e-6),
+    "overhead_s": (0.5e-3, 8e-3),
+    "frontend_s": (0.05, 0.5),
 }
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
 FRONTEND_S = 0.25
@@ -261,12 +275,43 @@ def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
     return sorted(points, key=lambda p: (p[1], p[0]))
 
 
+def evaluate(anchors: list[dict], traces: Path, params: dict) -> tuple[int, float]:
+    """(rows out of band, loss) of every anchor replayed with ``params``."""
+    rows = [row for a in anchors for row in replay(a, traces, params)]
+    return sum(not r.band_ok for r in rows), loss(rows)
+
+
+def refine(anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=print) -> tuple[dict, tuple]:
+    """Coordinate descent from ``start`` over ``REFINE_BOUNDS``: each parameter in turn is multiplied / divided by
+    a step factor while (rows out, loss) improves; the factor shrinks 1.5 -> 1.22 -> 1.1 -> 1.05 over the rounds."""
+    best, score = dict(start), evaluate(anchors, traces, start)
+    log(f"refine start out {score[0]} loss {score[1]:.4f}")
+    for factor in (1.5, 1.22, 1.1, 1.05)[:rounds]:
+        for name, (lo, hi) in REFINE_BOUNDS.items():
+            for direction in (factor, 1 / factor):
+                moved = False
+                while True:
+                    value = min(max(best[name] * direction, lo), hi)
+                    if value == best[name]:
+                        break
+                    trial = {**best, name: value}
+                    got = evaluate(anchors, traces, trial)
+                    if got >= score:
+                        break
+                    best, score, moved = trial, got, True
+                    log(f"refine x{factor:g} {name} {value:.4g}: out {got[0]} loss {got[1]:.4f}")
+                if moved:
+                    break
+    return best, score
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
     ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
+    ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
@@ -282,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 for value, out, params in points:
                     print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
+        if args.refine:
+            start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
+            best, _ = refine(anchors, path.parent / "traces", {**start, "frontend_s": FRONTEND_S})
+            print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
         rows = [row for a in anchors for row in replay(a, path.parent / "traces", best)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)

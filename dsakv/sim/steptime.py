@@ -27,6 +27,7 @@ Models hold no state between steps; ``step_seconds`` does not change the model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,20 @@ MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or De
 # rank has fewer query heads than this and the cache is fp8 (vllm/v1/attention/backends/mla/flashmla_sparse.py:
 # MIN_HEADS_FOR_BF16_PREFILL); SGLang's NSA backend keeps a prefill kernel.
 VLLM_MIN_HEADS_FOR_BF16_PREFILL = 32
+# DeepGEMM's measured fp8 rates (TFLOP/s) of DeepSeek-V3's dense shapes at M = 4096 on H800 SXM (README of the
+# 2025-02 release, "Normal GEMMs for dense models": N x K = 2112 x 7168, 24576 x 1536, 32768 x 512, 7168 x 16384,
+# 4096 x 7168, 7168 x 2048), over H800's dense fp8 peak (1978.9 TFLOP/s): their geometric mean prices the
+# linear layers of prefill-sized steps.
+DEEPGEMM_DENSE_M4096_TFLOPS = (1058, 990, 590, 1358, 1304, 1025)
+H800_FP8_TFLOPS = 1978.9
+DEEPGEMM_DENSE_EFF = math.prod(DEEPGEMM_DENSE_M4096_TFLOPS) ** (1 / len(DEEPGEMM_DENSE_M4096_TFLOPS)) / H800_FP8_TFLOPS
+# The grouped MoE GEMMs at prefill / large-batch shapes: DeepGEMM's masked-layout rows with 256 tokens per expert
+# (4 groups x M 256: N x K = 4096 x 7168 and 7168 x 2048; a DP8 prefill of 8 x 1,024 tokens gives 8,192 x 8 / 256
+# = 256 tokens per expert), over the same peak: 0.44.
+DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
+DEEPGEMM_GROUPED_EFF = (
+    math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
+)
 # Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
 # lightning indexer adds on each full indexer layer (fact 11: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
 # q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
@@ -147,8 +162,8 @@ class RooflineStepTime:
     mla_mixed_batch: bool = False
     mla_padded_topk: bool = False
     indexer: bool = True
-    gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
-    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M); fitted
+    gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
+    moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
     mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
     indexer_eff: float = 0.5
@@ -302,7 +317,7 @@ class RooflineStepTime:
         ) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
-        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers)
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=bool(prefill))
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
         nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
@@ -321,8 +336,9 @@ class RooflineStepTime:
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
 
-    def _collectives(self, tokens: int, moe_tokens: int, layers: int) -> tuple[float, int]:
-        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives)."""
+    def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
+        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
+        step carries prefill tokens (SGLang's DP-attention padding mode: SUM_LEN for extend, MAX_LEN for decode)."""
         if self.tp == 1 or not tokens:
             return 0.0, 0
         c = self._const
@@ -332,10 +348,19 @@ class RooflineStepTime:
         if attn_tp > 1:  # attention output all-reduce inside the attention group (ring: 2 (n-1)/n)
             nbytes += layers * tokens * hid2 * 2 * (attn_tp - 1) / attn_tp
             count += layers
-        if d > 1:  # DP attention: gather every group's tokens before the MLP, scatter after
+        deepep = self.moe_a2a == "deepep"
+        if d > 1 and deepep:  # gather every group's tokens before the MLP, scatter after
             nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
             count += 2 * layers
-        if self.moe_a2a == "deepep":  # per rank: its tokens, top-k copies, fp8 out, bf16 back
+        elif d > 1 and not extend:
+            # SGLang DP attention, decode (MAX_LEN padding): all-gather every group's tokens before the MLP; after
+            # it a reduce-scatter (dp_reduce_scatter_tensor) in place of the MLP all-reduce and the scatter
+            nbytes += layers * moe_tokens * hid2 * ((d - 1) / d + (tp - 1) / tp)
+            return nbytes, count + 2 * layers
+        elif d > 1:  # extend (SUM_LEN padding): the gather is an all-reduce of a zero-filled buffer, the scatter a copy
+            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += layers
+        if deepep:  # per rank: its tokens, top-k copies, fp8 out, bf16 back
             rank_tokens = tokens / attn_tp
             ep = self.ep
             nbytes += layers * rank_tokens * c["topk_experts"] * c["hidden"] * (1 + 2) * (ep - 1) / ep
@@ -356,7 +381,8 @@ class RooflineStepTime:
         flops += n_dec * c["lm_head_flops_per_row"]
         bw = g.hbm_bytes_per_s * self.bw_eff
         one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)
-        one += self.layer_floor_s + (2 * g.link_latency_s if self.tp > 1 else 0.0)
+        idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
+        one += self.layer_floor_s + idx_floor + (2 * g.link_latency_s if self.tp > 1 else 0.0)
         return self.mtp_draft * one
 
     def step_seconds(
