@@ -98,7 +98,7 @@ DEEPGEMM_GROUPED_EFF = (
     math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
 )
 # Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
-# lightning indexer adds on each full indexer layer (fact 11: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
+# lightning indexer adds on each full indexer layer (fact 12: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
 # q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
 # per-kernel share times its kernels.
 LAYER_KERNELS = 20
@@ -170,7 +170,6 @@ class RooflineStepTime:
     bw_eff: float = 0.8
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
     layer_floor_s: float = 80e-6  # fitted; launch / small-kernel floor per layer and step
-    indexer_floor_s: float = INDEXER_KERNELS * 80e-6 / LAYER_KERNELS  # the indexer's kernel chain per full layer
     overhead_s: float = 0.002  # scheduling and sampling per step
 
     def __post_init__(self) -> None:
@@ -187,8 +186,8 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if self.layer_floor_s < 0 or self.indexer_floor_s < 0 or self.overhead_s < 0:
-            raise DsakvError("step time layer_floor_s, indexer_floor_s and overhead_s must be >= 0")
+        if self.layer_floor_s < 0 or self.overhead_s < 0:
+            raise DsakvError("step time layer_floor_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -245,6 +244,12 @@ class RooflineStepTime:
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
         return c
+
+    @property
+    def indexer_floor_s(self) -> float:
+        """The indexer's kernel chain per full indexer layer and step: its kernels at the layer floor's
+        per-kernel share (``INDEXER_KERNELS / LAYER_KERNELS`` of ``layer_floor_s``; docs/steptime.md, fact 12)."""
+        return self.layer_floor_s * INDEXER_KERNELS / LAYER_KERNELS
 
     @property
     def tokens_per_decode(self) -> float:

@@ -109,3 +109,12 @@ def test_inferencex_rows_replay_its_clients_length_range(calibrate):
     assert len({r.input_length for r in drawn}) > 100  # lengths vary: the closed loop's waves desynchronise
     assert calibrate.client_lengths(reqs, 0.8) == drawn  # seeded
     assert calibrate.client_lengths(reqs, 1.0) is reqs
+
+
+def test_r1_rows_are_replayed_without_the_indexer(calibrate):
+    # DeepSeek-R1 (dense MLA, no index_* fields) runs on the DSA preset as a proxy: its rows drop the indexer.
+    assert not calibrate.has_indexer({"id": "r1-sgl-tp8-c8"})
+    assert calibrate.has_indexer({"id": "ds-sgl-dp8-1k2k"})
+    assert calibrate.has_indexer({"id": "r1-x", "indexer": "1"}) and not calibrate.has_indexer({"id": "x", "indexer": "0"})
+    with pytest.raises(calibrate.DsakvError, match="indexer = maybe"):
+        calibrate.has_indexer({"id": "x", "indexer": "maybe"})

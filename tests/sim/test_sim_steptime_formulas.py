@@ -6,6 +6,7 @@ import pytest
 
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
+from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.spec.layout import CacheLayout
@@ -86,9 +87,35 @@ def test_mtp_costs_one_draft_pass_per_draft_token(glm52):
     assert RooflineStepTime(glm52, mtp_draft=2).cost([(4096, 0)], []).seconds["mtp_draft"] == 0
 
 
-def test_every_layer_pays_the_launch_floor(glm52):
+def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):
+    # glm-5.2 keeps the indexer on its full layers only (IndexCache): those pay the indexer's 9 kernels on top.
     st = RooflineStepTime(glm52)
-    assert st.cost([], [10]).seconds["floor"] == pytest.approx(glm52.spec.num_hidden_layers * st.layer_floor_s)
+    layers, idx_layers = glm52.spec.num_hidden_layers, glm52.num_indexer_layers
+    assert 0 < idx_layers < layers
+    assert st.indexer_floor_s == pytest.approx(9 / 20 * st.layer_floor_s)
+    expected = layers * st.layer_floor_s + idx_layers * st.indexer_floor_s
+    assert st.cost([], [10]).seconds["floor"] == pytest.approx(expected)
+    dense = RooflineStepTime(glm52, indexer=False)
+    assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.layer_floor_s)
+
+
+def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):
+    # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes; sparse MLA stays.
+    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, indexer=False)
+    a, b = dsa.cost([(1000, 0)], [3000] * 8), dense.cost([(1000, 0)], [3000] * 8)
+    assert a.flops["indexer"] > 0 and b.flops["indexer"] == 0 == b.bytes["indexer"] == b.seconds["indexer"]
+    assert b.flops["sparse_mla"] == a.flops["sparse_mla"] and b.bytes["sparse_mla"] == a.bytes["sparse_mla"]
+    idx_part = next(p for p in weight_parts(dsv32.spec, 0, "fp8") if p.name.startswith("indexer"))
+    assert a.bytes["linear"] - b.bytes["linear"] == pytest.approx(idx_part.bytes)  # replicated: whole on a rank
+    assert b.bytes["cache_write"] == 1008 * dsv32.main_bytes_per_token < a.bytes["cache_write"]
+
+
+def test_gemm_efficiencies_are_deepgemms_measured_rates():
+    # DeepGEMM README (2025-02), H800: dense M = 4096 on DeepSeek-V3 shapes; masked grouped GEMM, 4 x M 256.
+    dense = (1058 * 990 * 590 * 1358 * 1304 * 1025) ** (1 / 6) / 1978.9
+    grouped = (932 * 815) ** 0.5 / 1978.9
+    assert RooflineStepTime.gemm_eff == pytest.approx(dense) == pytest.approx(0.515, abs=1e-3)
+    assert RooflineStepTime.moe_eff == pytest.approx(grouped) == pytest.approx(0.440, abs=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +174,22 @@ def test_padded_topk_follows_the_engine(dsv32):
 
 
 def test_dp_attention_collectives_follow_the_formula(dsv32):
+    # SGLang: decode (MAX_LEN) all-gathers before the MLP and reduce-scatters after it; extend (SUM_LEN) gathers
+    # with an all-reduce of a zero-filled buffer, all-reduces the MLP output and scatters by a local copy.
     st, d, tokens = RooflineStepTime(dsv32, dp_attention=8), 8, 13
     layers, hid2 = dsv32.num_attention_layers, 7168 * 2
-    t_all = tokens * d  # attention TP = 1: no attention all-reduce
-    gather_scatter = layers * t_all * hid2 * 2 * (d - 1) / d
-    moe_all_reduce = layers * t_all * hid2 * 2 * 7 / 8
-    c = st.cost([], [4096] * tokens)
-    assert c.bytes["collectives"] == pytest.approx(gather_scatter + moe_all_reduce)
     link = st.gpu.link_bytes_per_s * st.link_eff
-    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 3 * layers * st.gpu.link_latency_s)
+    t_all = tokens * d  # attention TP = 1: no attention all-reduce
+    all_gather_reduce_scatter = layers * t_all * hid2 * ((d - 1) / d + 7 / 8)
+    c = st.cost([], [4096] * tokens)
+    assert c.bytes["collectives"] == pytest.approx(all_gather_reduce_scatter)
+    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
+    t_all = (100 + tokens) * d
+    gather_all_reduce = layers * t_all * hid2 * 2 * (d - 1) / d
+    moe_all_reduce = layers * t_all * hid2 * 2 * 7 / 8
+    c = st.cost([(100, 0)], [4096] * tokens)
+    assert c.bytes["collectives"] == pytest.approx(gather_all_reduce + moe_all_reduce)
+    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
 
 
 def test_one_mtp_draft_pass_follows_the_formula(dsv32):
@@ -166,7 +200,7 @@ def test_one_mtp_draft_pass_follows_the_formula(dsv32):
     flops += n * c["lm_head_flops_per_row"]
     compute = flops / (g.fp8_flops * st.moe_eff)
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
-    expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
+    expected = max(compute, memory) + st.layer_floor_s + st.indexer_floor_s + 2 * g.link_latency_s
     assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected)
 
 
@@ -180,7 +214,7 @@ def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(d
     flops += mine * c["lm_head_flops_per_row"]
     compute = flops / (g.fp8_flops * st.moe_eff)
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
-    expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
+    expected = max(compute, memory) + st.layer_floor_s + st.indexer_floor_s + 2 * g.link_latency_s
     cost = st.cost([], [4096] * mine, dp_tokens=2 * every, dp_decodes=every)
     assert cost.seconds["mtp_draft"] == pytest.approx(expected)
     assert st.cost([], [4096] * mine).seconds["mtp_draft"] < expected  # balanced: 2 x 1 decodes only
