@@ -165,12 +165,13 @@ class RooflineStepTime:
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
-    mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
-    indexer_eff: float = 0.5
-    bw_eff: float = 0.8
+    mla_decode_eff: float = 0.395  # fitted, below FlashMLA sparse fp8 decode's 410 / 989.4 TFLOP/s on H800
+    indexer_eff: float = 0.64  # fitted
+    bw_eff: float = 0.69  # fitted
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
-    layer_floor_s: float = 80e-6  # fitted; launch / small-kernel floor per layer and step
-    overhead_s: float = 0.002  # scheduling and sampling per step
+    layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
+    layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
+    overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp_attention", "dcp", "ep"):
@@ -186,8 +187,8 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if self.layer_floor_s < 0 or self.overhead_s < 0:
-            raise DsakvError("step time layer_floor_s and overhead_s must be >= 0")
+        if self.layer_floor_s < 0 or self.layer_min_s < 0 or self.overhead_s < 0:
+            raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -337,7 +338,12 @@ class RooflineStepTime:
         }
         draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
         secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) if n_dec and self.mtp_draft else 0.0
-        secs["floor"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s if tokens else 0.0
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = sum(secs.values())
+            floor = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
+            secs["floor"] = floor + max(0.0, c["layers"] * self.layer_min_s - work)
+        else:
+            secs["floor"] = 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
 
@@ -378,16 +384,17 @@ class RooflineStepTime:
     def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
         """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
         steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
-        decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, one
-        layer's floor and its two collectives each."""
+        decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, and its two
+        collectives' latency, at least ``layer_min_s`` (one layer), plus one layer's floor (and indexer floor) each."""
         c, g = self._const, self.gpu
         layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
         flops = (n_dec * c["attn_flops"] + rows * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
         flops += n_dec * c["lm_head_flops_per_row"]
         bw = g.hbm_bytes_per_s * self.bw_eff
         one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)
+        one = max(one + (2 * g.link_latency_s if self.tp > 1 else 0.0), self.layer_min_s)  # fact 14: one layer
         idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
-        one += self.layer_floor_s + idx_floor + (2 * g.link_latency_s if self.tp > 1 else 0.0)
+        one += self.layer_floor_s + idx_floor
         return self.mtp_draft * one
 
     def step_seconds(
@@ -407,7 +414,7 @@ class RooflineStepTime:
             "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "indexer_floor_s", "overhead_s",
+            "indexer_floor_s", "layer_min_s", "overhead_s",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         out.update(
