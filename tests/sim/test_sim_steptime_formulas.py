@@ -151,7 +151,8 @@ def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_r
     assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # each row read once per chunk
     assert mixed.cost([(n, 0)], []).bytes["sparse_mla"] == layers * pairs * row
     flops = layers * pairs * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64
-    compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in ((plain, 640 / 989.4), (mixed, mixed.mla_decode_eff))}
+    rates = ((plain, plain.mla_prefill_eff), (mixed, mixed.mla_decode_eff))
+    compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in rates}
     for st in (plain, mixed):
         c = st.cost([(n, 0)], [])
         bw = c.bytes["sparse_mla"] / (st.gpu.hbm_bytes_per_s * st.bw_eff)
