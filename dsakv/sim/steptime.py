@@ -8,13 +8,16 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
   group::
 
-      t = overhead + layers * floor + sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
+      t = overhead + layers * floor + indexer_layers * indexer_floor + max(layers * layer_min, W)
+      W = sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
           + collective_bytes / (link_bw * link_eff) + collectives * link_latency + MTP draft passes
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
   (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
-  lightning indexer (every context key scored per query on the full layers, fp8), the cache writes of both
-  caches, collectives (bandwidth + latency), MTP draft passes, a per-layer floor and a per-step overhead.
+  lightning indexer (every context key scored per query on the full layers, fp8; none for a model without it),
+  the cache writes of both caches, collectives (bandwidth + latency), MTP draft passes, the small kernels'
+  floors (per layer, and the indexer's per full indexer layer), a per-layer minimum that the work of a tiny
+  batch hides in, and a per-step overhead.
   Everything constant for a model and deployment is computed once in the constructor (``_constants``).
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
