@@ -2,6 +2,7 @@
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
+    python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
 ``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
@@ -16,6 +17,9 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9.
 
+Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
+DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
+
 Every figure is the client's: each request reaches the engine ``FRONTEND_S`` after the client sends it (fitted,
 docs/steptime.md). Lengths follow the row's benchmark client: a ``range_ratio`` column r draws each request's
 input and output lengths uniformly from [r x len, len] (seeded); without it, rows from InferenceX take its
@@ -24,6 +28,9 @@ client's ``INFERENCEX_RANGE_RATIO`` and the others keep the trace's lengths.
 ``--fit`` replays every row at every point of ``FIT_GRID`` (the free parameters) and prints the
 points best first: fewest rows outside their band (the issue's criterion), then the smallest loss (sum over
 rows and metrics of log(ratio)^2); the best point's table follows.
+``--refine`` starts from the defaults and moves one free parameter at a time (``REFINE_BOUNDS``, multiplying or
+dividing by a step factor that shrinks over four rounds) while (rows out of band, loss) improves; the refined
+point's table follows.
 """
 
 from __future__ import annotations
@@ -52,16 +59,13 @@ from dsakv.workloads.traces import TraceRequest
 BANDS = {"ttft_ms": (0.5, 2.0)}
 DEFAULT_BAND = (0.75, 1.33)
 RATES = ("out_tok_s", "out_tok_s_gpu")
-# Free parameters of the roofline step time (dsakv.sim.steptime.RooflineStepTime) that --fit searches. gemm_eff
-# is pinned to DeepGEMM's published dense fp8 rate (docs/steptime.md, fact 4); freeing it (0.5, 0.35) moves
-# the best loss by under 2% (docs/steptime.md, calibration).
-# ``frontend_s`` is the SimConfig's front-end latency (client send -> scheduler queue), the others the roofline's.
+# A grid over the free parameters that --fit searches (``frontend_s`` is the SimConfig's front-end latency, client
+# send -> scheduler queue, the others the roofline's); gemm_eff and moe_eff are DeepGEMM's measured rates
+# (docs/steptime.md, fact 11), not fitted. --refine moves every free parameter from the defaults instead.
 FIT_GRID = {
-    "gemm_eff": (0.7,),
-    "moe_eff": (0.6, 0.45, 0.3, 0.2),
-    "link_eff": (0.7, 0.5, 0.35),
-    "layer_floor_s": (40e-6, 80e-6, 120e-6),
-    "frontend_s": (0.15, 0.2, 0.25, 0.3),
+    "link_eff": (0.5, 0.35, 0.25),
+    "layer_floor_s": (40e-6, 60e-6, 80e-6),
+    "frontend_s": (0.2, 0.25, 0.3),
 }
 # Bounds of the free parameters that --refine moves (coordinate descent on log scale): efficiencies in (0, 1],
 # the sparse-MLA ones at most FlashMLA's measured rates (docs/steptime.md, fact 4), times within a factor ~4 of
