@@ -212,7 +212,7 @@ class RooflineStepTime:
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
             if p.name == "embedding" or (p.name.startswith("indexer") and not self.indexer):
-                continue  # the embedding is a gather of the batch's rows, not a read of the matrix
+                continue  # the embedding is a gather of the batch's rows; a model without the indexer has no indexer
             if p.name == "lm_head":
                 c["lm_head_bytes"] = per_rank_bytes
                 c["lm_head_flops_per_row"] = 2 * per_rank_params
