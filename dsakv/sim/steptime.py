@@ -140,7 +140,8 @@ class RooflineStepTime:
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
     bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
     (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
-    expected yield, for reports. ``weight_dtype`` (None: the config's) prices the linear layers.
+    expected yield, for reports; a step with MTP decodes also pays ``mtp_step_s``, speculative decoding's own work.
+    ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
     kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
@@ -174,6 +175,7 @@ class RooflineStepTime:
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
     layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
     layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
+    mtp_step_s: float = 9.1e-3  # speculative decoding's own work per MTP decode step (DeepSeek-V3.2's bs-1 MTP speedup)
     overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
 
     def __post_init__(self) -> None:
@@ -190,8 +192,8 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if self.layer_floor_s < 0 or self.layer_min_s < 0 or self.overhead_s < 0:
-            raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
+        if min(self.layer_floor_s, self.layer_min_s, self.mtp_step_s, self.overhead_s) < 0:
+            raise DsakvError("step time layer_floor_s, layer_min_s, mtp_step_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -340,9 +342,11 @@ class RooflineStepTime:
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
         draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
-        secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) if n_dec and self.mtp_draft else 0.0
+        secs["mtp_draft"] = 0.0
+        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
+            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) + self.mtp_step_s
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = sum(secs.values())
+            work = sum(secs.values()) - secs["mtp_draft"]  # the draft passes are forwards of their own
             floor = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
             secs["floor"] = floor + max(0.0, c["layers"] * self.layer_min_s - work)
         else:
@@ -417,7 +421,7 @@ class RooflineStepTime:
             "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "indexer_floor_s", "layer_min_s", "overhead_s",
+            "indexer_floor_s", "layer_min_s", "mtp_step_s", "overhead_s",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         out.update(
