@@ -8,9 +8,10 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
   group::
 
-      t = overhead + layers * floor + indexer_layers * indexer_floor + max(layers * layer_min, W)
+      t = overhead + layers * floor + indexer_layers * indexer_floor + max(layers * layer_min, W) + MTP
       W = sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
-          + collective_bytes / (link_bw * link_eff) + collectives * link_latency + MTP draft passes
+          + collective_bytes / (link_bw * link_eff) + collectives * link_latency
+      MTP = draft passes + mtp_step (steps with MTP decodes)
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
   (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
