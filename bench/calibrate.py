@@ -117,13 +117,29 @@ def policy_of(anchor: dict) -> str:
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 
 
+VLLM_NEW_TOKEN_RATIO = 0.7  # dsakv's default reserve for the vLLM rows (vLLM itself reserves no future output)
+# SGLang's scheduler starts its new-token ratio at min(SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness, 1)
+# (sglang/srt/managers/scheduler.py, env SGLANG_INIT_NEW_TOKEN_RATIO); ServerArgs._handle_data_parallelism multiplies
+# schedule_conservativeness (1.0) by SGLANG_DP_ATTENTION_CONSERVATIVENESS under --enable-dp-attention.
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
+
+
+def sglang_chunked_prefill_size(gpu_memory_mib: float) -> int:
+    """SGLang's default ``--chunked-prefill-size`` by GPU memory (``ServerArgs._handle_gpu_memory_settings``): 8192
+    below 160 GiB (H100, H20, H200), 16384 above (B200, MI300X). A global budget: under DP attention
+    ``_handle_data_parallelism`` divides it by the DP size, so each DP rank's scheduler chunks by 1/dp of it."""
+    return 8192 if gpu_memory_mib < 160 * 1024 else 16384
+
+
 def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool) -> float:
     """SGLang's default ``--mem-fraction-static`` (``ServerArgs._handle_gpu_memory_settings``, SGLang >= 0.5):
     reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
     attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, at least 10 GiB above 60 GiB,
-    + 2 GiB for an EAGLE draft model. Chunked prefill / cuda-graph max batch by memory: 8192 / 512 (TP >= 4)
-    below 160 GiB (H100, H200), 16384 / 512 above (B200, MI300X)."""
-    chunk = 8192 if gpu_memory_mib < 160 * 1024 else 16384
+    + 2 GiB for an EAGLE draft model. Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
+    cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
+    MI300X)."""
+    chunk = sglang_chunked_prefill_size(gpu_memory_mib)
     graph_bs = 512 if tp >= 4 or gpu_memory_mib >= 160 * 1024 else 256
     reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
     if dp_attention > 1:
@@ -133,6 +149,28 @@ def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int
     if speculative:
         reserved += 2 * 1024
     return round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+
+
+def engine_new_token_ratio(anchor: dict) -> float:
+    """The admission's reserve for running requests' remaining output, as the row's engine starts it: SGLang's
+    ``init_new_token_ratio`` (0.7 x schedule_conservativeness, which DP attention scales by 0.3: 0.21), dsakv's
+    default for vLLM rows."""
+    if policy_of(anchor) == "mixed":
+        return VLLM_NEW_TOKEN_RATIO
+    conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _int(anchor.get("dp"), 1) > 1 else 1.0
+    return min(SGLANG_INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+
+
+def engine_chunk_tokens(anchor: dict) -> int:
+    """The chunked-prefill size each DP group's scheduler uses: the row's ``chunk`` (a per-rank value: the DP8 rows'
+    1,024 is what SGLang's H200 default 8,192 becomes per rank under DP attention), else the engine's default,
+    SGLang's divided by the DP size as ``_handle_data_parallelism`` does, 8,192 for vLLM."""
+    chunk = _int(anchor.get("chunk"))
+    if chunk is not None:
+        return chunk
+    if policy_of(anchor) == "mixed":
+        return 8192
+    return sglang_chunked_prefill_size(gpu_kind(anchor["gpu"]).memory_bytes / 2**20) // _int(anchor.get("dp"), 1)
 
 
 def engine_mem_fraction(anchor: dict) -> float:
@@ -185,7 +223,7 @@ def client_lengths(requests: list[TraceRequest], ratio: float, seed: int = 0) ->
 
 
 def sim_config(anchor: dict) -> SimConfig:
-    chunk = _int(anchor.get("chunk"), 8192)
+    chunk = engine_chunk_tokens(anchor)
     gpus = _int(anchor["gpus"])
     setting = GpuSetting(
         gpu=anchor["gpu"],
@@ -203,6 +241,7 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,
         max_running=_int(anchor.get("cap"), 256),
+        new_token_ratio=engine_new_token_ratio(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
         frontend_s=FRONTEND_S,

@@ -58,7 +58,9 @@ class SimConfig:
     the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to the scheduler):
     the request's arrival is the client's send time, so its TTFT and the makespan include it (default 0: the
     engine's own TTFT; docs/steptime.md, front-end latency). ``instances``: engine instances of the cluster, each of
-    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``)."""
+    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
+    ``new_token_ratio``: the share of a request's remaining output the admission reserves
+    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``)."""
 
     model: str | None = None
     config: str | None = None
@@ -75,6 +77,7 @@ class SimConfig:
     preemption: str = "recompute"
     chunk_tokens: int = 8192
     max_running: int = 256
+    new_token_ratio: float = 0.7
     time_scale: float = 1.0
     step_model: str = "roofline"
     seed: int = 0
@@ -254,6 +257,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
+        new_token_ratio=cfg.new_token_ratio,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_draft_tokens=cfg.mtp,

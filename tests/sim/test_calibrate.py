@@ -119,3 +119,33 @@ def test_r1_rows_are_replayed_without_the_indexer(calibrate):
     assert not calibrate.has_indexer({"id": "x", "indexer": "0"})
     with pytest.raises(calibrate.DsakvError, match="indexer = maybe"):
         calibrate.has_indexer({"id": "x", "indexer": "maybe"})
+
+
+def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(calibrate, shared_dir):
+    # SGLang's ServerArgs._handle_data_parallelism under --enable-dp-attention: chunked_prefill_size //= dp_size and
+    # schedule_conservativeness *= 0.3; the scheduler's initial new-token ratio is 0.7 x schedule_conservativeness.
+    h200 = {"id": "x-sgl-dp8", "gpu": "H200", "gpus": "8", "dp": "8", "mtp": "0", "mem": "", "chunk": ""}
+    assert calibrate.sglang_chunked_prefill_size(143_771) == 8192
+    assert calibrate.sglang_chunked_prefill_size(183_359) == 16384  # B200
+    assert calibrate.engine_chunk_tokens(h200) == 8192 // 8
+    assert calibrate.engine_chunk_tokens({**h200, "dp": "1"}) == 8192
+    assert calibrate.engine_chunk_tokens({**h200, "chunk": "512"}) == 512  # a column is the per-rank value
+    assert calibrate.engine_new_token_ratio(h200) == pytest.approx(0.7 * 0.3)
+    assert calibrate.engine_new_token_ratio({**h200, "dp": "1"}) == pytest.approx(0.7)
+    assert calibrate.engine_new_token_ratio({**h200, "id": "x-vllm-tp8"}) == calibrate.VLLM_NEW_TOKEN_RATIO
+    setup = calibrate.build_setup(
+        calibrate.sim_config({**h200, "model": "tiny", "gpus": "1", "dp": "1", "chunk": "256"})
+    )
+    assert setup.scheduler.new_token_ratio == pytest.approx(0.7)
+    dp_setup = calibrate.build_setup(calibrate.sim_config({**h200, "model": "deepseek-v3.2", "weight_dtype": "fp8"}))
+    assert dp_setup.scheduler.new_token_ratio == pytest.approx(0.21)
+    assert dp_setup.scheduler.chunk_tokens == 1024
+    # The gpustack DP8 anchors' chunk column (1,024, no --chunked-prefill-size in their launch command) is SGLang's
+    # H200 default divided per rank, the value each DP rank's scheduler runs with.
+    anchors = shared_dir / "data" / "calibration" / "anchors.csv"
+    if anchors.exists():
+        with anchors.open(newline="") as f:
+            dp_rows = [r for r in csv.DictReader(f) if int(r["dp"] or 1) > 1]
+        assert dp_rows
+        for row in dp_rows:
+            assert calibrate.engine_chunk_tokens(row) == calibrate.engine_chunk_tokens({**row, "chunk": ""})
