@@ -149,3 +149,16 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
         assert dp_rows
         for row in dp_rows:
             assert calibrate.engine_chunk_tokens(row) == calibrate.engine_chunk_tokens({**row, "chunk": ""})
+
+
+def test_decode_steps_prints_the_typical_decode_steps_parts_and_median_itl(
+    tmp_path, load_file_module, repo_dir, capsys
+):
+    decode_steps = load_file_module(repo_dir / "bench" / "decode_steps.py")
+    assert decode_steps.weighted_median([(3.0, 1), (1.0, 5), (2.0, 1)]) == 1.0  # 5 of 7 tokens waited 1
+    assert decode_steps.weighted_median([(3.0, 4), (1.0, 1)]) == 3.0
+    path = _write(tmp_path, {"tpot_ms": [1.0, "mean"]})
+    assert decode_steps.main(["--anchors", path]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("tiny-sgl-c2: decode-only ") and "typical decode step (" in line
+    assert " linear " in line and " overhead " in line and "median ITL " in line and line.endswith(" ms")
