@@ -27,6 +27,7 @@ from dsakv.cli.gpu_args import (
     parse_float,
     parse_fraction,
     parse_int,
+    parse_share,
     parse_tier_bytes,
 )
 from dsakv.cli.output import OutputDir, dumps
@@ -91,6 +92,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--chunk-tokens", default=str(DEFAULT.chunk_tokens), help="largest prefill chunk of one request per step"
     )
     s.add_argument("--max-running", default=str(DEFAULT.max_running), help="requests holding pages at once")
+    s.add_argument(
+        "--new-token-ratio",
+        default=str(DEFAULT.new_token_ratio),
+        help="share of a running request's remaining output the admission reserves (SGLang: 0.7, 0.21 with DP attention)",
+    )
     s.add_argument(
         "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
     )
@@ -197,6 +203,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         preemption=args.preemption,
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
         max_running=parse_int("--max-running", args.max_running),
+        new_token_ratio=parse_share("--new-token-ratio", args.new_token_ratio),
         time_scale=parse_float("--time-scale", args.time_scale),
         step_model=args.step_model,
         seed=parse_int("--seed", args.seed, 0),
