@@ -117,7 +117,9 @@ def policy_of(anchor: dict) -> str:
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 
 
-VLLM_NEW_TOKEN_RATIO = 0.7  # dsakv's default reserve for the vLLM rows (vLLM itself reserves no future output)
+# vLLM V1 reserves nothing for future output: its scheduler allocates KV blocks for the tokens it schedules this step
+# (KVCacheManager.allocate_slots(request, num_new_tokens)) and preempts when none are left.
+VLLM_NEW_TOKEN_RATIO = 0.0
 # SGLang's scheduler starts its new-token ratio at min(SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness, 1)
 # (sglang/srt/managers/scheduler.py, env SGLANG_INIT_NEW_TOKEN_RATIO); ServerArgs._handle_data_parallelism multiplies
 # schedule_conservativeness (1.0) by SGLANG_DP_ATTENTION_CONSERVATIVENESS under --enable-dp-attention.
@@ -153,8 +155,8 @@ def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int
 
 def engine_new_token_ratio(anchor: dict) -> float:
     """The admission's reserve for running requests' remaining output, as the row's engine starts it: SGLang's
-    ``init_new_token_ratio`` (0.7 x schedule_conservativeness, which DP attention scales by 0.3: 0.21), dsakv's
-    default for vLLM rows."""
+    ``init_new_token_ratio`` (0.7 x schedule_conservativeness, which DP attention scales by 0.3: 0.21); none for
+    vLLM rows (``VLLM_NEW_TOKEN_RATIO``)."""
     if policy_of(anchor) == "mixed":
         return VLLM_NEW_TOKEN_RATIO
     conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _int(anchor.get("dp"), 1) > 1 else 1.0

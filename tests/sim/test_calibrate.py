@@ -132,7 +132,7 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
     assert calibrate.engine_chunk_tokens({**h200, "chunk": "512"}) == 512  # a column is the per-rank value
     assert calibrate.engine_new_token_ratio(h200) == pytest.approx(0.7 * 0.3)
     assert calibrate.engine_new_token_ratio({**h200, "dp": "1"}) == pytest.approx(0.7)
-    assert calibrate.engine_new_token_ratio({**h200, "id": "x-vllm-tp8"}) == calibrate.VLLM_NEW_TOKEN_RATIO
+    assert calibrate.engine_new_token_ratio({**h200, "id": "x-vllm-tp8"}) == 0.0  # vLLM allocates per step
     setup = calibrate.build_setup(
         calibrate.sim_config({**h200, "model": "tiny", "gpus": "1", "dp": "1", "chunk": "256"})
     )
