@@ -2,6 +2,7 @@
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
+    python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
 ``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
@@ -16,9 +17,20 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9.
 
-``--fit`` replays every row at every point of ``FIT_GRID`` (the roofline's free parameters) and prints the
+Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
+DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
+
+Every figure is the client's: each request reaches the engine ``FRONTEND_S`` after the client sends it (fitted,
+docs/steptime.md). Lengths follow the row's benchmark client: a ``range_ratio`` column r draws each request's
+input and output lengths uniformly from [r x len, len] (seeded); without it, rows from InferenceX take its
+client's ``INFERENCEX_RANGE_RATIO`` and the others keep the trace's lengths.
+
+``--fit`` replays every row at every point of ``FIT_GRID`` (the free parameters) and prints the
 points best first: fewest rows outside their band (the issue's criterion), then the smallest loss (sum over
 rows and metrics of log(ratio)^2); the best point's table follows.
+``--refine`` starts from the defaults and moves one free parameter at a time (``REFINE_BOUNDS``, multiplying or
+dividing by a step factor that shrinks over four rounds) while (rows out of band, loss) improves; the refined
+point's table follows.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import dataclasses
 import itertools
 import json
 import math
+import random
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,19 +53,39 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
+from dsakv.sim.steptime import RooflineStepTime
+from dsakv.workloads.traces import TraceRequest
 
 BANDS = {"ttft_ms": (0.5, 2.0)}
 DEFAULT_BAND = (0.75, 1.33)
 RATES = ("out_tok_s", "out_tok_s_gpu")
-# Free parameters of the roofline step time (dsakv.sim.steptime.RooflineStepTime) that --fit searches. gemm_eff
-# is pinned to DeepGEMM's published dense fp8 rate (docs/steptime.md, fact 4); freeing it (0.5, 0.35) moves
-# the best loss by under 2% (docs/steptime.md, calibration).
+# A grid over the free parameters that --fit searches (``frontend_s`` is the SimConfig's front-end latency, client
+# send -> scheduler queue, the others the roofline's); gemm_eff and moe_eff are DeepGEMM's measured rates
+# (docs/steptime.md, fact 11), not fitted. --refine moves every free parameter from the defaults instead.
 FIT_GRID = {
-    "gemm_eff": (0.7,),
-    "moe_eff": (0.6, 0.45, 0.3, 0.2),
-    "link_eff": (0.7, 0.5, 0.35),
-    "layer_floor_s": (40e-6, 80e-6, 120e-6),
+    "link_eff": (0.5, 0.35, 0.25),
+    "layer_floor_s": (40e-6, 60e-6, 80e-6),
+    "frontend_s": (0.2, 0.25, 0.3),
 }
+# Bounds of the free parameters that --refine moves (coordinate descent on log scale): efficiencies in (0, 1],
+# the sparse-MLA ones at most FlashMLA's measured rates (docs/steptime.md, fact 4), times within a factor ~4 of
+# the defaults. gemm_eff and moe_eff are DeepGEMM's measured rates (fact 11), not fitted.
+REFINE_BOUNDS = {
+    "indexer_eff": (0.1, 0.85),
+    "mla_prefill_eff": (0.1, 640 / 989.4),
+    "mla_decode_eff": (0.1, 410 / 989.4),
+    "bw_eff": (0.5, 0.92),
+    "link_eff": (0.15, 0.9),
+    "layer_floor_s": (20e-6, 320e-6),
+    "overhead_s": (0.5e-3, 8e-3),
+    "frontend_s": (0.05, 0.5),
+}
+# Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
+FRONTEND_S = 0.25
+# InferenceX's benchmark client draws every request's input and output lengths uniformly from [0.8 x len, len]
+# (RANDOM_RANGE_RATIO 0.8 in its "Benchmark Client Configuration", passed to benchmark_serving.py's random
+# dataset with --ignore-eos; benchmarks/benchmark_lib.sh run_benchmark_serving --random-range-ratio).
+INFERENCEX_RANGE_RATIO = 0.8
 
 
 @dataclass(frozen=True)
@@ -84,13 +117,31 @@ def policy_of(anchor: dict) -> str:
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 
 
+# vLLM V1 reserves nothing for future output: its scheduler allocates KV blocks for the tokens it schedules this step
+# (KVCacheManager.allocate_slots(request, num_new_tokens)) and preempts when none are left.
+VLLM_NEW_TOKEN_RATIO = 0.0
+# SGLang's scheduler starts its new-token ratio at min(SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness, 1)
+# (sglang/srt/managers/scheduler.py, env SGLANG_INIT_NEW_TOKEN_RATIO); ServerArgs._handle_data_parallelism multiplies
+# schedule_conservativeness (1.0) by SGLANG_DP_ATTENTION_CONSERVATIVENESS under --enable-dp-attention.
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
+
+
+def sglang_chunked_prefill_size(gpu_memory_mib: float) -> int:
+    """SGLang's default ``--chunked-prefill-size`` by GPU memory (``ServerArgs._handle_gpu_memory_settings``): 8192
+    below 160 GiB (H100, H20, H200), 16384 above (B200, MI300X). A global budget: under DP attention
+    ``_handle_data_parallelism`` divides it by the DP size, so each DP rank's scheduler chunks by 1/dp of it."""
+    return 8192 if gpu_memory_mib < 160 * 1024 else 16384
+
+
 def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool) -> float:
     """SGLang's default ``--mem-fraction-static`` (``ServerArgs._handle_gpu_memory_settings``, SGLang >= 0.5):
     reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
     attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, at least 10 GiB above 60 GiB,
-    + 2 GiB for an EAGLE draft model. Chunked prefill / cuda-graph max batch by memory: 8192 / 512 (TP >= 4)
-    below 160 GiB (H100, H200), 16384 / 512 above (B200, MI300X)."""
-    chunk = 8192 if gpu_memory_mib < 160 * 1024 else 16384
+    + 2 GiB for an EAGLE draft model. Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
+    cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
+    MI300X)."""
+    chunk = sglang_chunked_prefill_size(gpu_memory_mib)
     graph_bs = 512 if tp >= 4 or gpu_memory_mib >= 160 * 1024 else 256
     reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
     if dp_attention > 1:
@@ -100,6 +151,28 @@ def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int
     if speculative:
         reserved += 2 * 1024
     return round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+
+
+def engine_new_token_ratio(anchor: dict) -> float:
+    """The admission's reserve for running requests' remaining output, as the row's engine starts it: SGLang's
+    ``init_new_token_ratio`` (0.7 x schedule_conservativeness, which DP attention scales by 0.3: 0.21); none for
+    vLLM rows (``VLLM_NEW_TOKEN_RATIO``)."""
+    if policy_of(anchor) == "mixed":
+        return VLLM_NEW_TOKEN_RATIO
+    conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _int(anchor.get("dp"), 1) > 1 else 1.0
+    return min(SGLANG_INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+
+
+def engine_chunk_tokens(anchor: dict) -> int:
+    """The chunked-prefill size each DP group's scheduler uses: the row's ``chunk`` (a per-rank value: the DP8 rows'
+    1,024 is what SGLang's H200 default 8,192 becomes per rank under DP attention), else the engine's default,
+    SGLang's divided by the DP size as ``_handle_data_parallelism`` does, 8,192 for vLLM."""
+    chunk = _int(anchor.get("chunk"))
+    if chunk is not None:
+        return chunk
+    if policy_of(anchor) == "mixed":
+        return 8192
+    return sglang_chunked_prefill_size(gpu_kind(anchor["gpu"]).memory_bytes / 2**20) // _int(anchor.get("dp"), 1)
 
 
 def engine_mem_fraction(anchor: dict) -> float:
@@ -114,8 +187,45 @@ def engine_mem_fraction(anchor: dict) -> float:
     )
 
 
+def range_ratio_of(anchor: dict) -> float:
+    """The row's ``range_ratio`` column, else its client's: InferenceX's 0.8, fixed lengths (1) otherwise."""
+    text = (anchor.get("range_ratio") or "").strip()
+    if text:
+        ratio = float(text)
+        if not 0 <= ratio <= 1:
+            raise DsakvError(f"anchor {anchor['id']}: range_ratio = {text}: must be in [0, 1]")
+        return ratio
+    return INFERENCEX_RANGE_RATIO if "inferencex" in (anchor.get("src") or "").lower() else 1.0
+
+
+def has_indexer(anchor: dict) -> bool:
+    """Whether the served model has DSA's lightning indexer: an ``indexer`` column (1 / 0) if present, else
+    False for ``r1-*`` rows (DeepSeek-R1: dense MLA, no ``index_*`` fields in its config; the anchors README
+    names the DSA preset a proxy for its linear / MoE layers) and True otherwise."""
+    text = (anchor.get("indexer") or "").strip().lower()
+    if text:
+        if text not in ("0", "1", "true", "false"):
+            raise DsakvError(f"anchor {anchor['id']}: indexer = {text}: must be 1 / 0 / true / false")
+        return text in ("1", "true")
+    return not anchor["id"].lower().startswith("r1-")
+
+
+def client_lengths(requests: list[TraceRequest], ratio: float, seed: int = 0) -> list[TraceRequest]:
+    """The benchmark client's lengths: each request's input and output drawn uniformly (seeded) from
+    [int(ratio x len), len], as benchmark_serving.py's random dataset does; ratio 1 keeps them."""
+    if ratio >= 1:
+        return requests
+    rng = random.Random(seed)
+    out = []
+    for r in requests:
+        isl = rng.randint(max(int(r.input_length * ratio), 1), r.input_length)
+        osl = rng.randint(max(int(r.output_length * ratio), 1), r.output_length)
+        out.append(dataclasses.replace(r, input_length=isl, output_length=osl))
+    return out
+
+
 def sim_config(anchor: dict) -> SimConfig:
-    chunk = _int(anchor.get("chunk"), 8192)
+    chunk = engine_chunk_tokens(anchor)
     gpus = _int(anchor["gpus"])
     setting = GpuSetting(
         gpu=anchor["gpu"],
@@ -133,8 +243,10 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,
         max_running=_int(anchor.get("cap"), 256),
+        new_token_ratio=engine_new_token_ratio(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
+        frontend_s=FRONTEND_S,
     )
 
 
@@ -143,13 +255,19 @@ def _stat(values: list[float], how: str) -> float:
 
 
 def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
-    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields."""
+    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields
+    (and ``frontend_s``, the config's)."""
     cfg = sim_config(anchor)
+    step_params = dict(step_params or {})
+    if "frontend_s" in step_params:
+        cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
+    step_params.setdefault("indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    result = simulate(cfg, opened.requests, setup=setup, counters=opened.counters)
+    requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
+    result = simulate(cfg, requests, setup=setup, counters=opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
@@ -202,12 +320,43 @@ def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
     return sorted(points, key=lambda p: (p[1], p[0]))
 
 
+def evaluate(anchors: list[dict], traces: Path, params: dict) -> tuple[int, float]:
+    """(rows out of band, loss) of every anchor replayed with ``params``."""
+    rows = [row for a in anchors for row in replay(a, traces, params)]
+    return sum(not r.band_ok for r in rows), loss(rows)
+
+
+def refine(anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=print) -> tuple[dict, tuple]:
+    """Coordinate descent from ``start`` over ``REFINE_BOUNDS``: each parameter in turn is multiplied / divided by
+    a step factor while (rows out, loss) improves; the factor shrinks 1.5 -> 1.22 -> 1.1 -> 1.05 over the rounds."""
+    best, score = dict(start), evaluate(anchors, traces, start)
+    log(f"refine start out {score[0]} loss {score[1]:.4f}")
+    for factor in (1.5, 1.22, 1.1, 1.05)[:rounds]:
+        for name, (lo, hi) in REFINE_BOUNDS.items():
+            for direction in (factor, 1 / factor):
+                moved = False
+                while True:
+                    value = min(max(best[name] * direction, lo), hi)
+                    if value == best[name]:
+                        break
+                    trial = {**best, name: value}
+                    got = evaluate(anchors, traces, trial)
+                    if got >= score:
+                        break
+                    best, score, moved = trial, got, True
+                    log(f"refine x{factor:g} {name} {value:.4g}: out {got[0]} loss {got[1]:.4f}")
+                if moved:
+                    break
+    return best, score
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
     ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
+    ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
@@ -223,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 for value, out, params in points:
                     print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
+        if args.refine:
+            start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
+            best, _ = refine(anchors, path.parent / "traces", {**start, "frontend_s": FRONTEND_S})
+            print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
         rows = [row for a in anchors for row in replay(a, path.parent / "traces", best)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)

@@ -89,6 +89,17 @@ def parse_fraction(flag: str, text: str) -> float:
     return parse_float(flag, text, maximum=1)
 
 
+def parse_share(flag: str, text: str) -> float:
+    """A number in [0, 1] (0 allowed: none of it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:
+        raise DsakvError(f"{flag} = {short_repr(text)}: must be a number in [0, 1]")
+    return value
+
+
 def add_gpu_arguments(parser: argparse.ArgumentParser, *, batched_help: str = "sizes the top-k buffer") -> None:
     """Add the "GPU setting (per rank)" group: device, parallelism, memory knobs, ``--available-bytes``."""
     g = parser.add_argument_group("GPU setting (per rank)")

@@ -27,6 +27,7 @@ from dsakv.cli.gpu_args import (
     parse_float,
     parse_fraction,
     parse_int,
+    parse_share,
     parse_tier_bytes,
 )
 from dsakv.cli.output import OutputDir, dumps
@@ -93,6 +94,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     s.add_argument("--max-running", default=str(DEFAULT.max_running), help="requests holding pages at once")
     s.add_argument(
+        "--new-token-ratio",
+        default=str(DEFAULT.new_token_ratio),
+        help="share of a running request's remaining output the admission reserves (SGLang: 0.7, 0.21 with DP attention)",
+    )
+    s.add_argument(
         "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
     )
     e = p.add_argument_group("engine (step time and scheduling policy, docs/steptime.md)")
@@ -104,6 +110,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=f"scheduling: {', '.join(SCHEDULE_POLICIES)} (mixed = vLLM-like, prefill_first = SGLang-like)",
     )
     e.add_argument("--max-concurrency", help="closed loop: request k starts when request k - C finishes")
+    e.add_argument(
+        "--frontend-s", help="seconds from a client's send to the scheduler's queue (HTTP, tokenizer), in TTFT"
+    )
     t = p.add_argument_group("lower tiers (host memory and a shared store, docs/tiers.md)")
     t.add_argument("--host-bytes", help="host memory per node for the KV host tier: 2TB, 500GB, 1.5TiB or unbounded")
     t.add_argument("--host-tokens", help="host tier size in tokens instead of bytes")
@@ -227,6 +236,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         preemption=args.preemption,
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
         max_running=parse_int("--max-running", args.max_running),
+        new_token_ratio=parse_share("--new-token-ratio", args.new_token_ratio),
         time_scale=parse_float("--time-scale", args.time_scale),
         step_model=args.step_model,
         seed=parse_int("--seed", args.seed, 0),
@@ -234,6 +244,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         moe_a2a=args.moe_a2a,
         schedule_policy=args.schedule_policy,
         max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
+        frontend_s=0.0 if args.frontend_s is None else parse_float("--frontend-s", args.frontend_s),
         host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
         host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
         store_bytes=_store_bytes(args),

@@ -7,8 +7,9 @@ in ``fp8`` that is 1 B per value plus one fp32 scale per 128 x 128 block (DeepSe
 checkpoints). Embedding, lm_head, router, indexer ``weights_proj``, MTP ``eh_proj`` and every norm
 stay bf16 (2 B) in those checkpoints, so they are always priced at 2 B (4 B under float32).
 
-Sharding (SGLang's DeepSeek/GLM path): embedding, lm_head, dense MLP and shared experts split over
-TP; routed experts over EP = TP; the head-sharded attention projections (``q_b``, ``kv_b``, ``o``)
+Sharding (SGLang's DeepSeek/GLM path): lm_head, dense MLP and shared experts split over TP; the embedding
+over TP, except under DP attention, where every rank holds all of it (SGLang builds it as
+``VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled())``); routed experts over EP = TP; the head-sharded attention projections (``q_b``, ``kv_b``, ``o``)
 over the attention TP size, ``tp // dp_attention``; ``q_a``, ``kv_a``, the indexer, the router and
 the norms are replicated. Pure functions; nothing here touches a device.
 """
@@ -23,7 +24,13 @@ from dsakv.spec.model_spec import ModelSpec
 
 WEIGHT_DTYPE_BYTES = {"fp8": 1, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4}
 FP8_BLOCK = 128  # one fp32 scale per 128 x 128 block of an fp8 matrix
-SHARDS = ("tp", "attn_tp", "ep", "replicated")
+SHARDS = ("tp", "attn_tp", "ep", "replicated", "vocab")
+
+
+def shard_divisors(tp: int, dp_attention: int) -> dict[str, int]:
+    """How many ranks share each shard kind: ``vocab`` (the embedding) splits over TP without DP attention and
+    is whole on every rank with it."""
+    return {"tp": tp, "attn_tp": tp // dp_attention, "ep": tp, "replicated": 1, "vocab": tp if dp_attention == 1 else 1}
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ def weight_parts(spec: ModelSpec, mtp_layers: int, dtype: str | None = None) -> 
         size = sum(matrix_bytes(o, i, d) for o, i, d in mats) + extra_params * hb
         parts.append(WeightPart(name, params * count, size * count, shard))
 
-    add("embedding", "tp", [(vocab, h, hi)], 1)
+    add("embedding", "vocab", [(vocab, h, hi)], 1)
     if not spec.tie_word_embeddings:
         add("lm_head", "tp", [(vocab, h, hi)], 1)
     q_in = q_lora or h
@@ -146,7 +153,7 @@ def weights_per_rank(
         )
     dtype = dtype or spec.weight_dtype
     parts = weight_parts(spec, mtp_layers, dtype)
-    divisor = {"tp": tp, "attn_tp": tp // dp_attention, "ep": tp, "replicated": 1}
+    divisor = shard_divisors(tp, dp_attention)
     rank = sum(ceil_div(p.bytes, divisor[p.shard]) for p in parts)
     return WeightPlan(
         parts=parts,
@@ -160,4 +167,12 @@ def weights_per_rank(
     )
 
 
-__all__ = ["WEIGHT_DTYPE_BYTES", "WeightPart", "WeightPlan", "matrix_bytes", "weight_parts", "weights_per_rank"]
+__all__ = [
+    "WEIGHT_DTYPE_BYTES",
+    "WeightPart",
+    "WeightPlan",
+    "matrix_bytes",
+    "shard_divisors",
+    "weight_parts",
+    "weights_per_rank",
+]

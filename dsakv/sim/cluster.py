@@ -7,9 +7,10 @@ classes as a single run), stepped from here; the cluster adds what lies between 
 * **Routing.** Requests arrive in trace order; the router picks a target group at the arrival time (it sees
   every group's state as of the end of its step in flight: at most one step ahead).
 * **Lockstep.** An instance steps all its groups together: each group's scheduler plans its own batch, the
-  step takes the time of the slowest group (each group priced by the step-time model with its own batch: the
-  model's DP term carries the MoE of ``dp_attention`` such batches), and every group's clock advances to that
-  end. So a long prefill in any group stalls every group's decode, as in the engine.
+  step takes the time of the slowest group (each group priced by the step-time model with its own batch for
+  attention, and the sum of every group's tokens for the MoE, dense MLP and their collectives: the engine
+  gathers all groups' tokens before the MLP), and every group's clock advances to that end. So a long prefill
+  in any group stalls every group's decode, as in the engine.
 * **Events.** An event-driven loop over the instances: the next arrival (ties first, so requests that arrive
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
@@ -136,11 +137,13 @@ class Cluster:
 
     # ----- arrivals -----------------------------------------------------------------------------------
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
-        self._clock(arrival_s)
+        """Route a request the client sent at ``arrival_s``; it reaches its group ``frontend_s`` later."""
+        queued_s = arrival_s + self.cfg.frontend_s
+        self._clock(queued_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
         if inst.run is not None:
-            self._cut_run(inst, arrival_s)
+            self._cut_run(inst, queued_s)
         tokens = req.input_length + req.output_length
         self._load[target] += tokens
         inst.routed_tokens += tokens
@@ -180,8 +183,13 @@ class Cluster:
             steps = k if steps is None or k < steps else steps
         if not busy:
             return None
+        dp_tokens = dp_decodes = None
+        if self.dp > 1:  # as ``_step``: the MoE carries every busy group's decodes, the same each step of the run
+            step_time = self.setup.step_time
+            dp_tokens = sum(step_time.step_tokens((), sim.scheduler.running) for sim in busy)
+            dp_decodes = sum(len(sim.scheduler.running) for sim in busy)
         # lockstep: each step takes its slowest group's time (the same max as ``_step``'s, per step)
-        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps) for sim in busy))
+        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps, dp_tokens, dp_decodes) for sim in busy))
         ends = list(itertools.accumulate(seconds.tolist(), initial=now))
         inst.run = (ends, busy)
         return ends[-1]
@@ -232,7 +240,12 @@ class Cluster:
             loads = [sim.next_load_s() for sim in inst.groups]
             loads = [t for t in loads if t is not None]
             return max(now, min(loads)) if loads else None  # wake when a load-back ends, else sleep
-        end = now + max(sim.transfer(plan, now) + sim.price(plan) for sim, plan in running)
+        dp_tokens = dp_decodes = None
+        if self.dp > 1:  # the MoE / dense MLP carry the sum of every group's tokens; attention each group's own
+            shapes = [sim.shape(plan) for sim, plan in running]
+            dp_tokens = sum(self.setup.step_time.step_tokens(*shape) for shape in shapes)
+            dp_decodes = sum(len(decode) for _, decode in shapes)
+        end = now + max(sim.transfer(plan, now) + sim.price(plan, dp_tokens, dp_decodes) for sim, plan in running)
         self._clock(end)  # what the step stores (or frees) when it completes happens at its end
         for sim, plan in running:
             before = len(sim.records)
@@ -258,11 +271,12 @@ class Cluster:
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
         while pending is not None or heap:
-            if pending is not None and (not heap or pending_s <= heap[0][0]):
+            queued_s = pending_s + self.cfg.frontend_s  # when the request reaches the engine
+            if pending is not None and (not heap or queued_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
                     inst.scheduled = True
-                    heapq.heappush(heap, (pending_s, inst.index, inst.version))
+                    heapq.heappush(heap, (queued_s, inst.index, inst.version))
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)

@@ -55,10 +55,15 @@ class SimConfig:
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps). ``instances``: engine instances of the cluster, each of
+    finishes (None: open loop, trace timestamps). ``frontend_s``: seconds from a client sending a request to
+    the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to the scheduler):
+    the request's arrival is the client's send time, so its TTFT and the makespan include it (default 0: the
+    engine's own TTFT; docs/steptime.md, front-end latency). ``instances``: engine instances of the cluster, each of
     ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
     ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
-    in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md)."""
+    in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
+    ``new_token_ratio``: the share of a request's remaining output the admission reserves
+    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``)."""
 
     model: str | None = None
     config: str | None = None
@@ -75,6 +80,7 @@ class SimConfig:
     preemption: str = "recompute"
     chunk_tokens: int = 8192
     max_running: int = 256
+    new_token_ratio: float = 0.7
     time_scale: float = 1.0
     step_model: str = "roofline"
     seed: int = 0
@@ -82,6 +88,7 @@ class SimConfig:
     moe_a2a: str = "none"
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
+    frontend_s: float = 0.0
     # lower tiers (dsakv.sim.transfers): host memory per node and the shared store, in bytes ("unbounded": no
     # limit) or in tokens (``*_tokens``, one of the two per tier); None for both: no such tier
     host_bytes: int | str | None = None
@@ -115,6 +122,9 @@ class SimConfig:
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        fe = self.frontend_s
+        if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
+            raise DsakvError(f"frontend_s = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
@@ -267,6 +277,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
+        new_token_ratio=cfg.new_token_ratio,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_draft_tokens=cfg.mtp,

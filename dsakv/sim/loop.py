@@ -31,6 +31,9 @@ Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurr
 when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
 measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
 
+Front-end latency (``SimConfig.frontend_s = L``): a request the client sends at ``t`` reaches the scheduler's
+queue at ``t + L``; its arrival stays ``t``, so TTFT and the makespan include ``L``.
+
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
 prompt (prompt token ids lie below ``WIDE_TOKEN_LIMIT``, 2**31 + 2**30: ``dsakv.workloads.traces``), for up to
@@ -178,22 +181,29 @@ class Simulation:
         if pending is not None:
             self._pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
 
-    def next_arrival_s(self) -> float | None:
+    def _next_send_s(self) -> float | None:
+        """When the client sends the next request: its trace time (closed loop: or when a slot frees, if later)."""
         if self._pending is None or self._slots == []:
             return None
         start = self._pending_s
         return start if self._slots is None else max(start, self._slots[0])
 
+    def next_arrival_s(self) -> float | None:
+        """When the next request reaches the scheduler's queue: ``frontend_s`` after the client sent it."""
+        sent_s = self._next_send_s()
+        return None if sent_s is None else sent_s + self.cfg.frontend_s
+
     def arrive(self, now: float) -> None:
-        """Queue every request that has arrived by ``now``; one refused (or done) on arrival leaves at once."""
-        while (arrival_s := self.next_arrival_s()) is not None and arrival_s <= now:
+        """Queue every request that has reached the scheduler by ``now`` (its arrival is the client's send time);
+        one refused (or done) on arrival leaves at once."""
+        while (sent_s := self._next_send_s()) is not None and sent_s + self.cfg.frontend_s <= now:
             if self._slots is not None:
                 heapq.heappop(self._slots)
             if self._serial == MAX_REQUESTS:
                 raise DsakvError(
                     f"trace line {self._pending.line}: more than {MAX_REQUESTS} requests in one simulation"
                 )
-            self.add(self._pending, arrival_s, self._serial)
+            self.add(self._pending, sent_s, self._serial)
             self._serial += 1
             self._take_next()
 
@@ -244,16 +254,25 @@ class Simulation:
                 sampled.append(token)
         return sampled
 
-    def price(self, plan: BatchPlan) -> float:
-        """Seconds the step takes: the step-time model over its chunks and decodes, plus host copies."""
-        prefill: list[tuple[int, int]] = []  # (new tokens, context before them) per chunk
-        decode: list[int] = []  # context length per decode
+    @staticmethod
+    def shape(plan: BatchPlan) -> tuple[list[tuple[int, int]], list[int]]:
+        """The step's shape as the step-time model takes it: (new tokens, context before them) per prefill
+        chunk, and the context length per decode."""
+        prefill: list[tuple[int, int]] = []
+        decode: list[int] = []
         for item in plan.items:
             if item.end - item.start > 1:
                 prefill.append((item.end - item.start, item.start))
             else:
                 decode.append(item.end)
-        seconds = self.setup.step_time.step_seconds(prefill, decode)
+        return prefill, decode
+
+    def price(self, plan: BatchPlan, dp_tokens: int | None = None, dp_decodes: int | None = None) -> float:
+        """Seconds the step takes: the step-time model over its chunks and decodes, plus host copies.
+        ``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes in this lockstep step (the cluster
+        knows them; None: this group's times the group count)."""
+        prefill, decode = self.shape(plan)
+        seconds = self.setup.step_time.step_seconds(prefill, decode, dp_tokens, dp_decodes)
         host_pages = sum(len(h.pages) for h in plan.offloads) + sum(len(h.pages) for h in plan.restores)
         if host_pages:
             seconds += host_pages * self.setup.cell.page_bytes / HOST_COPY_BYTES_PER_S
@@ -330,10 +349,11 @@ class Simulation:
             return 0
         return self.scheduler.decode_run_steps(self.evict_in_runs)
 
-    def decode_run_seconds(self, steps: int) -> np.ndarray:
-        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step)."""
+    def decode_run_seconds(self, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None) -> np.ndarray:
+        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step;
+        ``dp_tokens`` / ``dp_decodes`` as ``price``'s, the same every step of a run)."""
         contexts = [req.prompt_len + len(req.outputs) for req in self.scheduler.running]
-        return self.setup.step_time.decode_run_seconds(contexts, steps)
+        return self.setup.step_time.decode_run_seconds(contexts, steps, dp_tokens, dp_decodes)
 
     def advance_decode(self, ends: Sequence[float]) -> None:
         """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and

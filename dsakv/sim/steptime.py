@@ -8,27 +8,34 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
   ``dsakv.planner.gpus``); every constant and assumption is in ``docs/steptime.md``. Per rank of one TP
   group::
 
-      t = overhead + layers * floor + sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
-          + collective_bytes / (link_bw * link_eff) + collectives * link_latency + MTP draft passes
+      t = overhead + layers * floor + indexer_layers * indexer_floor + max(layers * layer_min, W) + MTP
+      W = sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
+          + collective_bytes / (link_bw * link_eff) + collectives * link_latency
+      MTP = draft passes + mtp_step (steps with MTP decodes)
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
   (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
-  lightning indexer (every context key scored per query on the full layers, fp8), the cache writes of both
-  caches, collectives (bandwidth + latency), MTP draft passes, a per-layer floor and a per-step overhead.
+  lightning indexer (every context key scored per query on the full layers, fp8; none for a model without it),
+  the cache writes of both caches, collectives (bandwidth + latency), MTP draft passes, the small kernels'
+  floors (per layer, and the indexer's per full indexer layer), a per-layer minimum that the work of a tiny
+  batch hides in, and a per-step overhead.
   Everything constant for a model and deployment is computed once in the constructor (``_constants``).
 * ``constant``: a fixed time per step plus a time per token (tests, or calibrated engines).
 
-Both offer ``step_seconds(prefill, decode)`` (``prefill``: ``(new_tokens, context_before)`` per chunk;
-``decode``: the context length, including the new token, per decoding request), ``decode_run_seconds`` (the
-seconds of each step of a run of decode-only steps, every context one longer per step: equal to
-``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer
-aggregates (``sums`` -> ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
+Both offer ``step_seconds(prefill, decode, dp_tokens=None, dp_decodes=None)`` (``prefill``: ``(new_tokens,
+context_before)`` per chunk; ``decode``: the context length, including the new token, per decoding request;
+``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes this step, for the MoE under DP attention),
+``step_tokens(prefill, decode)`` (the tokens one group's step computes), ``decode_run_seconds`` (the seconds of
+each step of a run of decode-only steps, every context one longer per step: equal to ``step_seconds`` step by
+step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
+``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,7 +45,7 @@ import numpy as np
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
-from dsakv.planner.weights import weight_parts
+from dsakv.planner.weights import shard_divisors, weight_parts
 from dsakv.spec.layout import CacheLayout
 
 
@@ -53,10 +60,22 @@ class ConstantStepTime:
         if self.per_step_s < 0 or self.per_token_s < 0:
             raise DsakvError("constant step time: per_step_s and per_token_s must be >= 0")
 
-    def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
-        return self.per_step_s + self.per_token_s * (sum(n for n, _ in prefill) + len(decode))
+    def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
+        return sum(n for n, _ in prefill) + len(decode)
 
-    def decode_run_seconds(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+    def step_seconds(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> float:
+        """``dp_tokens`` / ``dp_decodes`` (every DP group's, as the roofline takes them) do not change a constant."""
+        return self.per_step_s + self.per_token_s * self.step_tokens(prefill, decode)
+
+    def decode_run_seconds(
+        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    ) -> np.ndarray:
         """Seconds of each of ``steps`` decode-only steps of these decodes (``RooflineStepTime``'s twin)."""
         return np.full(steps, self.step_seconds((), contexts))
 
@@ -99,6 +118,26 @@ MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or De
 # rank has fewer query heads than this and the cache is fp8 (vllm/v1/attention/backends/mla/flashmla_sparse.py:
 # MIN_HEADS_FOR_BF16_PREFILL); SGLang's NSA backend keeps a prefill kernel.
 VLLM_MIN_HEADS_FOR_BF16_PREFILL = 32
+# DeepGEMM's measured fp8 rates (TFLOP/s) of DeepSeek-V3's dense shapes at M = 4096 on H800 SXM (README of the
+# 2025-02 release, "Normal GEMMs for dense models": N x K = 2112 x 7168, 24576 x 1536, 32768 x 512, 7168 x 16384,
+# 4096 x 7168, 7168 x 2048), over H800's dense fp8 peak (1978.9 TFLOP/s): their geometric mean prices the
+# linear layers of prefill-sized steps.
+DEEPGEMM_DENSE_M4096_TFLOPS = (1058, 990, 590, 1358, 1304, 1025)
+H800_FP8_TFLOPS = 1978.9
+DEEPGEMM_DENSE_EFF = math.prod(DEEPGEMM_DENSE_M4096_TFLOPS) ** (1 / len(DEEPGEMM_DENSE_M4096_TFLOPS)) / H800_FP8_TFLOPS
+# The grouped MoE GEMMs at prefill / large-batch shapes: DeepGEMM's masked-layout rows with 256 tokens per expert
+# (4 groups x M 256: N x K = 4096 x 7168 and 7168 x 2048; a DP8 prefill of 8 x 1,024 tokens gives 8,192 x 8 / 256
+# = 256 tokens per expert), over the same peak: 0.44.
+DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
+DEEPGEMM_GROUPED_EFF = (
+    math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
+)
+# Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
+# lightning indexer adds on each full indexer layer (fact 12: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
+# q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
+# per-kernel share times its kernels.
+LAYER_KERNELS = 20
+INDEXER_KERNELS = 9
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -128,17 +167,22 @@ class RooflineStepTime:
     ``dcp`` splits the main-KV reads of sparse MLA across the DCP group (the indexer K is replicated,
     so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: the simulated
     batch is one group's, and the MoE / dense MLP (and their collectives) carry all ``dp_attention`` groups'
-    tokens (group 0's batch scaled by the group count: the groups are balanced round-robin). ``ep`` ranks
+    tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
+    group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
     bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
     (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
-    expected yield, for reports. ``weight_dtype`` (None: the config's) prices the linear layers.
+    expected yield, for reports; a step with MTP decodes also pays ``mtp_step_s``, speculative decoding's own work.
+    ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
     kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
     ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
     query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
     stay the valid ones (padded slots gather nothing).
+    ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
+    DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
+    sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
     """
 
     layout: CacheLayout
@@ -153,15 +197,18 @@ class RooflineStepTime:
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
     mla_padded_topk: bool = False
-    gemm_eff: float = 0.7  # dense GEMMs (DeepGEMM normal GEMMs)
-    moe_eff: float = 0.45  # grouped MoE GEMMs (small per-expert M); fitted
+    indexer: bool = True
+    gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
+    moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
-    mla_decode_eff: float = 410 / 989.4  # FlashMLA sparse fp8 decode, H800: 410 TFLOP/s
-    indexer_eff: float = 0.5
-    bw_eff: float = 0.8
+    mla_decode_eff: float = 0.395  # fitted, below FlashMLA sparse fp8 decode's 410 / 989.4 TFLOP/s on H800
+    indexer_eff: float = 0.64  # fitted
+    bw_eff: float = 0.69  # fitted
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
-    layer_floor_s: float = 80e-6  # fitted; launch / small-kernel floor per layer and step
-    overhead_s: float = 0.002  # scheduling and sampling per step
+    layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
+    layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
+    mtp_step_s: float = 9.1e-3  # speculative decoding's own work per MTP decode step (DeepSeek-V3.2's bs-1 MTP speedup)
+    overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
 
     def __post_init__(self) -> None:
         for name in ("tp", "dp_attention", "dcp", "ep"):
@@ -177,8 +224,8 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if self.layer_floor_s < 0 or self.overhead_s < 0:
-            raise DsakvError("step time layer_floor_s and overhead_s must be >= 0")
+        if min(self.layer_floor_s, self.layer_min_s, self.mtp_step_s, self.overhead_s) < 0:
+            raise DsakvError("step time layer_floor_s, layer_min_s, mtp_step_s and overhead_s must be >= 0")
         if not 0 <= self.mtp_accept <= 1:
             raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
         arch = self.layout.spec.arch_value
@@ -193,13 +240,13 @@ class RooflineStepTime:
         dtype = self.weight_dtype or spec.weight_dtype
         parts = weight_parts(spec, lay.mtp_layers, dtype)
         attn_tp = max(self.tp // self.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
-        div = {"tp": self.tp, "attn_tp": attn_tp, "ep": self.tp, "replicated": 1}
+        div = shard_divisors(self.tp, self.dp_attention)
         c = dict.fromkeys(("attn_bytes", "attn_flops", "mlp_bytes", "mlp_flops", "expert_bytes"), 0.0)
         c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
-            if p.name == "embedding":
-                continue  # a gather of the batch's rows, not a read of the matrix
+            if p.name == "embedding" or (p.name.startswith("indexer") and not self.indexer):
+                continue  # the embedding is a gather of the batch's rows; a model without the indexer has no indexer
             if p.name == "lm_head":
                 c["lm_head_bytes"] = per_rank_bytes
                 c["lm_head_flops_per_row"] = 2 * per_rank_params
@@ -225,15 +272,22 @@ class RooflineStepTime:
         c["attn_tp"] = attn_tp
         c["layers"] = spec.num_hidden_layers + lay.mtp_layers
         # Per-step constants of cost(): layer counts, per-pair / per-row figures, peaks and bandwidths.
-        c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, lay.num_indexer_layers, spec.index_topk
+        idx_layers = lay.num_indexer_layers if self.indexer else 0
+        c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, idx_layers, spec.index_topk
         c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
         c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
         c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
-        c["cell_bytes"] = lay.cell_bytes
+        c["cell_bytes"] = lay.cell_bytes if self.indexer else lay.main_bytes_per_token
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
         return c
+
+    @property
+    def indexer_floor_s(self) -> float:
+        """The indexer's kernel chain per full indexer layer and step: its kernels at the layer floor's
+        per-kernel share (``INDEXER_KERNELS / LAYER_KERNELS`` of ``layer_floor_s``; docs/steptime.md, fact 12)."""
+        return self.layer_floor_s * INDEXER_KERNELS / LAYER_KERNELS
 
     @property
     def tokens_per_decode(self) -> float:
@@ -246,8 +300,21 @@ class RooflineStepTime:
         experts = c["experts"]
         return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
 
-    def cost(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepCost:
-        return self.price(self.sums(prefill, decode))
+    def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
+        """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.mtp_draft)
+
+    def cost(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> StepCost:
+        """One DP group's step. ``dp_tokens`` / ``dp_decodes``: the tokens (``step_tokens``) and decodes of every
+        DP group of the instance in this step, this one's included, which the MoE, dense MLP, their collectives
+        and the draft passes carry; None: this group's times ``dp_attention`` (balanced groups)."""
+        return self.price(self.sums(prefill, decode), dp_tokens, dp_decodes)
 
     def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
         """The batch reduced to the integer aggregates ``price`` needs."""
@@ -270,7 +337,7 @@ class RooflineStepTime:
             len(prefill), pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows, n_dec, dec_sum, dec_topk, dec_rows
         )
 
-    def price(self, s: StepSums) -> StepCost:
+    def price(self, s: StepSums, dp_tokens: int | None = None, dp_decodes: int | None = None) -> StepCost:
         """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
@@ -285,7 +352,8 @@ class RooflineStepTime:
         larger = np.maximum if np.ndarray in map(type, s) else max
         topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
-        moe_tokens = tokens * self.dp_attention  # every DP group's tokens go through the MoE / dense MLP
+        # every DP group's tokens go through the MoE / dense MLP
+        moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
         rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
         lin_peak = c["lin_peak"]
@@ -313,7 +381,7 @@ class RooflineStepTime:
         ) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
-        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers)
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
         nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
@@ -326,15 +394,26 @@ class RooflineStepTime:
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
-        secs["mtp_draft"] = self._draft_seconds(n_dec, lin_peak) if n_dec and self.mtp_draft else 0.0
-        secs["floor"] = c["layers"] * self.layer_floor_s if tokens else 0.0
+        draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+        secs["mtp_draft"] = 0.0
+        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
+            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) + self.mtp_step_s
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = sum(secs.values()) - secs["mtp_draft"]  # the draft passes are forwards of their own
+            floor = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
+            secs["floor"] = floor + larger(0.0, c["layers"] * self.layer_min_s - work)
+        else:
+            secs["floor"] = 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
 
-    def decode_run_seconds(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+    def decode_run_seconds(
+        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    ) -> np.ndarray:
         """Seconds of each of ``steps`` decode-only steps: step ``j`` decodes ``contexts[i] + j`` for every ``i``
-        (no prefill). Entry ``j`` equals ``step_seconds([], [c + j for c in contexts])`` bit for bit: the sums
-        are exact integers per step and ``price`` prices them all in one pass."""
+        (no prefill; ``dp_tokens`` / ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j``
+        equals ``step_seconds([], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums are
+        exact integers per step and ``price`` prices them all in one pass."""
         first = self.sums((), contexts)
         j = np.arange(steps, dtype=np.int64)
         dec_sum = first.dec_sum + len(contexts) * j
@@ -342,10 +421,11 @@ class RooflineStepTime:
         dec_topk = _clipped_run(contexts, first.dec_topk, self._const["topk"], j)
         dec_rows = dec_topk if q == 1 else _clipped_run(contexts, first.dec_rows, q * self._const["topk"], j)
         run = first._replace(dec_sum=dec_sum, dec_topk=dec_topk, dec_rows=dec_rows)
-        return self.price(run).total_seconds
+        return self.price(run, dp_tokens, dp_decodes).total_seconds
 
-    def _collectives(self, tokens: int, moe_tokens: int, layers: int) -> tuple[float, int]:
-        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives)."""
+    def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
+        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
+        step carries prefill tokens (SGLang's DP-attention padding mode: SUM_LEN for extend, MAX_LEN for decode)."""
         if self.tp == 1 or not tokens:
             return 0.0, 0
         c = self._const
@@ -355,10 +435,19 @@ class RooflineStepTime:
         if attn_tp > 1:  # attention output all-reduce inside the attention group (ring: 2 (n-1)/n)
             nbytes += layers * tokens * hid2 * 2 * (attn_tp - 1) / attn_tp
             count += layers
-        if d > 1:  # DP attention: gather every group's tokens before the MLP, scatter after
+        deepep = self.moe_a2a == "deepep"
+        if d > 1 and deepep:  # gather every group's tokens before the MLP, scatter after
             nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
             count += 2 * layers
-        if self.moe_a2a == "deepep":  # per rank: its tokens, top-k copies, fp8 out, bf16 back
+        elif d > 1 and not extend:
+            # SGLang DP attention, decode (MAX_LEN padding): all-gather every group's tokens before the MLP; after
+            # it a reduce-scatter (dp_reduce_scatter_tensor) in place of the MLP all-reduce and the scatter
+            nbytes += layers * moe_tokens * hid2 * ((d - 1) / d + (tp - 1) / tp)
+            return nbytes, count + 2 * layers
+        elif d > 1:  # extend (SUM_LEN padding): the gather is an all-reduce of a zero-filled buffer, the scatter a copy
+            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += layers
+        if deepep:  # per rank: its tokens, top-k copies, fp8 out, bf16 back
             rank_tokens = tokens / attn_tp
             ep = self.ep
             nbytes += layers * rank_tokens * c["topk_experts"] * c["hidden"] * (1 + 2) * (ep - 1) / ep
@@ -368,31 +457,40 @@ class RooflineStepTime:
             count += layers
         return nbytes, count
 
-    def _draft_seconds(self, n_dec: int, lin_peak: float) -> float:
+    def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
         """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
-        steps + 1 draft extend): one layer's weights (experts where touched), the lm_head, one layer's floor
-        and its two collectives each."""
+        steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
+        decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, and its two
+        collectives' latency, at least ``layer_min_s`` (one layer), plus one layer's floor (and indexer floor) each."""
         c, g = self._const, self.gpu
-        rows = n_dec * self.dp_attention
         layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
-        flops = rows * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
+        flops = (n_dec * c["attn_flops"] + rows * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
         flops += n_dec * c["lm_head_flops_per_row"]
         bw = g.hbm_bytes_per_s * self.bw_eff
         one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)
-        one += self.layer_floor_s + (2 * g.link_latency_s if self.tp > 1 else 0.0)
+        one = max(one + (2 * g.link_latency_s if self.tp > 1 else 0.0), self.layer_min_s)  # fact 14: one layer
+        idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
+        one += self.layer_floor_s + idx_floor
         return self.mtp_draft * one
 
-    def step_seconds(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> float:
-        return self.cost(prefill, decode).total_seconds
+    def step_seconds(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> float:
+        return self.cost(prefill, decode, dp_tokens, dp_decodes).total_seconds
 
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
             "mla_padded_topk",
+            "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "overhead_s",
+            "indexer_floor_s", "layer_min_s", "mtp_step_s", "overhead_s",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         out.update(

@@ -39,6 +39,28 @@ def test_stepping_every_decode_step_gives_the_same_figures(capsys):
     assert "--no-analytic-decode applies to one run" in capsys.readouterr().err
 
 
+def test_frontend_latency_shifts_every_ttft(capsys):
+    # Every request reaches the scheduler 0.5 s after its send: the engine runs the same steps 0.5 s later.
+    a = _json(capsys, SMALL + ["--json"])
+    b = _json(capsys, SMALL + ["--json", "--frontend-s", "0.5"])
+    assert b["config"]["config"]["frontend_s"] == 0.5 and a["config"]["config"]["frontend_s"] == 0.0
+    for q in ("p50", "p99", "mean"):
+        assert b["ttft_s"][q] == pytest.approx(a["ttft_s"][q] + 0.5)
+    assert b["tpot_s"]["p50"] == pytest.approx(a["tpot_s"]["p50"])
+
+
+def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
+    # SGLang under DP attention starts its ratio at 0.7 x 0.3: the flag is the scheduler's reserve, not a label.
+    d = _json(capsys, SMALL + ["--json", "--new-token-ratio", "0.21"])
+    assert d["config"]["config"]["new_token_ratio"] == 0.21
+    assert d["config"]["setup"]["scheduler"]["new_token_ratio"] == 0.21
+    assert _json(capsys, SMALL + ["--json"])["config"]["setup"]["scheduler"]["new_token_ratio"] == 0.7
+    assert (
+        _json(capsys, SMALL + ["--json", "--new-token-ratio", "0"])["config"]["setup"]["scheduler"]["new_token_ratio"]
+        == 0
+    )
+
+
 def test_default_run_needs_no_file(capsys):
     assert main(["simulate", "--scale", "0.05", "--step-model", "constant"]) == 0
     assert "hit rate" in capsys.readouterr().out
@@ -84,6 +106,9 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--gpu-memory", "1GB"], "less than one page"),
         (["--policy", "random"], "policy"),
         (["--time-scale", "0"], "time-scale"),
+        (["--frontend-s", "-1"], "--frontend-s"),
+        (["--new-token-ratio", "1.5"], "--new-token-ratio = '1.5': must be a number in [0, 1]"),
+        (["--new-token-ratio", "x"], "--new-token-ratio"),
         (["--scenario", "nope"], "scenario"),
         (["--trace", "x.jsonl", "--scenario", "chat"], "not both"),
     ],

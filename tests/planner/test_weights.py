@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsakv.errors import DsakvError
-from dsakv.planner.weights import matrix_bytes, weight_parts, weights_per_rank
+from dsakv.planner.weights import matrix_bytes, shard_divisors, weight_parts, weights_per_rank
 from dsakv.spec.model_spec import ModelSpec
 
 
@@ -52,3 +52,18 @@ def test_tensor_parallel_size_that_splits_a_head_is_refused():
         weights_per_rank(glm, tp=3)
     assert weights_per_rank(glm, tp=8).attn_tp == 8
     assert weights_per_rank(glm, tp=16, dp_attention=2).attn_tp == 8
+
+
+def test_the_embedding_is_whole_on_every_rank_under_dp_attention():
+    # SGLang: VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled()). DeepSeek-V3.2's embedding is
+    # 129,280 x 7,168 bf16 values: 1/8 of it per rank at TP8, all of it under DP attention (2 or 8 groups).
+    ds = ModelSpec.preset("deepseek-v3.2")
+    emb = 129_280 * 7_168 * 2
+    part = {p.name: p for p in weight_parts(ds, 0, "fp8")}["embedding"]
+    assert part.bytes == emb and part.shard == "vocab"
+    tp8 = weights_per_rank(ds, tp=8)
+    for dp in (2, 8):
+        others = sum(-(-p.bytes // shard_divisors(8, dp)[p.shard]) for p in tp8.parts if p.name != "embedding")
+        assert weights_per_rank(ds, tp=8, dp_attention=dp).rank_bytes == others + emb
+    assert tp8.rank_bytes == sum(-(-p.bytes // shard_divisors(8, 1)[p.shard]) for p in tp8.parts)
+    assert shard_divisors(8, 1)["vocab"] == 8

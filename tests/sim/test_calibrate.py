@@ -92,3 +92,73 @@ def test_an_empty_mem_takes_the_engines_default(calibrate):
     assert calibrate.engine_mem_fraction(row) == 0.769
     assert calibrate.engine_mem_fraction({**row, "id": "x-vllm-tp8", "dp": "1"}) == 0.9
     assert calibrate.engine_mem_fraction({**row, "mem": "0.85"}) == 0.85
+
+
+def test_inferencex_rows_replay_its_clients_length_range(calibrate):
+    from dsakv.workloads.traces import TraceRequest
+
+    assert (
+        calibrate.range_ratio_of({"id": "r1", "src": "https://github.com/SemiAnalysisAI/InferenceX/issues/870"}) == 0.8
+    )
+    assert calibrate.range_ratio_of({"id": "ds", "src": "https://github.com/gpustack/gpustack"}) == 1.0
+    assert calibrate.range_ratio_of({"id": "x", "src": "InferenceX", "range_ratio": "0.5"}) == 0.5
+    reqs = [TraceRequest(0.0, 1024, 1024, (2 * i, 2 * i + 1)) for i in range(500)]
+    drawn = calibrate.client_lengths(reqs, 0.8)
+    for r in drawn:  # benchmark_serving's random dataset: uniform integers in [int(0.8 x len), len]
+        assert 819 <= r.input_length <= 1024 and 819 <= r.output_length <= 1024
+    assert len({r.input_length for r in drawn}) > 100  # lengths vary: the closed loop's waves desynchronise
+    assert calibrate.client_lengths(reqs, 0.8) == drawn  # seeded
+    assert calibrate.client_lengths(reqs, 1.0) is reqs
+
+
+def test_r1_rows_are_replayed_without_the_indexer(calibrate):
+    # DeepSeek-R1 (dense MLA, no index_* fields) runs on the DSA preset as a proxy: its rows drop the indexer.
+    assert not calibrate.has_indexer({"id": "r1-sgl-tp8-c8"})
+    assert calibrate.has_indexer({"id": "ds-sgl-dp8-1k2k"})
+    assert calibrate.has_indexer({"id": "r1-x", "indexer": "1"})
+    assert not calibrate.has_indexer({"id": "x", "indexer": "0"})
+    with pytest.raises(calibrate.DsakvError, match="indexer = maybe"):
+        calibrate.has_indexer({"id": "x", "indexer": "maybe"})
+
+
+def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(calibrate, shared_dir):
+    # SGLang's ServerArgs._handle_data_parallelism under --enable-dp-attention: chunked_prefill_size //= dp_size and
+    # schedule_conservativeness *= 0.3; the scheduler's initial new-token ratio is 0.7 x schedule_conservativeness.
+    h200 = {"id": "x-sgl-dp8", "gpu": "H200", "gpus": "8", "dp": "8", "mtp": "0", "mem": "", "chunk": ""}
+    assert calibrate.sglang_chunked_prefill_size(143_771) == 8192
+    assert calibrate.sglang_chunked_prefill_size(183_359) == 16384  # B200
+    assert calibrate.engine_chunk_tokens(h200) == 8192 // 8
+    assert calibrate.engine_chunk_tokens({**h200, "dp": "1"}) == 8192
+    assert calibrate.engine_chunk_tokens({**h200, "chunk": "512"}) == 512  # a column is the per-rank value
+    assert calibrate.engine_new_token_ratio(h200) == pytest.approx(0.7 * 0.3)
+    assert calibrate.engine_new_token_ratio({**h200, "dp": "1"}) == pytest.approx(0.7)
+    assert calibrate.engine_new_token_ratio({**h200, "id": "x-vllm-tp8"}) == 0.0  # vLLM allocates per step
+    setup = calibrate.build_setup(
+        calibrate.sim_config({**h200, "model": "tiny", "gpus": "1", "dp": "1", "chunk": "256"})
+    )
+    assert setup.scheduler.new_token_ratio == pytest.approx(0.7)
+    dp_setup = calibrate.build_setup(calibrate.sim_config({**h200, "model": "deepseek-v3.2", "weight_dtype": "fp8"}))
+    assert dp_setup.scheduler.new_token_ratio == pytest.approx(0.21)
+    assert dp_setup.scheduler.chunk_tokens == 1024
+    # The gpustack DP8 anchors' chunk column (1,024, no --chunked-prefill-size in their launch command) is SGLang's
+    # H200 default divided per rank, the value each DP rank's scheduler runs with.
+    anchors = shared_dir / "data" / "calibration" / "anchors.csv"
+    if anchors.exists():
+        with anchors.open(newline="") as f:
+            dp_rows = [r for r in csv.DictReader(f) if int(r["dp"] or 1) > 1]
+        assert dp_rows
+        for row in dp_rows:
+            assert calibrate.engine_chunk_tokens(row) == calibrate.engine_chunk_tokens({**row, "chunk": ""})
+
+
+def test_decode_steps_prints_the_typical_decode_steps_parts_and_median_itl(
+    tmp_path, load_file_module, repo_dir, capsys
+):
+    decode_steps = load_file_module(repo_dir / "bench" / "decode_steps.py")
+    assert decode_steps.weighted_median([(3.0, 1), (1.0, 5), (2.0, 1)]) == 1.0  # 5 of 7 tokens waited 1
+    assert decode_steps.weighted_median([(3.0, 4), (1.0, 1)]) == 3.0
+    path = _write(tmp_path, {"tpot_ms": [1.0, "mean"]})
+    assert decode_steps.main(["--anchors", path]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("tiny-sgl-c2: decode-only ") and "typical decode step (" in line
+    assert " linear " in line and " overhead " in line and "median ITL " in line and line.endswith(" ms")

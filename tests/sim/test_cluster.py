@@ -62,6 +62,19 @@ def _merged(timeline: Timeline) -> list[tuple]:
     return [row for row, after in zip(rows, [*rows[1:], None]) if after is None or after[1:] != row[1:]]
 
 
+def test_uneven_dp_groups_step_with_the_sum_of_their_tokens_in_the_moe():
+    # Round-robin over 2 groups: requests 0 and 2 to group 0 (two 600-token chunks), request 1 to group 1 (one).
+    # The first lockstep step is the slower group's price with the MoE carrying all 1,800 tokens.
+    cfg = SimConfig(gpu=GpuSetting(dp_attention=2))
+    setup = build_setup(cfg)
+    reqs = [TraceRequest(0.0, 600, 4, (3 * i, 3 * i + 1)) for i in range(3)]
+    first = {r.id: r.first_token_s for r in simulate_cluster(cfg, reqs, setup=setup).records}
+    st = setup.step_time
+    step = max(st.step_seconds([(600, 0)] * n, [], 1800, 0) for n in (2, 1))
+    assert first[0] == first[1] == first[2] == pytest.approx(step)
+    assert step < st.step_seconds([(600, 0)] * 2, [])  # not 2 x group 0's 1,200 tokens
+
+
 def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(chat):
     cfg = SimConfig(gpu=GpuSetting(dp_attention=4), instances=2, step_model="constant")
     cluster = Cluster(cfg, build_setup(cfg), chat)

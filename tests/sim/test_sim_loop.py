@@ -216,7 +216,10 @@ def test_trace_tenants_and_salts_isolate_prefix_hits(tmp_path):
 
 
 def test_scenario_tenants_only_lower_the_hits():
-    plain = simulate(SimConfig(), generate_scenario("chat", seed=0, scale=0.1))
-    dealt = simulate(SimConfig(), generate_scenario("chat", seed=0, scale=0.1, tenants=4), check_every=25)
+    # A fixed step time: which shared prefixes are still cached when a request comes is a matter of timing, and the
+    # roofline's calibration is not what this test is about.
+    cfg = SimConfig(step_model="constant")
+    plain = simulate(cfg, generate_scenario("chat", seed=0, scale=0.1))
+    dealt = simulate(cfg, generate_scenario("chat", seed=0, scale=0.1, tenants=4), check_every=25)
     assert dealt.summary["finished"] == plain.summary["finished"]
     assert 0 < dealt.summary["hit_tokens"] < plain.summary["hit_tokens"]

@@ -6,6 +6,7 @@ import pytest
 
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
+from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.spec.layout import CacheLayout
@@ -36,6 +37,23 @@ def test_dp_attention_prices_the_moe_with_every_group_tokens(glm52):
     assert a.bytes["moe"] / dp._const["expert_bytes"] > 0.9
 
 
+def test_uneven_dp_groups_price_the_moe_with_the_sum_of_their_tokens(glm52):
+    # Two DP groups with 1 and 12 decodes: the MoE reads the experts 13 tokens touch, 1 - (1 - k/E)^13 of them,
+    # and computes 13 tokens' top-k; attention stays each group's own. Not 2 x 12 = 24 (dp x the largest batch).
+    st = RooflineStepTime(glm52, dp_attention=2)
+    c, k_over_e = st._const, 8 / 256
+    small, large = [4096], [4096] * 12
+    for decode in (small, large):
+        cost = st.cost([], decode, dp_tokens=13, dp_decodes=13)
+        assert cost.flops["moe"] == pytest.approx(13 * c["expert_flops_per_token"])
+        assert cost.bytes["moe"] == pytest.approx(c["expert_bytes"] * (1 - (1 - k_over_e) ** 13))
+        assert cost.flops["sparse_mla"] == st.cost([], decode).flops["sparse_mla"]  # the group's own queries
+    balanced = st.cost([], large)  # no sum given: 12 x 2 tokens, the balanced assumption
+    assert balanced.bytes["moe"] == pytest.approx(c["expert_bytes"] * (1 - (1 - k_over_e) ** 24))
+    step = max(st.step_seconds([], d, 13, 13) for d in (small, large))
+    assert step == st.step_seconds([], large, 13, 13) < balanced.total_seconds
+
+
 def test_sparse_mla_heads_are_padded_to_the_kernel_block(glm52):
     # GLM: 64 heads / TP8 = 8 per rank, padded to 64 on Hopper and 128 on Blackwell.
     per_head = 2 * (512 + 64 + 512)
@@ -62,16 +80,73 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
     assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
 
 
-def test_mtp_costs_one_draft_pass_per_draft_token(glm52):
-    one = RooflineStepTime(glm52, mtp_draft=1).cost([], [4096] * 16).seconds["mtp_draft"]
-    two = RooflineStepTime(glm52, mtp_draft=2).cost([], [4096] * 16).seconds["mtp_draft"]
+def test_mtp_costs_one_draft_pass_per_draft_token_and_its_own_work_once_per_step(glm52):
+    step = RooflineStepTime(glm52).mtp_step_s
+    one = RooflineStepTime(glm52, mtp_draft=1).cost([], [4096] * 16).seconds["mtp_draft"] - step
+    two = RooflineStepTime(glm52, mtp_draft=2).cost([], [4096] * 16).seconds["mtp_draft"] - step
     assert one > 0 and two == pytest.approx(2 * one)
     assert RooflineStepTime(glm52, mtp_draft=2).cost([(4096, 0)], []).seconds["mtp_draft"] == 0
 
 
-def test_every_layer_pays_the_launch_floor(glm52):
-    st = RooflineStepTime(glm52)
-    assert st.cost([], [10]).seconds["floor"] == pytest.approx(glm52.spec.num_hidden_layers * st.layer_floor_s)
+def test_batch_one_mtp_step_follows_deepseek_v32s_published_speedup():
+    # Fact 15: DeepSeek-V3.2 on SGLang TP8, EAGLE 3 steps / 4 draft tokens, accept length 2.65, +51% output
+    # throughput at batch 1 (sgl-project/sglang#20809): an MTP step lasts 2.65 / 1.51 plain steps.
+    spec, b200 = ModelSpec.preset("deepseek-v3.2"), gpu_kind("B200")
+    plain = RooflineStepTime(CacheLayout(spec, kv_dtype="bf16"), b200, weight_dtype="fp8")
+    mtp = RooflineStepTime(CacheLayout(spec, kv_dtype="bf16", mtp_layers=1), b200, weight_dtype="fp8", mtp_draft=3)
+    ratio = mtp.step_seconds([], [1032]) / plain.step_seconds([], [1032])
+    assert ratio == pytest.approx(2.65 / 1.51, rel=0.01)
+
+
+def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):
+    # glm-5.2 keeps the indexer on its full layers only (IndexCache): those pay the indexer's 9 kernels on top.
+    st = RooflineStepTime(glm52, layer_min_s=0.0)
+    layers, idx_layers = glm52.spec.num_hidden_layers, glm52.num_indexer_layers
+    assert 0 < idx_layers < layers
+    assert st.indexer_floor_s == pytest.approx(9 / 20 * st.layer_floor_s)
+    expected = layers * st.layer_floor_s + idx_layers * st.indexer_floor_s
+    assert st.cost([], [10]).seconds["floor"] == pytest.approx(expected)
+    dense = RooflineStepTime(glm52, indexer=False, layer_min_s=0.0)
+    assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.layer_floor_s)
+
+
+def test_a_step_lasts_at_least_layers_times_the_layer_minimum(glm52):
+    # t = overhead + floors + max(layers x layer_min_s, W): a batch-1 decode's work hides in the kernels' latency,
+    # a large step's work is above the minimum and pays nothing more.
+    st, bare = RooflineStepTime(glm52), RooflineStepTime(glm52, layer_min_s=0.0)
+    layers = glm52.spec.num_hidden_layers
+    for step, binds in ((([], [1000]), True), (([(4096, 0)], []), False)):
+        c, b = st.cost(*step), bare.cost(*step)
+        work = sum(v for k, v in b.seconds.items() if k not in ("floor", "overhead"))
+        assert (work < layers * st.layer_min_s) is binds
+        assert c.total_seconds == pytest.approx(b.total_seconds + max(0.0, layers * st.layer_min_s - work))
+
+
+def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
+    # Fact 14: Kimi-K2 (61 DeepSeek-V3 layers, no indexer), SGLang TP8, concurrency 1, 1,024-token prompts: TPOT
+    # 11.4 ms (sgl-project/sglang#13466). The DeepSeek preset without the indexer prices that step at 11.4 ms.
+    lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
+    st = RooflineStepTime(lay, gpu_kind("H200"), indexer=False, weight_dtype="fp8")
+    assert st.step_seconds([], [1024 + 8]) == pytest.approx(0.0114, rel=0.01)
+
+
+def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):
+    # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes; sparse MLA stays.
+    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, indexer=False)
+    a, b = dsa.cost([(1000, 0)], [3000] * 8), dense.cost([(1000, 0)], [3000] * 8)
+    assert a.flops["indexer"] > 0 and b.flops["indexer"] == 0 == b.bytes["indexer"] == b.seconds["indexer"]
+    assert b.flops["sparse_mla"] == a.flops["sparse_mla"] and b.bytes["sparse_mla"] == a.bytes["sparse_mla"]
+    idx_part = next(p for p in weight_parts(dsv32.spec, 0, "fp8") if p.name.startswith("indexer"))
+    assert a.bytes["linear"] - b.bytes["linear"] == pytest.approx(idx_part.bytes)  # replicated: whole on a rank
+    assert b.bytes["cache_write"] == 1008 * dsv32.main_bytes_per_token < a.bytes["cache_write"]
+
+
+def test_gemm_efficiencies_are_deepgemms_measured_rates():
+    # DeepGEMM README (2025-02), H800: dense M = 4096 on DeepSeek-V3 shapes; masked grouped GEMM, 4 x M 256.
+    dense = (1058 * 990 * 590 * 1358 * 1304 * 1025) ** (1 / 6) / 1978.9
+    grouped = (932 * 815) ** 0.5 / 1978.9
+    assert RooflineStepTime.gemm_eff == pytest.approx(dense) == pytest.approx(0.515, abs=1e-3)
+    assert RooflineStepTime.moe_eff == pytest.approx(grouped) == pytest.approx(0.440, abs=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +162,8 @@ def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_r
     assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # each row read once per chunk
     assert mixed.cost([(n, 0)], []).bytes["sparse_mla"] == layers * pairs * row
     flops = layers * pairs * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64
-    compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in ((plain, 640 / 989.4), (mixed, 410 / 989.4))}
+    rates = ((plain, plain.mla_prefill_eff), (mixed, mixed.mla_decode_eff))
+    compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in rates}
     for st in (plain, mixed):
         c = st.cost([(n, 0)], [])
         bw = c.bytes["sparse_mla"] / (st.gpu.hbm_bytes_per_s * st.bw_eff)
@@ -130,15 +206,22 @@ def test_padded_topk_follows_the_engine(dsv32):
 
 
 def test_dp_attention_collectives_follow_the_formula(dsv32):
+    # SGLang: decode (MAX_LEN) all-gathers before the MLP and reduce-scatters after it; extend (SUM_LEN) gathers
+    # with an all-reduce of a zero-filled buffer, all-reduces the MLP output and scatters by a local copy.
     st, d, tokens = RooflineStepTime(dsv32, dp_attention=8), 8, 13
     layers, hid2 = dsv32.num_attention_layers, 7168 * 2
-    t_all = tokens * d  # attention TP = 1: no attention all-reduce
-    gather_scatter = layers * t_all * hid2 * 2 * (d - 1) / d
-    moe_all_reduce = layers * t_all * hid2 * 2 * 7 / 8
-    c = st.cost([], [4096] * tokens)
-    assert c.bytes["collectives"] == pytest.approx(gather_scatter + moe_all_reduce)
     link = st.gpu.link_bytes_per_s * st.link_eff
-    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 3 * layers * st.gpu.link_latency_s)
+    t_all = tokens * d  # attention TP = 1: no attention all-reduce
+    all_gather_reduce_scatter = layers * t_all * hid2 * ((d - 1) / d + 7 / 8)
+    c = st.cost([], [4096] * tokens)
+    assert c.bytes["collectives"] == pytest.approx(all_gather_reduce_scatter)
+    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
+    t_all = (100 + tokens) * d
+    gather_all_reduce = layers * t_all * hid2 * 2 * (d - 1) / d
+    moe_all_reduce = layers * t_all * hid2 * 2 * 7 / 8
+    c = st.cost([(100, 0)], [4096] * tokens)
+    assert c.bytes["collectives"] == pytest.approx(gather_all_reduce + moe_all_reduce)
+    assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
 
 
 def test_one_mtp_draft_pass_follows_the_formula(dsv32):
@@ -149,5 +232,21 @@ def test_one_mtp_draft_pass_follows_the_formula(dsv32):
     flops += n * c["lm_head_flops_per_row"]
     compute = flops / (g.fp8_flops * st.moe_eff)
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
-    expected = max(compute, memory) + st.layer_floor_s + 2 * g.link_latency_s
-    assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected)
+    expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
+    assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected + st.mtp_step_s)
+
+
+def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(dsv32):
+    # One draft pass: the layer's MLP and experts on all 13 groups' decodes (experts read where those touch),
+    # its attention and the lm_head on this group's 1.
+    st = RooflineStepTime(dsv32, dp_attention=2, mtp_draft=1)
+    c, g, mine, every = st._const, st.gpu, 1, 13
+    layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(every)) / c["layers"]
+    flops = (mine * c["attn_flops"] + every * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
+    flops += mine * c["lm_head_flops_per_row"]
+    compute = flops / (g.fp8_flops * st.moe_eff)
+    memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
+    expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
+    cost = st.cost([], [4096] * mine, dp_tokens=2 * every, dp_decodes=every)
+    assert cost.seconds["mtp_draft"] == pytest.approx(expected + st.mtp_step_s)
+    assert st.cost([], [4096] * mine).seconds["mtp_draft"] < expected + st.mtp_step_s  # balanced: 2 x 1 decodes
