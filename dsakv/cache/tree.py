@@ -33,8 +33,10 @@ class Node:
     __slots__ = ("key", "ckey", "pages", "parent", "children", "lock_ref", "tick", "hits", "created", "priority")
     __slots__ += ("seq", "hashes", "alive", "own_locks", "owner")
 
-    def __init__(self, key: bytes, ckey: bytes, pages: list[int], parent: Node | None, tick: int, seq: int) -> None:
-        self.key = key  # token bytes of the pages (+ one token in speculative mode)
+    def __init__(
+        self, key: bytes | bytearray, ckey: bytes, pages: list[int], parent: Node | None, tick: int, seq: int
+    ) -> None:
+        self.key = key  # token bytes of the pages (+ one token in speculative mode); a bytearray once trimmed
         self.ckey = ckey  # key of this node in parent.children: its first page's key
         self.pages = pages
         self.parent = parent
@@ -176,7 +178,7 @@ def split(node: Node, m: int, page_key_bytes: int, key_overhang: int, seq: int) 
         upper.hashes, node.hashes = node.hashes[:m], node.hashes[m:]
     parent.children[upper.ckey] = upper
     node.key = node.key[cut:]
-    node.ckey = node.key[: page_key_bytes + key_overhang]
+    node.ckey = bytes(node.key[: page_key_bytes + key_overhang])  # a dict key even when node.key is a bytearray
     node.pages = node.pages[m:]
     node.parent = upper
     upper.children[node.ckey] = node
@@ -251,7 +253,10 @@ def trim_leaves(
             cut = k - take
             freed += node.pages[cut:]
             del node.pages[cut:]
-            node.key = node.key[: cut * page_key_bytes + key_overhang]
+            key = node.key
+            if type(key) is bytes:  # copied once into a bytearray: later trims cut it in place, no copy each
+                key = node.key = bytearray(key)
+            del key[cut * page_key_bytes + key_overhang :]
             if node.hashes is not None:
                 hashes += node.hashes[cut:]
                 del node.hashes[cut:]

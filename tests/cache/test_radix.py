@@ -141,6 +141,26 @@ def test_evict_cascades_to_parents_that_become_leaves() -> None:
     check_all(cache)
 
 
+def test_a_leaf_trimmed_page_by_page_then_split_keeps_matching() -> None:
+    """Partial eviction cuts a leaf's key in place (a bytearray after the first cut); matching, a later split
+    at a shared prefix and the integrity checks see the same tree as with fresh keys."""
+    _, cache = make()
+    tokens = list(range(1, 6 * PS + 1))
+    serve(cache, tokens)
+    for left in (5, 4):
+        assert cache.evict(PS).evicted_tokens == PS
+        assert cache.match(tokens).matched_tokens == left * PS
+        check_all(cache)
+    serve(cache, tokens[: 2 * PS] + [900 + i for i in range(2 * PS)])  # splits the trimmed leaf after 2 pages
+    assert cache.num_nodes == 3
+    assert cache.match(tokens).matched_tokens == 4 * PS
+    assert cache.match(tokens[: 2 * PS] + [900 + i for i in range(2 * PS + 1)]).matched_tokens == 4 * PS
+    assert cache.evict(PS).evicted_tokens == PS
+    check_all(cache)
+    assert cache.evict(1000).evicted_tokens == 5 * PS and cache.num_nodes == 0
+    check_all(cache)
+
+
 def test_list_and_numpy_tokens_hit_the_same_entries() -> None:
     _, cache = make()
     serve(cache, list(range(1, 10)))
