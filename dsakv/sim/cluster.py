@@ -92,8 +92,7 @@ class Cluster:
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
         group_cfg = replace(cfg, max_concurrency=None)
-        # the routers that watch the trees index their events (so their trees evict step by step, not in runs)
-        sink_of = self.router.sink if isinstance(self.router, KvAware | Oracle) else None
+        sink_of = self.router.sink if isinstance(self.router, KvAware) else None
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
@@ -104,6 +103,9 @@ class Cluster:
         if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
             for _, sim in self.targets:
                 sim.timeline.merge_equal = True
+        if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
+            for _, sim in self.targets:
+                sim.evict_in_runs = False
         self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)

@@ -15,12 +15,8 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
   the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
   wins.
-* ``oracle``: the longest hit of any radix tree, ignoring load (ties: least loaded); the upper bound of a
-  per-request prefix match (not of a run's total hit: docs/routing.md shows why). It knows every tree's hit
-  exactly: its own ``PrefixIndex``, fed by the trees' events as they happen (no feed, no wire), holds every
-  tree's pages, so a lookup of the request's page hashes gives each tree's hit without visiting the trees
-  (``choose_by_peek``, which peeks at each, is the reference it is tested against; in speculative mode, which
-  the hashes cannot express, it peeks).
+* ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
+  upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
 
 KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
 
@@ -33,7 +29,6 @@ cached token is worth one token of queue at ``load_weight = 1`` (the default, li
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -42,8 +37,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import xxhash
 
-from dsakv.cache.events import CacheEvent, HashFn, chain_hashes, chain_seed, get_hash
-from dsakv.cache.key import TOKEN_BYTES, RadixKey
+from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
+from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
@@ -56,16 +51,6 @@ if TYPE_CHECKING:
 ROUTERS = ("round-robin", "least-loaded", "affinity", "kv-aware", "oracle")
 AFFINITY_BLOCKS = 2  # trace blocks naming a session: a shared system prompt, then the conversation's first turn
 HASH_NAME = "xxh3_64"  # the radix caches' event hash (RadixCache's default)
-
-
-def leading_page_hashes(hash_fn: HashFn, key: RadixKey, page_tokens: int, pages: int) -> list[bytes]:
-    """The chained hashes a radix tree (with event hash ``hash_fn``) gives the first ``pages`` full pages of
-    ``key``, the names a ``PrefixIndex`` holds them by."""
-    if pages <= 0:
-        return []
-    seed = chain_seed(hash_fn, *key.namespace)
-    page_key_bytes = TOKEN_BYTES * page_tokens
-    return chain_hashes(hash_fn, seed, key.data, page_key_bytes, page_key_bytes, pages)
 
 
 def request_key(req: TraceRequest) -> RadixKey:
@@ -196,8 +181,14 @@ class KvAware:
     def page_hashes(self, key: RadixKey) -> list[bytes]:
         """The chained hashes the tree would give the key's matchable pages (``leave_one``: at most
         ``(n - 1) // page_tokens``; in speculative mode one less, as a match gives the last page back)."""
-        pages = (key.num_tokens - 1) // self.page_tokens - (1 if self.speculative else 0)
-        return leading_page_hashes(self._hash, key, self.page_tokens, pages)
+        ps = self.page_tokens
+        n = (key.num_tokens - 1) // ps
+        if self.speculative:
+            n -= 1
+        if n <= 0:
+            return []
+        seed = chain_seed(self._hash, *key.namespace)
+        return chain_hashes(self._hash, seed, key.data, 4 * ps, 4 * ps, n)
 
     def _hits(self, key: RadixKey) -> dict[Hashable, int]:
         """Per worker, the leading pages of ``key`` it holds (workers holding none are absent)."""
@@ -242,44 +233,13 @@ class KvAware:
 
 @dataclass
 class Oracle:
-    """The longest hit over every tree (``RadixCache.peek``'s, ``leave_one`` and speculative rules included),
-    ties to the least loaded. Give target ``t``'s tree the event sink ``sink(t)``: the index then holds
-    exactly the trees' pages, and a tree's hit is the leading pages of the request it holds (but for the
-    speculative rule: ``choose``)."""
-
-    page_tokens: int
-    speculative: bool = False
     name: str = "oracle"
-    index: PrefixIndex = field(default_factory=PrefixIndex)
 
-    def __post_init__(self) -> None:
-        self._hash = get_hash(HASH_NAME)
-
-    def sink(self, target: int) -> Callable[[CacheEvent], None]:
-        """The event sink to give target ``target``'s radix tree (applied at once: the index is never behind)."""
-        return functools.partial(self.index.apply, target)
-
-    def choose_by_peek(self, req: TraceRequest, view: ClusterView) -> int:
-        """Peek at every tree: the reference ``choose`` equals."""
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
         key = request_key(req)
         hits = [view.peek_hit_tokens(t, key) for t in range(view.num_targets)]
         best = max(hits)
         return least_loaded(view, [t for t, h in enumerate(hits) if h == best])
-
-    def choose(self, req: TraceRequest, view: ClusterView) -> int:
-        """``choose_by_peek``'s target from the index: the targets holding the most leading pages, or, when no
-        tree would hit, every target. In speculative mode a page matches only when the token after it does
-        too (the tree's keys overhang by one token), which the pages' hashes do not cover: it peeks."""
-        if self.speculative:
-            return self.choose_by_peek(req, view)
-        key = request_key(req)
-        pages = self.index.match(
-            leading_page_hashes(self._hash, key, self.page_tokens, (key.num_tokens - 1) // self.page_tokens)
-        )
-        best = max(pages.values(), default=0)
-        if best == 0:
-            return view.least_loaded_target()
-        return least_loaded(view, [t for t, p in pages.items() if p == best])
 
 
 Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
@@ -301,6 +261,4 @@ def make_router(
         return KvAware(
             cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
         )
-    if name == "oracle":
-        return Oracle(page_tokens, speculative)
-    return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity}[name]()
+    return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity, "oracle": Oracle}[name]()

@@ -1,7 +1,6 @@
 """Routers that do not scan every target choose exactly what the full scan chooses: the least-loaded target
 from ``TargetLoads`` (a segment tree) against a scan of the loads, the KV-aware choice over the targets with a
-hit plus the best of the rest against every target's score, the oracle's longest hit from its index against
-peeking at every tree, on whole cluster runs (several instances, two DP
+hit plus the best of the rest against every target's score, on whole cluster runs (several instances, two DP
 groups, evictions) and on random load changes."""
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loads import TargetLoads
-from dsakv.sim.routing import KvAware, LeastLoaded, Oracle, least_loaded, request_key
+from dsakv.sim.routing import KvAware, LeastLoaded, least_loaded
 from dsakv.workloads.scenarios import generate_scenario
 
 
@@ -44,21 +43,6 @@ class CheckedKvAware(KvAware):
         assert target == self.choose_by_scan(req, view)
         if view.load_tokens(target) > view.load_tokens(view.least_loaded_target()):
             self.won_by_hit += 1
-        self.choices.append(target)
-        return target
-
-
-@dataclass
-class CheckedOracle(Oracle):
-    """The oracle, checking each choice from its index against peeking at every tree."""
-
-    choices: list[int] = field(default_factory=list)
-    hits: int = 0  # choices of a target that holds a hit
-
-    def choose(self, req, view) -> int:
-        target = super().choose(req, view)
-        assert target == self.choose_by_peek(req, view)
-        self.hits += view.peek_hit_tokens(target, request_key(req)) > 0
         self.choices.append(target)
         return target
 
@@ -99,23 +83,6 @@ def test_kv_aware_scoring_only_hit_targets_chooses_as_the_full_scan(chat, dp, lo
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
     if load_weight == 0:
         assert router.choices.count(0) > len(chat) // 2  # load-blind: no hit, the lowest target
-
-
-@pytest.mark.parametrize(("dp", "mtp"), [(1, 0), (2, 0), (2, 1)])
-def test_oracle_from_its_index_chooses_as_peeking_at_every_tree(chat, dp, mtp):
-    cfg = SimConfig(
-        instances=3,
-        router="oracle",
-        pool_tokens=12_800,
-        step_model="constant",
-        mtp=mtp,
-        gpu=GpuSetting(dp_attention=dp),
-    )
-    setup = build_setup(cfg)
-    router = CheckedOracle(setup.page_tokens, speculative=mtp > 0)
-    cluster = _run(cfg, chat, router)
-    assert len(router.choices) == len(chat) and sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0
-    assert 0 < router.hits < len(chat)  # both branches: a longest hit, and no hit anywhere
 
 
 def test_target_loads_track_the_least_loaded_through_random_changes():
