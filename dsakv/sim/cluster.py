@@ -43,6 +43,7 @@ import numpy as np
 
 from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
+from dsakv.sim.loads import TargetLoads
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Oracle, Router, make_router
@@ -105,7 +106,7 @@ class Cluster:
         if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
             for _, sim in self.targets:
                 sim.evict_in_runs = False
-        self._load = [0] * len(self.targets)  # outstanding tokens per target
+        self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
         self._serial = 0
@@ -126,6 +127,9 @@ class Cluster:
     def load_tokens(self, target: int) -> int:
         return self._load[target]
 
+    def least_loaded_target(self) -> int:
+        return self._load.least_loaded()
+
     def peek_hit_tokens(self, target: int, key: RadixKey) -> int:
         radix = self.targets[target][1].radix
         return 0 if radix is None else radix.peek(key).matched_tokens
@@ -145,7 +149,7 @@ class Cluster:
         if inst.run is not None:
             self._cut_run(inst, queued_s)
         tokens = req.input_length + req.output_length
-        self._load[target] += tokens
+        self._load.add(target, tokens)
         inst.routed_tokens += tokens
         inst.routed_requests += 1
         rid = self._serial
@@ -160,7 +164,7 @@ class Cluster:
         """Requests that left ``sim`` since it held ``before`` records no longer load their target."""
         for rec in sim.records[before:]:
             target, tokens = self._held.pop(rec.id)
-            self._load[target] -= tokens
+            self._load.add(target, -tokens)
 
     # ----- runs of plain decode steps ------------------------------------------------------------
     def _start_run(self, inst: Instance, now: float) -> float | None:

@@ -30,7 +30,7 @@ cached token is worth one token of queue at ``load_weight = 1`` (the default, li
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -68,13 +68,19 @@ class ClusterView(Protocol):
         """Prompt + output tokens of the requests the target holds (queued or running)."""
         ...
 
+    def least_loaded_target(self) -> int:
+        """The target with the fewest ``load_tokens``; ties to the lowest target (``least_loaded`` over every
+        target, without scanning them: ``dsakv.sim.loads.TargetLoads``)."""
+        ...
+
     def peek_hit_tokens(self, target: int, key: RadixKey) -> int:
         """Tokens of ``key`` the target's radix tree would hit now (only the oracle may ask)."""
         ...
 
 
 def least_loaded(view: ClusterView, candidates: range | list[int]) -> int:
-    """The candidate with the fewest outstanding tokens; ties to the lowest target."""
+    """The candidate with the fewest outstanding tokens; ties to the lowest target (a scan of the candidates;
+    over every target it is ``view.least_loaded_target()``, the reference that one is tested against)."""
     return min(candidates, key=lambda t: (view.load_tokens(t), t))
 
 
@@ -94,7 +100,7 @@ class LeastLoaded:
     name: str = "least-loaded"
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
-        return least_loaded(view, range(view.num_targets))
+        return view.least_loaded_target()
 
 
 @dataclass
@@ -141,6 +147,7 @@ class KvAware:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
+        self._token_bytes = self.cell.page_bytes / self.page_tokens  # both caches' bytes of one token
         self.feed = self._open_feed()
 
     def _open_feed(self) -> EventFeed | ZmqEventFeed:
@@ -183,20 +190,45 @@ class KvAware:
         seed = chain_seed(self._hash, *key.namespace)
         return chain_hashes(self._hash, seed, key.data, 4 * ps, 4 * ps, n)
 
-    def scores(self, key: RadixKey, view: ClusterView) -> list[float]:
+    def _hits(self, key: RadixKey) -> dict[Hashable, int]:
+        """Per worker, the leading pages of ``key`` it holds (workers holding none are absent)."""
         self.feed.sync()
-        hits = self.index.match(self.page_hashes(key))
-        token_bytes = self.cell.page_bytes / self.page_tokens
-        scores = []
-        for t in range(view.num_targets):
-            w = self.worker(t)
-            saved = hits.get(w, 0) * self.index.page_bytes.get(w, 0)
-            scores.append(saved - self.load_weight * view.load_tokens(t) * token_bytes)
-        return scores
+        return self.index.match(self.page_hashes(key))
 
-    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+    def _score(self, target: int, hits: dict[Hashable, int], view: ClusterView) -> float:
+        w = self.worker(target)
+        saved = hits.get(w, 0) * self.index.page_bytes.get(w, 0)
+        return saved - self.load_weight * view.load_tokens(target) * self._token_bytes
+
+    def scores(self, key: RadixKey, view: ClusterView) -> list[float]:
+        """Every target's score (a scan of the targets: what ``choose`` avoids, and is tested against)."""
+        hits = self._hits(key)
+        return [self._score(t, hits, view) for t in range(view.num_targets)]
+
+    def choose_by_scan(self, req: TraceRequest, view: ClusterView) -> int:
+        """The highest score over every target, ties to the lowest: the reference ``choose`` equals."""
         scores = self.scores(request_key(req), view)
         return max(range(view.num_targets), key=lambda t: (scores[t], -t))
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        """``choose_by_scan``'s target, scoring only the targets that can win: those with a hit, and the best
+        of the others. A target without a hit scores ``-load_weight x load x token_bytes``: with a load
+        weight, the least-loaded target scores at least that (its hit saves >= 0 bytes; lower load, lower
+        penalty) and wins ties (lowest target among the least loaded); without one, every target without a
+        hit scores 0 and the lowest of them wins ties. So the cost grows with the hits, not the targets.
+        (Exact while distinct loads get distinct float penalties, as they do for any load weight of ordinary
+        size: neither near the smallest float nor so large that the penalty overflows.)"""
+        hits = self._hits(request_key(req))
+        n, instances = view.num_targets, self.instances
+        candidates = {w.dp_rank * instances + w.instance for w in hits}
+        candidates.intersection_update(range(n))
+        if self.load_weight > 0:
+            candidates.add(view.least_loaded_target())
+        else:  # at most len(hits) + 1 steps
+            lowest_without_hit = next((t for t in range(n) if t not in candidates), None)
+            if lowest_without_hit is not None:
+                candidates.add(lowest_without_hit)
+        return max(candidates, key=lambda t: (self._score(t, hits, view), -t))
 
 
 @dataclass

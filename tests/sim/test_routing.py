@@ -12,7 +12,16 @@ from dsakv.cache.key import RadixKey
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import RankCell
-from dsakv.sim.routing import Affinity, KvAware, LeastLoaded, Oracle, RoundRobin, make_router, request_key
+from dsakv.sim.routing import (
+    Affinity,
+    KvAware,
+    LeastLoaded,
+    Oracle,
+    RoundRobin,
+    least_loaded,
+    make_router,
+    request_key,
+)
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import load_spec
 from dsakv.workloads.traces import TraceRequest
@@ -40,6 +49,9 @@ class HandBuiltCluster:
 
     def load_tokens(self, target: int) -> int:
         return self.loads[target]
+
+    def least_loaded_target(self) -> int:
+        return least_loaded(self, range(self.num_targets))
 
     def peek_hit_tokens(self, target: int, key: RadixKey) -> int:
         return self.trees[target].peek(key).matched_tokens
