@@ -82,6 +82,12 @@ REFINE_BOUNDS = {
 }
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
 FRONTEND_S = 0.25
+# One serving front-end's time per request before the engine starts it (docs/steptime.md, fact 18): vLLM 0.19's API
+# server, one request at a time (concurrency 1), (prompt tokens, seconds from the client's send to the first byte
+# back, before the prefill: HTTP parsing, tokenization, scheduling, "HTTP OH"); MiniMax-M2.5 FP8 on 2 x MI300X,
+# andyluo7/cpu-gpu-codesign-agentic-inference RESULTS_SUMMARY.md (2026-05-14), its four single-request rows. Both
+# engines of the anchors ran one such process (vLLM --api-server-count 1 at DP 1, SGLang --tokenizer-worker-num 1).
+FRONTEND_MEASURED = ((1_000, 0.007), (8_000, 0.015), (32_000, 0.047), (100_000, 0.131))
 # InferenceX's benchmark client draws every request's input and output lengths uniformly from [0.8 x len, len]
 # (RANDOM_RANGE_RATIO 0.8 in its "Benchmark Client Configuration", passed to benchmark_serving.py's random
 # dataset with --ignore-eos; benchmarks/benchmark_lib.sh run_benchmark_serving --random-range-ratio).
@@ -224,6 +230,13 @@ def client_lengths(requests: list[TraceRequest], ratio: float, seed: int = 0) ->
     return out
 
 
+def frontend_service(measured: tuple[tuple[int, float], ...] = FRONTEND_MEASURED) -> tuple[float, float]:
+    """The front-end's service time as a line through the measured (prompt tokens, seconds) points, least squares:
+    (seconds per request, seconds per prompt token) for ``SimConfig.frontend_request_s`` / ``frontend_token_s``."""
+    fit = statistics.linear_regression([t for t, _ in measured], [s for _, s in measured])
+    return fit.intercept, fit.slope
+
+
 def sim_config(anchor: dict) -> SimConfig:
     chunk = engine_chunk_tokens(anchor)
     gpus = _int(anchor["gpus"])
@@ -247,7 +260,12 @@ def sim_config(anchor: dict) -> SimConfig:
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
         frontend_s=FRONTEND_S,
+        frontend_request_s=FRONTEND_REQUEST_S,
+        frontend_token_s=FRONTEND_TOKEN_S,
     )
+
+
+FRONTEND_REQUEST_S, FRONTEND_TOKEN_S = frontend_service()
 
 
 def _stat(values: list[float], how: str) -> float:

@@ -113,6 +113,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument(
         "--frontend-s", help="seconds from a client's send to the scheduler's queue (HTTP, tokenizer), in TTFT"
     )
+    e.add_argument(
+        "--frontend-request-s",
+        help="service seconds per request of the one front-end process requests pass in send order (a queue)",
+    )
+    e.add_argument("--frontend-token-s", help="service seconds per prompt token of that front-end process")
     t = p.add_argument_group("lower tiers (host memory and a shared store, docs/tiers.md)")
     t.add_argument("--host-bytes", help="host memory per node for the KV host tier: 2TB, 500GB, 1.5TiB or unbounded")
     t.add_argument("--host-tokens", help="host tier size in tokens instead of bytes")
@@ -245,6 +250,12 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         schedule_policy=args.schedule_policy,
         max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
         frontend_s=0.0 if args.frontend_s is None else parse_float("--frontend-s", args.frontend_s),
+        frontend_request_s=0.0
+        if args.frontend_request_s is None
+        else parse_float("--frontend-request-s", args.frontend_request_s),
+        frontend_token_s=0.0
+        if args.frontend_token_s is None
+        else parse_float("--frontend-token-s", args.frontend_token_s),
         host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
         host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
         store_bytes=_store_bytes(args),

@@ -43,6 +43,7 @@ import numpy as np
 
 from dsakv.cache.key import RadixKey
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
+from dsakv.sim.frontend import FrontEnd
 from dsakv.sim.loads import TargetLoads
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, summarize
@@ -109,6 +110,8 @@ class Cluster:
         self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
+        # the instance's front-end (dsakv.sim.frontend): every request passes it in send order before routing
+        self.frontend = FrontEnd(cfg.frontend_s, cfg.frontend_request_s, cfg.frontend_token_s)
         self._serial = 0
         self._check_every = 0
         self._heap: list[tuple[float, int, int]] = []  # (time, instance, version): a step ends or an instance wakes
@@ -141,8 +144,8 @@ class Cluster:
 
     # ----- arrivals -----------------------------------------------------------------------------------
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
-        """Route a request the client sent at ``arrival_s``; it reaches its group ``frontend_s`` later."""
-        queued_s = arrival_s + self.cfg.frontend_s
+        """Route a request the client sent at ``arrival_s``; it reaches its group through the front-end."""
+        queued_s = self.frontend.take(arrival_s, req.input_length)
         self._clock(queued_s)
         target = self.router.choose(req, self)
         inst, sim = self.targets[target]
@@ -275,7 +278,8 @@ class Cluster:
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
         while pending is not None or heap:
-            queued_s = pending_s + self.cfg.frontend_s  # when the request reaches the engine
+            # when the request reaches the engine
+            queued_s = self.frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
             if pending is not None and (not heap or queued_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:

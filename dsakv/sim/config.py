@@ -58,7 +58,9 @@ class SimConfig:
     finishes (None: open loop, trace timestamps). ``frontend_s``: seconds from a client sending a request to
     the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to the scheduler):
     the request's arrival is the client's send time, so its TTFT and the makespan include it (default 0: the
-    engine's own TTFT; docs/steptime.md, front-end latency). ``instances``: engine instances of the cluster, each of
+    engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` / ``frontend_token_s``: the
+    service time of the one front-end process every request passes first, in send order (per request and per
+    prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only). ``instances``: engine instances of the cluster, each of
     ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
     ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
     in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
@@ -89,6 +91,8 @@ class SimConfig:
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
     frontend_s: float = 0.0
+    frontend_request_s: float = 0.0
+    frontend_token_s: float = 0.0
     # lower tiers (dsakv.sim.transfers): host memory per node and the shared store, in bytes ("unbounded": no
     # limit) or in tokens (``*_tokens``, one of the two per tier); None for both: no such tier
     host_bytes: int | str | None = None
@@ -122,9 +126,10 @@ class SimConfig:
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
-        fe = self.frontend_s
-        if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
-            raise DsakvError(f"frontend_s = {fe!r}: must be a number of seconds >= 0")
+        for name in ("frontend_s", "frontend_request_s", "frontend_token_s"):
+            fe = getattr(self, name)
+            if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
+                raise DsakvError(f"{name} = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
@@ -133,6 +138,11 @@ class SimConfig:
             raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
         check_choice("router", self.router, ROUTERS)
         self._check_kv_events()
+        if self.instances > 1 and (self.frontend_request_s or self.frontend_token_s):
+            raise DsakvError(
+                f"frontend_request_s / frontend_token_s with instances = {self.instances}: the front-end queue is "
+                "modelled for one instance (its one API process); use instances = 1 or no front-end service time"
+            )
         if c is not None and (self.instances > 1 or self.gpu.dp_attention > 1):
             raise DsakvError(
                 f"max_concurrency = {c}: the closed loop replays into one DP group; with instances = "

@@ -31,8 +31,10 @@ Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurr
 when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
 measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
 
-Front-end latency (``SimConfig.frontend_s = L``): a request the client sends at ``t`` reaches the scheduler's
-queue at ``t + L``; its arrival stays ``t``, so TTFT and the makespan include ``L``.
+Front-end (``dsakv.sim.frontend``): a request the client sends at ``t`` passes one serial front-end process
+(``SimConfig.frontend_request_s`` + ``frontend_token_s`` per prompt token, in send order; under DP attention every
+group's requests pass the same process) and reaches the scheduler's queue ``SimConfig.frontend_s = L`` after its
+service ends (with no service time: at ``t + L``); its arrival stays ``t``, so TTFT and the makespan include both.
 
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
@@ -64,6 +66,7 @@ from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
+from dsakv.sim.frontend import FrontEnd
 from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, make_record, summarize
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import (
@@ -153,6 +156,7 @@ class Simulation:
         self.records = RecordTable()  # compact columns: a long trace's records cost bytes, not objects
         self.timeline = Timeline()
         self._rng = random.Random(cfg.seed)
+        self.frontend = FrontEnd(cfg.frontend_s, cfg.frontend_request_s, cfg.frontend_token_s)
         self._arrivals = self._route(requests)
         self._pending: TraceRequest | None = None
         self._pending_s = 0.0  # arrival time of ``_pending`` (checked: ``arrival_seconds``)
@@ -165,16 +169,20 @@ class Simulation:
 
     # ----- arrivals -------------------------------------------------------------------------------
     def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
-        """DP attention: request ``i`` goes to group ``i mod d``; group 0's are simulated, the others counted."""
+        """DP attention: request ``i`` goes to group ``i mod d``; group 0's are simulated, the others counted (and,
+        with a serial front-end, passed through it at their trace times: the open loop, the only one under DP)."""
         dp = self.counters.dp_attention
         if dp == 1:
             yield from requests
             return
+        frontend, scale = self.frontend, self.cfg.time_scale
         for i, r in enumerate(requests):
             if i % dp == 0:
                 yield r
             else:
                 self.counters.other_group_requests += 1
+                if frontend.serial:
+                    frontend.take(arrival_seconds(r.timestamp_ms, scale, r.line), r.input_length)
 
     def _take_next(self) -> None:
         pending = self._pending = next(self._arrivals, None)
@@ -189,14 +197,18 @@ class Simulation:
         return start if self._slots is None else max(start, self._slots[0])
 
     def next_arrival_s(self) -> float | None:
-        """When the next request reaches the scheduler's queue: ``frontend_s`` after the client sent it."""
+        """When the next request reaches the scheduler's queue: through the front-end after the client sent it."""
         sent_s = self._next_send_s()
-        return None if sent_s is None else sent_s + self.cfg.frontend_s
+        return None if sent_s is None else self.frontend.queued_s(sent_s, self._pending.input_length)
 
     def arrive(self, now: float) -> None:
         """Queue every request that has reached the scheduler by ``now`` (its arrival is the client's send time);
         one refused (or done) on arrival leaves at once."""
-        while (sent_s := self._next_send_s()) is not None and sent_s + self.cfg.frontend_s <= now:
+        frontend = self.frontend
+        while (sent_s := self._next_send_s()) is not None and frontend.queued_s(
+            sent_s, self._pending.input_length
+        ) <= now:
+            frontend.take(sent_s, self._pending.input_length)
             if self._slots is not None:
                 heapq.heappop(self._slots)
             if self._serial == MAX_REQUESTS:

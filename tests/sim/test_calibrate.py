@@ -162,3 +162,43 @@ def test_decode_steps_prints_the_typical_decode_steps_parts_and_median_itl(
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("tiny-sgl-c2: decode-only ") and "typical decode step (" in line
     assert " linear " in line and " overhead " in line and "median ITL " in line and line.endswith(" ms")
+
+
+def test_front_end_service_is_the_least_squares_line_through_the_measurement(calibrate):
+    # Closed form of the least-squares line through the measured (prompt tokens, seconds) points: slope =
+    # (n Sxy - Sx Sy) / (n Sxx - Sx^2), intercept = (Sy - slope Sx) / n; every replayed row carries it.
+    pts = calibrate.FRONTEND_MEASURED
+    n, sx, sy = len(pts), sum(t for t, _ in pts), sum(s for _, s in pts)
+    sxx, sxy = sum(t * t for t, _ in pts), sum(t * s for t, s in pts)
+    slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+    assert calibrate.FRONTEND_TOKEN_S == pytest.approx(slope)
+    assert calibrate.FRONTEND_REQUEST_S == pytest.approx((sy - slope * sx) / n)
+    assert calibrate.frontend_service(((0, 0.002), (1000, 0.003))) == pytest.approx((0.002, 1e-6))
+    row = {"id": "x-sgl-dp8", "model": "tiny", "gpu": "H200", "gpus": "1", "dp": "1", "mtp": "0", "chunk": "256"}
+    cfg = calibrate.sim_config(row)
+    assert (cfg.frontend_request_s, cfg.frontend_token_s) == (calibrate.FRONTEND_REQUEST_S, calibrate.FRONTEND_TOKEN_S)
+
+
+def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_buckets(
+    tmp_path, load_file_module, repo_dir, capsys
+):
+    phases = load_file_module(repo_dir / "bench" / "burst_phases.py")
+    # vllm bench serve's peak: tokens per bucket int(t - first send); the fullest bucket, scaled per DP group.
+    emitted = [(0.5, 3), (0.9, 2), (1.2, 4), (2.999, 1)]
+    assert phases.peak_tokens_per_second(emitted, 0.0) == 5
+    assert phases.peak_tokens_per_second(emitted, 0.0, scale=8) == 40
+    assert phases.peak_tokens_per_second(emitted, 0.3) == 9  # bucket [0.3, 1.3) holds 0.5, 0.9 and 1.2
+    # The replay's token clock sees every output token once, analytic decode runs included.
+    path = _write(tmp_path, {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "mean"]})
+    anchor = next(csv.DictReader(open(path, newline="")))
+    cfg = phases.calibrate.sim_config(anchor)
+    requests = list(phases.open_source(phases.Source(trace=str(tmp_path / "traces" / "tiny-sgl-c2.jsonl"))).requests)
+    clock = phases.TokenClock(cfg, phases.build_setup(cfg), requests)
+    records = clock.run().records
+    assert sum(t for _, t in clock.emitted) == sum(r.output_tokens for r in records) == 4 * 5
+    peaks = tmp_path / "peaks.csv"
+    peaks.write_text("id,peak_out_tok_s,median_itl_ms,src\ntiny-sgl-c2,100,10,x\n")
+    assert phases.main(["--anchors", path, "--peaks", str(peaks)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("tiny-sgl-c2 ") and "(    100)" in out[1]
+    assert out[-1].startswith("peak output tok/s dsakv / published: geometric mean ")

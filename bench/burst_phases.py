@@ -1,0 +1,139 @@
+"""How a burst row's time splits between waiting, prefill and decode, and how many requests decode at once: replay
+rows as ``bench/calibrate.py`` does and print, per row, dsakv's mean phases against what the published figures
+imply, and the peak output throughput both ways (docs/steptime.md, "Burst rows: the phases"); then one summary line.
+
+    python bench/burst_phases.py --anchors ../shared/data/calibration/anchors.csv [--only ID,ID]
+        [--peaks bench/calibration/peaks.csv]
+
+Phases per request (means): queued (arrival -> admitted), prefill (admitted -> first token), decode span (first
+token -> last), as dsakv's records have them; published: TTFT and decode span = TPOT x (output - 1), the
+benchmark's own TPOT (vLLM ``bench serve``: per request (latency - ttft) / (output_tokens - 1), then the mean).
+
+Peak output throughput is ``vllm bench serve``'s "Peak output token throughput": every output token (the first
+included) lands in the one-second bucket ``int(t - first send)``; the fullest bucket. The peaks file (beside the
+anchors' published figures on the source page) gives it with the median ITL; their product is the published decode
+batch at the peak (tokens of one step), against dsakv's largest step (tokens emitted in one step, every DP group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+from dsakv.sim.config import build_setup
+from dsakv.sim.loop import Simulation
+from dsakv.sim.source import Source, open_source
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibrate  # noqa: E402
+
+PEAKS = Path(__file__).resolve().parent / "calibration" / "peaks.csv"
+
+
+class TokenClock(Simulation):
+    """The replay's simulation, recording each step's end and the output tokens it emitted (``emitted``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.emitted: list[tuple[float, int]] = []
+
+    def run_step(self, plan, now, end=None):
+        tokens = sum(1 for item in plan.items if item.sample)
+        end = super().run_step(plan, now, end)
+        self.emitted.append((end, tokens))
+        return end
+
+    def advance_decode(self, ends) -> None:
+        tokens = len(self.scheduler.running)  # a run's every step decodes every running request
+        super().advance_decode(ends)
+        self.emitted.extend((end, tokens) for end in ends)
+
+
+def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale: int = 1) -> int:
+    """``vllm bench serve``'s peak output throughput: tokens x ``scale`` summed per bucket ``int(t - start)``, the
+    fullest bucket (``scale``: DP groups the simulated one stands for)."""
+    buckets: Counter[int] = Counter()
+    for end, tokens in emitted:
+        buckets[int(end - start)] += tokens * scale
+    return max(buckets.values(), default=0)
+
+
+def phases(anchor: dict, traces: Path) -> dict:
+    """One row's replay: dsakv's mean phases (s), duration, peak output tok/s and largest step (tokens)."""
+    cfg = calibrate.sim_config(anchor)
+    setup = build_setup(cfg)
+    setup = dataclasses.replace(
+        setup, step_time=dataclasses.replace(setup.step_time, indexer=calibrate.has_indexer(anchor))
+    )
+    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
+    requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
+    sim = TokenClock(cfg, setup, requests, opened.counters)
+    result = sim.run()
+    done = [r for r in result.records if r.outcome == "finished"]
+    start, dp = min(r.arrival_s for r in done), cfg.gpu.dp_attention
+    return {
+        "queued": statistics.fmean(r.admit_s - r.arrival_s for r in done),
+        "prefill": statistics.fmean(r.first_token_s - r.admit_s for r in done),
+        "ttft": statistics.fmean(r.ttft_s for r in done),
+        "span": statistics.fmean(r.finish_s - r.first_token_s for r in done),
+        "duration": max(r.finish_s for r in done) - start,
+        "peak": peak_tokens_per_second(sim.emitted, start, dp),
+        "batch": max(tokens for _, tokens in sim.emitted) * dp,
+        "outputs": statistics.fmean(r.output_tokens for r in done),
+    }
+
+
+def published_phases(anchor: dict, outputs: float, peak: dict | None) -> dict:
+    """What the row's published figures imply for requests of ``outputs`` output tokens (the replay's mean): mean TTFT
+    and decode span (s), duration; peak tok/s and the decode batch at the peak (peak x median ITL) from the peaks
+    file, when it has the row."""
+    pub = json.loads(anchor["published"])
+    out = {"ttft": pub["ttft_ms"][0] / 1000, "span": pub["tpot_ms"][0] * (outputs - 1) / 1000}
+    out["duration"] = pub.get("duration_s", math.nan)
+    out["peak"] = float(peak["peak_out_tok_s"]) if peak else math.nan
+    out["batch"] = out["peak"] * float(peak["median_itl_ms"]) / 1000 if peak else math.nan
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
+    ap.add_argument("--only", help="comma-separated anchor ids (default: every row with a TPOT and a TTFT)")
+    ap.add_argument("--peaks", default=str(PEAKS), help="published peak output tok/s and median ITL per id")
+    args = ap.parse_args(argv)
+    path = Path(args.anchors)
+    with path.open(newline="") as f:
+        anchors = [a for a in csv.DictReader(f) if {"tpot_ms", "ttft_ms"} <= json.loads(a["published"]).keys()]
+    if args.only:
+        keep = set(args.only.split(","))
+        anchors = [a for a in anchors if a["id"] in keep]
+    with open(args.peaks, newline="") as f:
+        peaks = {p["id"]: p for p in csv.DictReader(f)}
+    head = "queued prefill   TTFT  span(pub)    duration(pub)     peak tok/s (pub)   batch (pub)"
+    print(f"{'id':<22} {head}")
+    ratios = []
+    for anchor in anchors:
+        ours = phases(anchor, path.parent / "traces")
+        pub = published_phases(anchor, ours["outputs"], peaks.get(anchor["id"]))
+        print(
+            f"{anchor['id']:<22} {ours['queued']:6.1f} {ours['prefill']:7.2f} {ours['ttft']:6.1f}"
+            f" {ours['span']:5.1f} ({pub['span']:5.1f}) {ours['duration']:7.1f} ({pub['duration']:6.1f})"
+            f" {ours['peak']:8,} ({pub['peak']:7,.0f}) {ours['batch']:6,} ({pub['batch']:5.0f})"
+        )
+        if not math.isnan(pub["peak"]):
+            ratios.append(ours["peak"] / pub["peak"])
+    if ratios:
+        mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+        print(f"peak output tok/s dsakv / published: geometric mean {mean:.2f} over {len(ratios)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
