@@ -15,7 +15,7 @@ starts when request k - C finishes; TTFT from that moment). The scheduling polic
 row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the id or note names SGLang
 (``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step. ``mem`` empty = the engine's
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
-``--gpu-memory-utilization`` 0.9.
+``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16).
 
 Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
 DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
@@ -193,6 +193,15 @@ def engine_mem_fraction(anchor: dict) -> float:
     )
 
 
+def engine_kv_dtype(anchor: dict) -> str:
+    """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
+    versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
+    (``DeepseekV32ForCausalLM.verify_and_update_config``; the default "auto", the checkpoint's bf16 activations,
+    since vllm-project/vllm#27121, 2025-10-17, before v0.13); SGLang on Hopper defaults to bf16 (the anchors'
+    README). docs/steptime.md, fact 19."""
+    return (anchor.get("kv") or "").strip() or "bf16"
+
+
 def range_ratio_of(anchor: dict) -> float:
     """The row's ``range_ratio`` column, else its client's: InferenceX's 0.8, fixed lengths (1) otherwise."""
     text = (anchor.get("range_ratio") or "").strip()
@@ -251,7 +260,7 @@ def sim_config(anchor: dict) -> SimConfig:
     return SimConfig(
         model=anchor["model"],
         gpu=setting,
-        kv_dtype=anchor.get("kv") or "fp8_ds_mla",
+        kv_dtype=engine_kv_dtype(anchor),
         mtp=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,

@@ -33,7 +33,14 @@ from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
 from dsakv.sim.routing import ROUTERS
-from dsakv.sim.steptime import MOE_A2A, ConstantStepTime, RooflineStepTime, vllm_mixed_batch, vllm_padded_topk
+from dsakv.sim.steptime import (
+    MOE_A2A,
+    ConstantStepTime,
+    RooflineStepTime,
+    vllm_mixed_batch,
+    vllm_padded_topk,
+    vllm_prefill_kernel_all,
+)
 from dsakv.sim.transfers import DEFAULT_STORE_GBPS, TierSetup
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
@@ -280,6 +287,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_mixed_batch=vllm_mixed_batch(
                 layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy
             ),
+            mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, cfg.schedule_policy),
             mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
         )
     chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)

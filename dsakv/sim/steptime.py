@@ -147,6 +147,14 @@ def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_p
     return schedule_policy == "mixed" and fp8_cache and heads_rank < VLLM_MIN_HEADS_FOR_BF16_PREFILL
 
 
+def vllm_prefill_kernel_all(layout: CacheLayout, schedule_policy: str) -> bool:
+    """Whether vLLM (the ``mixed`` schedule policy) runs every query of this layout, decodes included, through
+    FlashMLA's sparse prefill kernel: a bf16 cache has no sparse decode kernel in vLLM's FlashMLA-sparse backend
+    (``FlashMLASparseImpl.forward``: ``if not use_fp8_cache: _forward_bf16_kv`` for the whole batch,
+    ``flash_mla_sparse_prefill`` with the heads padded to 64 on Hopper; docs/steptime.md, fact 19)."""
+    return schedule_policy == "mixed" and layout.kv_dtype == "bf16"
+
+
 def vllm_padded_topk(schedule_policy: str) -> bool:
     """Whether the engine's sparse-MLA kernels compute all top-k slots of every query, padding included.
 
@@ -177,6 +185,8 @@ class RooflineStepTime:
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
     kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
+    ``mla_prefill_kernel_all``: vLLM with a bf16 cache, where every query, decodes included, goes through the
+    sparse prefill kernel: priced at the prefill kernel's efficiency, each query reading its own top-k rows.
     ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
     query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
     stay the valid ones (padded slots gather nothing).
@@ -196,6 +206,7 @@ class RooflineStepTime:
     mtp_draft: int = 0
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
+    mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
     indexer: bool = True
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
@@ -218,6 +229,8 @@ class RooflineStepTime:
         if self.tp % self.ep:
             raise DsakvError(f"step time ep = {self.ep}: must divide tp = {self.tp}")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        if self.mla_mixed_batch and self.mla_prefill_kernel_all:
+            raise DsakvError("step time mla_mixed_batch and mla_prefill_kernel_all: one kernel serves every query")
         if self.moe_a2a == "deepep" and self.ep < 2:
             raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
         for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
@@ -368,17 +381,18 @@ class RooflineStepTime:
         idx_bytes = idx_layers * ((pf_keys + dec_sum) * c["idx_key_bytes"] + idx_pairs * 8)
         # Sparse MLA: each query attends to min(position, top-k) keys.
         dec_pairs = q * dec_topk
+        dec_eff = self.mla_decode_eff
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
             pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
+        elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
+            pf_rows, pf_eff, dec_eff = pf_pairs, self.mla_prefill_eff, self.mla_prefill_eff
         else:  # one prefill kernel per chunk: each selected row read once for the chunk
             pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
         mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        mla_compute_s = (
-            layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / self.mla_decode_eff)
-        ) / g.bf16_flops
+        mla_compute_s = (layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
@@ -486,7 +500,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
-            "mla_padded_topk",
+            "mla_prefill_kernel_all", "mla_padded_topk",
             "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",

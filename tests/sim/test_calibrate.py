@@ -202,3 +202,15 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("tiny-sgl-c2 ") and "(    100)" in out[1]
     assert out[-1].startswith("peak output tok/s dsakv / published: geometric mean ")
+
+
+def test_an_empty_kv_takes_the_engines_default_bf16_cache(calibrate):
+    # vLLM stores DeepSeek-V3.2's fp8_ds_mla format only with --kv-cache-dtype fp8 (default "auto": bf16, since
+    # vllm-project/vllm#27121); SGLang on Hopper defaults to bf16. A filled cell is the row's setting.
+    assert calibrate.engine_kv_dtype({"id": "x-vllm", "kv": ""}) == "bf16"
+    assert calibrate.engine_kv_dtype({"id": "x-sgl"}) == "bf16"
+    assert calibrate.engine_kv_dtype({"id": "x-vllm", "kv": "fp8_ds_mla"}) == "fp8_ds_mla"
+    row = {"id": "x-vllm-tp8", "model": "deepseek-v3.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "kv": ""}
+    setup = calibrate.build_setup(calibrate.sim_config(row))
+    assert setup.layout.kv_dtype == "bf16" and setup.step_time.mla_prefill_kernel_all
+    assert not setup.step_time.mla_mixed_batch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
@@ -179,6 +180,37 @@ def test_vllm_mixed_batch_follows_vllms_rule(dsv32):
     assert not vllm_mixed_batch(dsv32, 4, 1, "mixed")  # 32 heads: the bf16 prefill kernel
     assert not vllm_mixed_batch(dsv32, 8, 1, "prefill_first")  # SGLang keeps its prefill kernel
     assert not vllm_mixed_batch(CacheLayout(dsv32.spec, kv_dtype="bf16"), 8, 1, "mixed")
+
+
+def test_vllm_bf16_cache_runs_every_query_through_the_sparse_prefill_kernel(dsv32):
+    # vLLM, bf16 cache: FlashMLASparseImpl.forward sends the whole batch, decodes included, to
+    # flash_mla_sparse_prefill: every query reads its own top-k rows (bf16 rows) at the prefill kernel's rate.
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    one = RooflineStepTime(bf16, mla_prefill_kernel_all=True)
+    plain = RooflineStepTime(bf16)
+    n, layers, row = 1000, bf16.num_attention_layers, bf16.main_row_bytes
+    pairs = n * (n + 1) // 2  # query i (1-based) sees i keys, all below top-k 2048
+    assert one.cost([(n, 0)], []).bytes["sparse_mla"] == layers * pairs * row
+    assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # SGLang-like: each row once a chunk
+    decodes = [3000] * 4
+    dec_flops = layers * 4 * 2048 * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64, top-k 2048 each
+    for st, eff in ((one, one.mla_prefill_eff), (plain, plain.mla_decode_eff)):
+        c = st.cost([], decodes)
+        compute = dec_flops / (st.gpu.bf16_flops * eff)
+        bw = layers * 4 * 2048 * row / (st.gpu.hbm_bytes_per_s * st.bw_eff)
+        assert c.bytes["sparse_mla"] == layers * 4 * 2048 * row
+        assert c.seconds["sparse_mla"] == pytest.approx(max(compute, bw))
+    with pytest.raises(DsakvError, match="one kernel"):
+        RooflineStepTime(dsv32, mla_mixed_batch=True, mla_prefill_kernel_all=True)
+
+
+def test_vllm_prefill_kernel_all_follows_the_cache_dtype(dsv32):
+    from dsakv.sim.steptime import vllm_prefill_kernel_all
+
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    assert vllm_prefill_kernel_all(bf16, "mixed")
+    assert not vllm_prefill_kernel_all(dsv32, "mixed")  # fp8_ds_mla: the fp8 decode kernel serves decodes
+    assert not vllm_prefill_kernel_all(bf16, "prefill_first")  # SGLang keeps its own kernels
 
 
 def test_padded_topk_computes_every_topk_slot_and_reads_only_valid_rows(dsv32):
