@@ -14,12 +14,12 @@ COLUMNS = (
 )
 
 
-def _write(tmp_path, published: dict) -> str:
+def _write(tmp_path, published: dict, conc: str = "2") -> str:
     (tmp_path / "traces").mkdir(exist_ok=True)
     lines = [json.dumps({"timestamp": 0.0, "input_length": 100, "output_length": 5, "hash_ids": [i]}) for i in range(4)]
     (tmp_path / "traces" / "tiny-sgl-c2.jsonl").write_text("\n".join(lines) + "\n")
     row = dict.fromkeys(COLUMNS.split(","), "")
-    row.update(id="tiny-sgl-c2", model="tiny", gpu="H200", gpus="1", dp="1", mtp="0", kv="fp8_ds_mla", conc="2")
+    row.update(id="tiny-sgl-c2", model="tiny", gpu="H200", gpus="1", dp="1", mtp="0", kv="fp8_ds_mla", conc=conc)
     row.update(chunk="256", published=json.dumps(published))
     path = tmp_path / "anchors.csv"
     with path.open("w", newline="") as f:
@@ -152,7 +152,7 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
 
 
 def test_decode_steps_prints_the_typical_decode_steps_parts_and_median_itl(
-    tmp_path, load_file_module, repo_dir, capsys
+    tmp_path, load_file_module, repo_dir, capsys, monkeypatch
 ):
     decode_steps = load_file_module(repo_dir / "bench" / "decode_steps.py")
     assert decode_steps.weighted_median([(3.0, 1), (1.0, 5), (2.0, 1)]) == 1.0  # 5 of 7 tokens waited 1
@@ -162,6 +162,13 @@ def test_decode_steps_prints_the_typical_decode_steps_parts_and_median_itl(
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("tiny-sgl-c2: decode-only ") and "typical decode step (" in line
     assert " linear " in line and " overhead " in line and "median ITL " in line and line.endswith(" ms")
+    # A burst whose four requests decode together (no front-end queue to stagger them): the simulator advances such
+    # runs of decode steps at once, and the recorder must still see every one (4 outputs after the first: 4 steps).
+    monkeypatch.setattr(decode_steps.calibrate, "FRONTEND_REQUEST_S", 0.0)
+    monkeypatch.setattr(decode_steps.calibrate, "FRONTEND_TOKEN_S", 0.0)
+    burst = _write(tmp_path, {"tpot_ms": [1.0, "mean"]}, conc="")
+    assert decode_steps.main(["--anchors", burst]) == 0
+    assert "decode-only 4 (" in capsys.readouterr().out
 
 
 def test_front_end_service_is_the_least_squares_line_through_the_measurement(calibrate):
