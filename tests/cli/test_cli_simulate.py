@@ -92,6 +92,21 @@ def test_malformed_trace_line_is_one_line_error_with_line_number(tmp_path, capsy
     assert "line 2" in err and err.count("\n") == 1
 
 
+def test_frontend_service_queues_a_burst_in_send_order(tmp_path, capsys):
+    # 20 requests sent at once through a 50 ms front-end: the last reaches the engine after 20 x 50 ms = 1 s.
+    path = tmp_path / "burst.jsonl"
+    path.write_text(
+        "".join(f'{{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [{i}]}}\n' for i in range(20))
+    )
+    argv = ["simulate", "--trace", str(path), "--step-model", "constant", "--json"]
+    plain = _json(capsys, argv)
+    queued = _json(capsys, argv + ["--frontend-request-s", "0.05"])
+    assert queued["config"]["config"]["frontend_request_s"] == 0.05
+    assert queued["makespan_s"] >= 20 * 0.05 > plain["makespan_s"]
+    # request k waits (k + 1) x 50 ms for the front-end: the mean TTFT gains at least the mean wait, 0.525 s
+    assert queued["ttft_s"]["mean"] >= plain["ttft_s"]["mean"] + 0.525 - 0.02
+
+
 def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{bad\n')
@@ -107,6 +122,9 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--policy", "random"], "policy"),
         (["--time-scale", "0"], "time-scale"),
         (["--frontend-s", "-1"], "--frontend-s"),
+        (["--frontend-request-s", "-0.01"], "--frontend-request-s"),
+        (["--frontend-token-s", "x"], "--frontend-token-s"),
+        (["--frontend-request-s", "0.01", "--instances", "2"], "one instance"),
         (["--new-token-ratio", "1.5"], "--new-token-ratio = '1.5': must be a number in [0, 1]"),
         (["--new-token-ratio", "x"], "--new-token-ratio"),
         (["--scenario", "nope"], "scenario"),
