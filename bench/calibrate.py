@@ -197,7 +197,7 @@ def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
     versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
     (``DeepseekV32ForCausalLM.verify_and_update_config``; the default "auto", the checkpoint's bf16 activations,
-    since vllm-project/vllm#27121, 2025-10-17, before v0.13); SGLang on Hopper defaults to bf16 (the anchors'
+    since vllm-project/vllm#27121, 2025-10-17; v0.13.0 came out 2025-12-19); SGLang on Hopper defaults to bf16 (the anchors'
     README). docs/steptime.md, fact 19."""
     return (anchor.get("kv") or "").strip() or "bf16"
 
