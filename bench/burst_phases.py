@@ -3,7 +3,7 @@ rows as ``bench/calibrate.py`` does and print, per row, dsakv's mean phases agai
 imply, and the peak output throughput both ways (docs/steptime.md, "Burst rows: the phases"); then one summary line.
 
     python bench/burst_phases.py --anchors ../shared/data/calibration/anchors.csv [--only ID,ID]
-        [--peaks bench/calibration/peaks.csv]
+        [--peaks bench/calibration/peaks.csv] [--detail N]
 
 Phases per request (means): queued (arrival -> admitted), prefill (admitted -> first token), decode span (first
 token -> last), as dsakv's records have them; published: TTFT and decode span = TPOT x (output - 1), the
@@ -13,11 +13,15 @@ Peak output throughput is ``vllm bench serve``'s "Peak output token throughput":
 included) lands in the one-second bucket ``int(t - first send)``; the fullest bucket. The peaks file (beside the
 anchors' published figures on the source page) gives it with the median ITL; their product is the published decode
 batch at the peak (tokens of one step), against dsakv's largest step (tokens emitted in one step, every DP group).
+
+``--detail N``: under each row, N requests spread over the run (admitted, first token, finished, in s) and the
+requests running at N points of the run (the simulated DP group's).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import dataclasses
 import json
@@ -66,7 +70,8 @@ def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale
 
 
 def phases(anchor: dict, traces: Path) -> dict:
-    """One row's replay: dsakv's mean phases (s), duration, peak output tok/s and largest step (tokens)."""
+    """One row's replay: dsakv's mean phases (s), duration, peak output tok/s and largest step (tokens); its
+    finished records and timeline under ``records`` / ``timeline``."""
     cfg = calibrate.sim_config(anchor)
     setup = build_setup(cfg)
     setup = dataclasses.replace(
@@ -87,7 +92,24 @@ def phases(anchor: dict, traces: Path) -> dict:
         "peak": peak_tokens_per_second(sim.emitted, start, dp),
         "batch": max(tokens for _, tokens in sim.emitted) * dp,
         "outputs": statistics.fmean(r.output_tokens for r in done),
+        "records": sorted(done, key=lambda r: r.id),
+        "timeline": result.timeline,
     }
+
+
+def detail(ours: dict, n: int) -> list[str]:
+    """``n`` requests spread over the run (admitted / first token / finished) and the running count at ``n`` points."""
+    records, timeline = ours["records"], ours["timeline"]
+    step = max(1, len(records) // n)
+    lines = [
+        f"    request {r.id:5d}: admitted {r.admit_s:8.2f}  first token {r.first_token_s:8.2f}  finished {r.finish_s:8.2f}"
+        for r in records[::step][:n]
+    ]
+    times, running = list(timeline.time_s), list(timeline.running)
+    marks = [ours["duration"] * k / max(n - 1, 1) for k in range(n)]
+    at = [running[min(bisect.bisect_left(times, t), len(running) - 1)] for t in marks]
+    lines.append("    running at " + ", ".join(f"{t:.1f} s: {c}" for t, c in zip(marks, at)))
+    return lines
 
 
 def published_phases(anchor: dict, outputs: float, peak: dict | None) -> dict:
@@ -107,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
     ap.add_argument("--only", help="comma-separated anchor ids (default: every row with a TPOT and a TTFT)")
     ap.add_argument("--peaks", default=str(PEAKS), help="published peak output tok/s and median ITL per id")
+    ap.add_argument("--detail", type=int, default=0, help="per row, N requests' times and N running counts")
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     with path.open(newline="") as f:
@@ -127,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             f" {ours['span']:5.1f} ({pub['span']:5.1f}) {ours['duration']:7.1f} ({pub['duration']:6.1f})"
             f" {ours['peak']:8,} ({pub['peak']:7,.0f}) {ours['batch']:6,} ({pub['batch']:5.0f})"
         )
+        if args.detail > 0:
+            print("\n".join(detail(ours, args.detail)))
         if not math.isnan(pub["peak"]):
             ratios.append(ours["peak"] / pub["peak"])
     if ratios:

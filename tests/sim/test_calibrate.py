@@ -209,6 +209,9 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("tiny-sgl-c2 ") and "(    100)" in out[1]
     assert out[-1].startswith("peak output tok/s dsakv / published: geometric mean ")
+    assert phases.main(["--anchors", path, "--peaks", str(peaks), "--detail", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("    request     0: admitted ") and out[4].startswith("    running at 0.0 s: ")
 
 
 def test_an_empty_kv_takes_the_engines_default_bf16_cache(calibrate):
