@@ -1,6 +1,6 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
 
-    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID]
+    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--source-settings]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
@@ -16,6 +16,8 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 (``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step. ``mem`` empty = the engine's
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16).
+``--source-settings`` empties the cells a row's source leaves unset (``SOURCE_UNSET``: ``mem`` and ``kv`` of the
+gpustack rows) before the replay.
 
 Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
 DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
@@ -179,6 +181,22 @@ def engine_chunk_tokens(anchor: dict) -> int:
     if policy_of(anchor) == "mixed":
         return 8192
     return sglang_chunked_prefill_size(gpu_kind(anchor["gpu"]).memory_bytes / 2**20) // _int(anchor.get("dp"), 1)
+
+
+# Cells whose source's launch commands leave the setting unset, by a substring of the row's ``src``: gpustack's
+# DeepSeek-V3.2 H200 page prints `vllm serve deepseek-ai/DeepSeek-V3.2 -tp 8 --tokenizer-mode deepseek_v32
+# --reasoning-parser deepseek_v3` (vLLM v0.13.0) and an SGLang v0.5.6.post2 command with `--tp-size 8 --dp-size 8
+# --enable-dp-attention --context-length=32768 --attention-backend nsa ...`: neither sets the memory fraction nor the
+# KV-cache dtype (docs/steptime.md, facts 17 and 19), so the rows' `mem` and `kv` cells are not the runs' settings.
+SOURCE_UNSET = (("gpustack", ("mem", "kv")),)
+
+
+def source_settings(anchor: dict) -> dict:
+    """The row as its source launched the engine: the cells its source's command leaves unset (``SOURCE_UNSET``)
+    emptied, so the replay takes the engine's own defaults for them (``engine_mem_fraction``, ``engine_kv_dtype``)."""
+    src = (anchor.get("src") or "").lower()
+    unset = {column for key, columns in SOURCE_UNSET if key in src for column in columns}
+    return {k: ("" if k in unset else v) for k, v in anchor.items()}
 
 
 def engine_mem_fraction(anchor: dict) -> float:
@@ -384,11 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
+    ap.add_argument(
+        "--source-settings",
+        action="store_true",
+        help="empty the cells the rows' sources leave unset (SOURCE_UNSET): the engines' defaults replace them",
+    )
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
         with path.open(newline="") as f:
             anchors = list(csv.DictReader(f))
+        if args.source_settings:
+            anchors = [source_settings(a) for a in anchors]
         if args.only:
             keep = set(args.only.split(","))
             anchors = [a for a in anchors if a["id"] in keep]

@@ -204,6 +204,25 @@ def test_vllm_bf16_cache_runs_every_query_through_the_sparse_prefill_kernel(dsv3
         RooflineStepTime(dsv32, mla_mixed_batch=True, mla_prefill_kernel_all=True)
 
 
+def test_padded_sparse_prefill_on_b200_takes_vllms_measured_kernel_time(dsv32):
+    # vllm-project/vllm#33451 (vLLM's attention benchmark, mla_prefill config): FLASHMLA_SPARSE, the bf16-cache path,
+    # 16 query heads per rank (TP8), one layer: 8 requests x 512 new tokens 1.609 ms, 4 x 2,048 3.174 ms, 8 x 1,024
+    # 3.175 ms. On Blackwell the kernel pads 16 heads to 128 and computes every top-k slot (facts 2, 8, 19): priced at
+    # FlashMLA's published sparse-prefill rate the padded work takes the measured time, whatever the prompts' length.
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    b200 = gpu_kind("B200")
+    assert b200.mla_head_pad == 128
+    st = RooflineStepTime(bf16, b200, mla_prefill_kernel_all=True, mla_padded_topk=True)
+    layers = bf16.num_attention_layers
+    for chunks, measured_s in (([(512, 0)] * 8, 1.609e-3), ([(2048, 0)] * 4, 3.174e-3), ([(1024, 0)] * 8, 3.175e-3)):
+        tokens = sum(n for n, _ in chunks)
+        flops = tokens * 2048 * 128 * 2 * (512 + 64 + 512)  # every token: top-k 2048 slots x 128 padded heads
+        compute = flops / (b200.bf16_flops * st.mla_prefill_eff)
+        per_layer = st.cost(chunks, []).seconds["sparse_mla"] / layers
+        assert per_layer == pytest.approx(compute)  # compute-bound: the padded FLOPs at the published rate
+        assert per_layer == pytest.approx(measured_s, rel=0.02)
+
+
 def test_vllm_prefill_kernel_all_follows_the_cache_dtype(dsv32):
     from dsakv.sim.steptime import vllm_prefill_kernel_all
 
