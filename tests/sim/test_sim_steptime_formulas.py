@@ -213,6 +213,7 @@ def test_padded_sparse_prefill_on_b200_takes_vllms_measured_kernel_time(dsv32):
     b200 = gpu_kind("B200")
     assert b200.mla_head_pad == 128
     st = RooflineStepTime(bf16, b200, mla_prefill_kernel_all=True, mla_padded_topk=True)
+    assert b200.bf16_flops * st.mla_prefill_eff == pytest.approx(1450e12, rel=0.01)  # README: "1450 TFlops on B200"
     layers = bf16.num_attention_layers
     for chunks, measured_s in (([(512, 0)] * 8, 1.609e-3), ([(2048, 0)] * 4, 3.174e-3), ([(1024, 0)] * 8, 3.175e-3)):
         tokens = sum(n for n, _ in chunks)
