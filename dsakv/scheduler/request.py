@@ -150,6 +150,7 @@ class Request:
         "offloaded_tokens",
         "estimated_pages",
         "key",
+        "key_page_digest",
         "extra_key",
         "cache_salt",
         "page_hashes",
@@ -166,12 +167,14 @@ class Request:
         step: int,
         extra_key: NamespacePart = None,
         cache_salt: NamespacePart = None,
+        key_page_digest: int = 0,
     ) -> None:
         self.id = request_id
         self.prompt = prompt
         self.extra_key = extra_key  # the prefix-cache namespace: (extra_key, cache_salt)
         self.cache_salt = cache_salt
         self.key: RadixKey | None = None  # RadixKey of tokens[:key.num_tokens], the prompt at least (radix_key)
+        self.key_page_digest = key_page_digest  # the prefix cache's kind of key (RadixCache.page_digest)
         self.prompt_len = len(prompt)
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
@@ -231,7 +234,7 @@ class Request:
         if key is None:
             prompt = self.prompt  # a compact prompt (not a list or an array) is expanded here, once
             tokens = prompt if isinstance(prompt, list | tuple | np.ndarray) else np.asarray(prompt)
-            key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt)
+            key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt, page_digest=self.key_page_digest)
         if end > key.num_tokens:
             key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
         return key if end == key.num_tokens else key.prefix(end)

@@ -85,8 +85,9 @@ class Cluster:
         self.analytic_decode = analytic_decode
         self.dp = setup.setting.dp_attention
         n = cfg.instances
+        digest = setup.page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
         self.router = router or make_router(
-            cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay
+            cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay, digest
         )
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
