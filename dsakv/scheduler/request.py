@@ -12,7 +12,8 @@ A running request always has ``num_computed < len(tokens)``: the last token's KV
 step, which also yields the next token. A finished request drops its prompt and its key (a long trace must
 not keep every prompt alive); ``outputs`` and ``stats`` remain.
 
-With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens, encoded once: the prompt
+With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens (of the cache's kind: token keys
+or page digests, ``key_page_digest``), encoded once: the prompt
 at its first match (not at arrival: a long waiting queue would hold every prompt twice), each output token
 the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
 encoded twice. The key carries the request's namespace (``extra_key``, ``cache_salt``): every lookup and
