@@ -7,7 +7,8 @@ Prints one summary line with units (``--json``: ``requests``, ``wall_s``, ``requ
 ``peak_rss_bytes``, ``hit_tokens`` and the run's other figures). ``wall_s`` covers reading the trace, the
 simulation and the summary; ``peak_rss_bytes`` is the process's peak resident set (``getrusage``).
 
-    python bench/cluster.py --scale K [--instances N] [--router R] [--trace PATH] [--no-analytic] [--json]
+    python bench/cluster.py --scale K [--instances N] [--router R] [--trace PATH] [--no-analytic]
+        [--page-keys {digest,tokens}] [--json]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from dsakv.cache.radix import PAGE_KEYS
 from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.routing import ROUTERS
@@ -51,11 +53,17 @@ def main() -> None:
         action="store_true",
         help="step every decode step one by one (the baseline; the default advances runs of them at once)",
     )
+    ap.add_argument(
+        "--page-keys",
+        default=SimConfig.page_keys,
+        choices=PAGE_KEYS,
+        help="what the radix trees key a page on (SimConfig.page_keys; default: digests)",
+    )
     args = ap.parse_args()
     if args.scale < 1 or (args.instances is not None and args.instances < 1):
         ap.error("--scale and --instances must be positive integers")
     instances = args.instances or INSTANCES_PER_COPY * args.scale
-    cfg = SimConfig(instances=instances, router=args.router)
+    cfg = SimConfig(instances=instances, router=args.router, page_keys=args.page_keys)
     t0 = time.perf_counter()
     if args.trace:
         base, what = list(MooncakeTrace(args.trace)), f"trace {Path(args.trace).name}"
@@ -76,6 +84,7 @@ def main() -> None:
         "instances": instances,
         "router": args.router,
         "analytic_decode": analytic,
+        "page_keys": args.page_keys,
         "source": what,
         "hit_rate_tokens": s["hit_rate_tokens"],
         "finished": s["finished"],

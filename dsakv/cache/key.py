@@ -1,9 +1,21 @@
-"""``RadixKey``: a prompt's token ids in the fixed byte encoding the radix tree keys on, plus its namespace.
+"""``RadixKey``: a prompt's token ids in the fixed byte encoding, the bytes the radix tree keys on, and
+its namespace.
 
-Token ids are stored once as unsigned 32-bit little-endian bytes (ids must lie in ``0 .. 2**32 - 1``).
-The tree compares these bytes directly: a page is ``4 * page_size`` bytes, a run of pages one slice, so
-matching a node costs one dictionary lookup and one ``memcmp`` however many pages it holds, and the key
-is built once per request (``match`` and ``insert`` both accept a ``RadixKey`` in place of token ids).
+Token ids are stored once as unsigned 32-bit little-endian bytes (ids must lie in ``0 .. 2**32 - 1``),
+``token_data``. The tree compares ``data``, a run of fixed-size page keys, so matching a node costs one
+dictionary lookup and one ``memcmp`` however many pages it holds, and the key is built once per request
+(``match`` and ``insert`` both accept a ``RadixKey`` in place of token ids). ``data`` is one of two kinds:
+
+* token keys (``page_digest == 0``, the default): ``data`` is ``token_data`` itself, a page's key its
+  ``4 * page_size`` token bytes: exact;
+* page digests (``page_digest == page_size``): ``data`` holds, for each full page, the 16-byte xxh3_128
+  digest of the page's token bytes (``PAGE_DIGEST_BYTES``; 16 B instead of 256 for a 64-token page), so a
+  tree that keys on digests holds 16 bytes a cached page. The path from the root gives a page's position,
+  so a digest needs no chaining. Two different pages share a digest with probability ``2**-128``: over the
+  ``10**12`` pairs of pages that even a large cluster's trees compare in a day the chance of any collision is
+  below ``10**-26``, far below the hardware's own error rates; still, the engine keeps exact token keys by
+  default and the simulator takes digests for their memory (``dsakv.sim.config.SimConfig.page_keys``).
+  A partial last page has no digest yet: ``extended`` digests each page once its last token arrives.
 """
 
 from __future__ import annotations
@@ -13,12 +25,14 @@ from array import array
 from collections.abc import Sequence
 
 import numpy as np
+import xxhash
 
 from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.errors import DsakvError
 
 TOKEN_BYTES = 4  # bytes per token id in the key encoding (uint32 little-endian)
 MAX_TOKEN_ID = 2**32 - 1
+PAGE_DIGEST_BYTES = 16  # xxh3_128 of a page's token bytes: the key of one page in a digest-keyed tree
 
 _ARRAY_CODE = next(c for c in "IL" if array(c).itemsize == TOKEN_BYTES)
 _SWAP = sys.byteorder != "little"
@@ -47,26 +61,50 @@ def _encode(tokens: Tokens) -> bytes:
     return arr.tobytes()
 
 
+def page_digests(token_data: bytes, first_page: int, end_page: int, page_size: int) -> bytes:
+    """The digests (``PAGE_DIGEST_BYTES`` each) of pages ``first_page .. end_page - 1`` of ``token_data``."""
+    page_bytes = page_size * TOKEN_BYTES
+    rows = np.frombuffer(token_data, np.uint8, (end_page - first_page) * page_bytes, first_page * page_bytes)
+    return b"".join(map(xxhash.xxh3_128_digest, rows.reshape(-1, page_bytes)))  # one row a page: no slicing
+
+
 class RadixKey:
     """Immutable token ids (as bytes) and namespace of one prompt; build once, pass to match and insert.
 
     ``extra_key`` and ``cache_salt`` (None, str, bytes or int) select the namespace: keys in different
-    namespaces never share a page.
+    namespaces never share a page. ``page_digest``: 0 for token keys, or the page size whose full pages
+    ``data`` holds as digests (see the module docstring); a cache takes only keys of its own kind
+    (``RadixCache.key`` builds one).
     """
 
-    __slots__ = ("data", "num_tokens", "extra_key", "cache_salt", "namespace")
+    __slots__ = ("data", "token_data", "num_tokens", "page_digest", "extra_key", "cache_salt", "namespace")
 
-    def __init__(self, tokens: Tokens, extra_key: NamespacePart = None, cache_salt: NamespacePart = None) -> None:
+    def __init__(
+        self,
+        tokens: Tokens,
+        extra_key: NamespacePart = None,
+        cache_salt: NamespacePart = None,
+        *,
+        page_digest: int = 0,
+    ) -> None:
         if type(tokens) is not list and (
             isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | np.ndarray)
         ):
             raise DsakvError(f"tokens: got {type(tokens).__name__}: must be a list or 1-D array of integer token ids")
         if len(tokens) == 0:
             raise DsakvError("tokens: empty key: a key needs at least one token id")
+        if isinstance(page_digest, bool) or not isinstance(page_digest, int) or page_digest < 0:
+            raise DsakvError(f"page_digest = {page_digest!r}: must be 0 (token keys) or a page size > 0 (digests)")
         check_namespace_part("extra_key", extra_key)
         check_namespace_part("cache_salt", cache_salt)
-        self.data = _encode(tokens)
-        self.num_tokens = len(self.data) // TOKEN_BYTES
+        self.token_data = _encode(tokens)
+        self.num_tokens = len(self.token_data) // TOKEN_BYTES
+        self.page_digest = page_digest
+        self.data = (
+            page_digests(self.token_data, 0, self.num_tokens // page_digest, page_digest)
+            if page_digest
+            else self.token_data
+        )
         self.extra_key = extra_key
         self.cache_salt = cache_salt
         self.namespace = (extra_key, cache_salt)
@@ -75,32 +113,50 @@ class RadixKey:
         return self.num_tokens
 
     def prefix(self, num_tokens: int) -> RadixKey:
-        """The key of the first ``num_tokens`` tokens, same namespace: a slice of ``data``, nothing re-encoded."""
+        """The key of the first ``num_tokens`` tokens, same namespace and kind: slices, nothing re-encoded."""
         if not 0 < num_tokens <= self.num_tokens:
             raise DsakvError(f"num_tokens = {num_tokens!r}: must lie in 1..{self.num_tokens}, the key's length")
-        return self._with_data(self.data[: num_tokens * TOKEN_BYTES])
+        token_data = self.token_data[: num_tokens * TOKEN_BYTES]
+        ps = self.page_digest
+        return self._with_data(token_data, self.data[: num_tokens // ps * PAGE_DIGEST_BYTES] if ps else token_data)
 
     def extended(self, tokens: Tokens) -> RadixKey:
-        """This key followed by ``tokens``, same namespace: only ``tokens`` are encoded (and range-checked)."""
-        return self._with_data(self.data + _encode(tokens))
+        """This key followed by ``tokens``, same namespace and kind: only ``tokens`` are encoded (and
+        range-checked), and only the pages they complete are digested."""
+        token_data = self.token_data + _encode(tokens)
+        ps = self.page_digest
+        if not ps:
+            return self._with_data(token_data, token_data)
+        end = len(token_data) // (ps * TOKEN_BYTES)
+        return self._with_data(token_data, self.data + page_digests(token_data, self.num_tokens // ps, end, ps))
 
-    def _with_data(self, data: bytes) -> RadixKey:
+    def _with_data(self, token_data: bytes, data: bytes) -> RadixKey:
         key = object.__new__(RadixKey)
-        key.data, key.num_tokens = data, len(data) // TOKEN_BYTES
+        key.token_data, key.data, key.num_tokens = token_data, data, len(token_data) // TOKEN_BYTES
+        key.page_digest = self.page_digest
         key.extra_key, key.cache_salt, key.namespace = self.extra_key, self.cache_salt, self.namespace
         return key
 
     def tokens(self) -> list[int]:
         """The token ids as a list (decoded; for tests and debugging)."""
-        return np.frombuffer(self.data, dtype="<u4").tolist()
+        return np.frombuffer(self.token_data, dtype="<u4").tolist()
 
     def __repr__(self) -> str:
-        return f"RadixKey({self.num_tokens} tokens, extra_key={self.extra_key!r}, cache_salt={self.cache_salt!r})"
+        kind = f", page digests of {self.page_digest} tokens" if self.page_digest else ""
+        return f"RadixKey({self.num_tokens} tokens, extra_key={self.extra_key!r}, cache_salt={self.cache_salt!r}{kind})"
 
 
-def as_key(tokens: Tokens | RadixKey, extra_key: NamespacePart, cache_salt: NamespacePart) -> RadixKey:
-    """``tokens`` as a ``RadixKey``; a key passed in keeps its namespace (then extra_key/cache_salt must be None)."""
+def as_key(
+    tokens: Tokens | RadixKey, extra_key: NamespacePart, cache_salt: NamespacePart, page_digest: int = 0
+) -> RadixKey:
+    """``tokens`` as a ``RadixKey`` of kind ``page_digest``; a key passed in keeps its namespace (then
+    extra_key/cache_salt must be None) and must be of that kind."""
     if type(tokens) is RadixKey:
+        if tokens.page_digest != page_digest:
+            raise DsakvError(
+                f"key: {tokens!r} is keyed by {_kind(tokens.page_digest)}; this cache keys by "
+                f"{_kind(page_digest)}: build keys with the cache's key()"
+            )
         if extra_key is not None or cache_salt is not None:
             if (extra_key, cache_salt) != tokens.namespace:
                 raise DsakvError(
@@ -108,4 +164,8 @@ def as_key(tokens: Tokens | RadixKey, extra_key: NamespacePart, cache_salt: Name
                     f"namespace {tokens.namespace!r}; pass None or the same values"
                 )
         return tokens
-    return RadixKey(tokens, extra_key, cache_salt)
+    return RadixKey(tokens, extra_key, cache_salt, page_digest=page_digest)
+
+
+def _kind(page_digest: int) -> str:
+    return f"digests of {page_digest}-token pages" if page_digest else "token ids"

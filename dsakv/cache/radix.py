@@ -1,7 +1,8 @@
 """Radix prefix cache over pages (RadixAttention semantics) with lockstep eviction through the allocator.
 
 The tree holds page ids and token ids only. Each node holds a run of whole pages: ``key`` is their
-token bytes (see ``key.py`` and ``tree.py``), ``pages`` their page ids. A tail shorter than a page never enters the
+token bytes, or with ``page_keys="digest"`` their 16-byte digests (see ``key.py`` and ``tree.py``), ``pages``
+their page ids. A tail shorter than a page never enters the
 tree. Both caches (main KV and indexer K) of a page id live and die together, so freeing a page through
 the ``PageAllocator`` frees both at once.
 
@@ -53,7 +54,7 @@ from dsakv.cache.events import (
     token_ids,
 )
 from dsakv.cache.eviction import POLICIES, get_policy
-from dsakv.cache.key import RadixKey, Tokens, as_key
+from dsakv.cache.key import TOKEN_BYTES, RadixKey, Tokens, as_key
 from dsakv.cache.metrics import CacheMetrics
 from dsakv.cache.state import RadixState
 from dsakv.cache.tree import (
@@ -74,12 +75,19 @@ from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.layout import ceil_div
 
 INSERT_MODES = ("finish", "allocate")
+PAGE_KEYS = ("tokens", "digest")
 
 
 class RadixCache(RadixState):
     """Prefix cache over the pages of one ``PageAllocator``. Not thread-safe: one scheduler drives it.
 
-    The state it keeps (tree roots, counters, in-tree flags, eviction heap) is ``RadixState``'s."""
+    The state it keeps (tree roots, counters, in-tree flags, eviction heap) is ``RadixState``'s.
+
+    ``page_keys`` says what the tree keys a page on: ``"tokens"`` (the default), its token ids, exact; or
+    ``"digest"``, the 16-byte xxh3_128 digest of its token bytes (16 B a page instead of ``4 * page_size``;
+    ``key.py`` says why a collision is negligible). The two give the same matches, evictions and page ids,
+    and the same events (page hashes chain over the tokens either way). Keys passed in must be of the
+    cache's kind: build them with ``key()``. Speculative (bigram) mode takes token keys only."""
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class RadixCache(RadixState):
         speculative: bool = False,
         hash_name: str = "xxh3_64",
         event_sink: Callable[[CacheEvent], None] | None = None,
+        page_keys: str = "tokens",
     ) -> None:
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
@@ -100,10 +109,27 @@ class RadixCache(RadixState):
         hash_fn = get_hash(hash_name)
         if event_sink is not None and not callable(event_sink):
             raise DsakvError(f"event_sink = {event_sink!r}: must be a callable taking one event, or None")
-        super().__init__(allocator, policy, speculative, hash_fn, event_sink)
+        check_choice("page_keys", page_keys, PAGE_KEYS)
+        if page_keys == "digest" and speculative:
+            raise DsakvError(
+                "page_keys = 'digest': speculative (bigram) keys reach one token into the next page; "
+                "use page_keys = 'tokens' with speculative = True"
+            )
+        super().__init__(allocator, policy, speculative, hash_fn, event_sink, page_keys == "digest")
         self.insert_mode = insert_mode
+        self.page_keys = page_keys
         self.hash_name = hash_name
         self.metrics = CacheMetrics()
+
+    def key(self, tokens: Tokens, extra_key: NamespacePart = None, cache_salt: NamespacePart = None) -> RadixKey:
+        """``tokens`` in namespace ``(extra_key, cache_salt)`` as a ``RadixKey`` of this cache's kind
+        (``page_keys``): build it once per request and pass it to every match and insert."""
+        return RadixKey(tokens, extra_key, cache_salt, page_digest=self._page_digest)
+
+    @property
+    def page_digest(self) -> int:
+        """The ``RadixKey.page_digest`` of the keys this cache takes: 0 (token keys) or the page size (digests)."""
+        return self._page_digest
 
     # ----- sizes ---------------------------------------------------------------------------------
     @property
@@ -171,7 +197,7 @@ class RadixCache(RadixState):
         ``peek``. A namespace that holds nothing gets a shared placeholder node (no root is made for it)."""
         if leave_one is not True and leave_one is not False:
             raise DsakvError(f"leave_one = {leave_one!r}: must be True or False")
-        key = as_key(tokens, extra_key, cache_salt)
+        key = as_key(tokens, extra_key, cache_salt, self._page_digest)
         n, ps = key.num_tokens, self.page_size
         self._tick += 1
         root = self._roots.get(key.namespace)
@@ -210,7 +236,7 @@ class RadixCache(RadixState):
 
         Read-only: no lookup counted, no access tick or hit count, no split, no namespace root made. A
         scheduler peeks to decide whether a request fits and matches only once it is admitted."""
-        return lookup.peek(self, as_key(tokens, extra_key, cache_salt), leave_one)
+        return lookup.peek(self, as_key(tokens, extra_key, cache_salt, self._page_digest), leave_one)
 
     def cached_pages(self, tokens: Tokens | RadixKey, node: Node | None = None, node_pages: int = 0) -> int:
         """How many of the key's ``full_pages(n)`` pages the tree holds, as ``insert`` would count them
@@ -222,7 +248,7 @@ class RadixCache(RadixState):
         namespace's root, which may exist by now). Without ``node`` the walk starts at the root."""
         if node is not None and (not isinstance(node, Node) or not node.alive):
             raise DsakvError(f"cached_pages: node {node!r} is not in the cache; pass a node you hold locked")
-        return lookup.cached_pages(self, as_key(tokens, None, None), node, node_pages)
+        return lookup.cached_pages(self, as_key(tokens, None, None, self._page_digest), node, node_pages)
 
     def lock(self, node: Node) -> None:
         """Pin ``node`` and its ancestors: locked pages are never evicted. Balance with ``unlock(node)``.
@@ -278,7 +304,7 @@ class RadixCache(RadixState):
         replaced: the caller's copies of them come back in ``duplicate_pages`` for the caller to free;
         pages past ``full_pages(n)`` (the unaligned tail) stay the caller's. The new pages are unlocked.
         ``result.pages`` are the tree's ids of the key's full pages (see ``InsertResult``)."""
-        key = as_key(tokens, extra_key, cache_salt)
+        key = as_key(tokens, extra_key, cache_salt, self._page_digest)
         if type(pages) is not list:
             if isinstance(pages, str | bytes) or not isinstance(pages, Iterable):
                 raise DsakvError(f"pages = {pages!r}: must be a list or 1-D array of page ids")
@@ -318,12 +344,11 @@ class RadixCache(RadixState):
             self._nodes += 1
             self._evictable += len(new) * ps
             self.metrics.inserted_tokens += len(new) * ps
-            if self.event_sink is not None:
-                parent_hash = node.hashes[-1]
-                child.hashes = chain_hashes(
-                    self._hash_fn, parent_hash, child.key, page_key_bytes, page_key_bytes, len(new)
-                )
-                tokens = token_ids(child.key[: len(new) * page_key_bytes])
+            if self.event_sink is not None:  # hashes chain over the tokens, whatever the tree keys on
+                parent_hash, page_bytes = node.hashes[-1], ps * TOKEN_BYTES
+                data = key.token_data[matched * page_bytes : npages * page_bytes]
+                child.hashes = chain_hashes(self._hash_fn, parent_hash, data, page_bytes, page_bytes, len(new))
+                tokens = token_ids(data)
                 event = PagesStored(
                     tuple(child.hashes), parent_hash, tuple(new), ps, tokens, matched, key.extra_key, key.cache_salt
                 )
@@ -395,5 +420,6 @@ __all__ = [
     "EvictResult",
     "Node",
     "INSERT_MODES",
+    "PAGE_KEYS",
     "POLICIES",
 ]

@@ -7,7 +7,8 @@ it and nothing else, so neither the tree code nor the check needs the façade. T
 
 Key geometry (see ``tree.py``): a page's key is ``page_key_bytes = TOKEN_BYTES * page_size`` bytes of token
 ids; in speculative mode a page is keyed on bigrams, so its key reaches ``key_overhang = TOKEN_BYTES``
-bytes (one token) into the next page; otherwise ``key_overhang = 0``.
+bytes (one token) into the next page; otherwise ``key_overhang = 0``. With page digests (``page_digest =
+page_size``, ``key.py``) a page's key is its ``PAGE_DIGEST_BYTES``-byte digest and ``key_overhang = 0``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import CacheEvent, HashFn, SinkFailure, chain_seed
 from dsakv.cache.eviction import EvictionPolicy, LeafHeap
-from dsakv.cache.key import TOKEN_BYTES, RadixKey
+from dsakv.cache.key import PAGE_DIGEST_BYTES, TOKEN_BYTES, RadixKey
 from dsakv.cache.tree import Node, Root, evictable_leaf, iter_nodes, split
 
 HEAP_SLACK = 4  # rebuild the lazy heap when it holds this many entries per live node (plus a constant)
@@ -53,6 +54,7 @@ class RadixState:
         speculative: bool,
         hash_fn: HashFn,
         event_sink: Callable[[CacheEvent], None] | None,
+        page_digest: bool = False,
     ) -> None:
         self.allocator = allocator
         self.page_size = allocator.page_size
@@ -60,7 +62,8 @@ class RadixState:
         self.speculative = speculative
         self.event_sink = event_sink
         self._hash_fn = hash_fn
-        self._page_key_bytes = self.page_size * TOKEN_BYTES
+        self._page_digest = self.page_size if page_digest else 0  # the kind of RadixKey the tree takes
+        self._page_key_bytes = PAGE_DIGEST_BYTES if page_digest else self.page_size * TOKEN_BYTES
         self._key_overhang = TOKEN_BYTES if speculative else 0
         self._heap: LeafHeap[Node] = LeafHeap(eviction_policy.key)
         # events the sink raised on (the latest SINK_FAILURES_KEPT) and how many in all; a reset keeps them

@@ -67,7 +67,7 @@ def extend_hashes(hash_fn: HashFn, key: RadixKey, page_size: int, num_pages: int
     if num_pages > have:
         parent = known[-1] if known else chain_seed(hash_fn, key.extra_key, key.cache_salt)
         page_bytes = 4 * page_size
-        data = key.data[have * page_bytes : num_pages * page_bytes]
+        data = key.token_data[have * page_bytes : num_pages * page_bytes]
         known += chain_hashes(hash_fn, parent, data, page_bytes, page_bytes, num_pages - have)
     return known
 

@@ -15,18 +15,26 @@ bytes comparison for the whole run, however many pages it holds::
 
 Invariant: all pages of a node share its access tick, hit count, creation tick and priority (a match or
 insert that ends inside a node splits it first), so policies can key on the node.
+
+A node's ``pages`` is an ``array`` of 8-byte page ids (``PAGE_ID_CODE``), not a list: a full tree costs 8 bytes
+a page for them instead of a Python int and a pointer (≈ 40 bytes), and holds no object the garbage collector
+walks. The results handed out (``MatchResult.pages``, ``InsertResult.pages``, ``path_pages``) are lists.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from dsakv.cache.eviction import LeafHeap
 
+PAGE_ID_CODE = "q"  # array type code of a node's page ids (the allocator's free stack uses the same)
+
 
 class Node:
-    """A run of whole pages. ``lock_ref`` counts locks on this node and on its descendants, ``own_locks``
+    """A run of whole pages (``pages``: their ids, an ``array``). ``lock_ref`` counts locks on this node and on
+    its descendants, ``own_locks``
     those on this node itself (``lock_ref == own_locks + sum of the children's lock_ref``). A namespace root
     records the cache it belongs to in ``owner`` (None on every other node)."""
 
@@ -34,7 +42,7 @@ class Node:
     __slots__ += ("seq", "hashes", "alive", "own_locks", "owner")
 
     def __init__(
-        self, key: bytes | bytearray, ckey: bytes, pages: list[int], parent: Node | None, tick: int, seq: int
+        self, key: bytes | bytearray, ckey: bytes, pages: array, parent: Node | None, tick: int, seq: int
     ) -> None:
         self.key = key  # token bytes of the pages (+ one token in speculative mode); a bytearray once trimmed
         self.ckey = ckey  # key of this node in parent.children: its first page's key
@@ -66,7 +74,7 @@ class Root(Node):
     __slots__ = ("namespace",)
 
     def __init__(self, namespace: tuple, seq: int) -> None:
-        super().__init__(b"", b"", [], None, 0, seq)
+        super().__init__(b"", b"", array(PAGE_ID_CODE), None, 0, seq)
         self.namespace = namespace
 
 
@@ -207,13 +215,13 @@ def reconcile_pages(
     pos = 0
     for nd in path:  # usually the caller's prefix pages are the tree's: compare node by node
         k = len(nd.pages)
-        if pages[pos : pos + k] != nd.pages:
+        if pages[pos : pos + k] != nd.pages.tolist():
             break
         pos += k
     else:
-        if part is None or pages[pos : pos + m] == part.pages[:m]:
+        if part is None or pages[pos : pos + m] == part.pages[:m].tolist():
             return [], pages[:npages]
-    cached = [p for nd in path for p in nd.pages] + (part.pages[:m] if part is not None else [])
+    cached = [p for nd in path for p in nd.pages] + (part.pages[:m].tolist() if part is not None else [])
     dup = [p for p, q in zip(pages, cached) if p != q]
     return dup, cached + pages[matched:npages]
 
@@ -327,6 +335,7 @@ def add_child(
     """Hang a new node holding pages ``first .. end - 1`` of key ``data`` (their ids ``pages``) under ``parent``."""
     start = first * page_key_bytes
     ckey = data[start : start + page_key_bytes + key_overhang]
-    child = Node(data[start : end * page_key_bytes + key_overhang], ckey, pages, parent, tick, seq)
+    key = data[start : end * page_key_bytes + key_overhang]
+    child = Node(key, ckey, array(PAGE_ID_CODE, pages), parent, tick, seq)
     parent.children[child.ckey] = child
     return child

@@ -18,7 +18,7 @@ import sys
 from rich.console import Console
 
 from dsakv.cache.eviction import POLICIES
-from dsakv.cache.radix import INSERT_MODES
+from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import WRITE_POLICIES
 from dsakv.cli.gpu_args import (
     add_gpu_arguments,
@@ -88,6 +88,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="insert into the prefix cache at finish or allocation",
     )
     s.add_argument("--no-prefix-cache", action="store_true", help="run without a prefix cache")
+    s.add_argument(
+        "--page-keys",
+        default=DEFAULT.page_keys,
+        choices=PAGE_KEYS,
+        help="what the radix trees key a page on: a 16-byte digest of its tokens (less memory) or the exact "
+        "token ids; the figures are the same",
+    )
     s.add_argument("--preemption", default=DEFAULT.preemption, help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
     s.add_argument(
         "--chunk-tokens", default=str(DEFAULT.chunk_tokens), help="largest prefill chunk of one request per step"
@@ -238,6 +245,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         eviction_policy=args.eviction_policy,
         insert_mode=args.insert_mode,
         prefix_cache=not args.no_prefix_cache,
+        page_keys=args.page_keys,
         preemption=args.preemption,
         chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
         max_running=parse_int("--max-running", args.max_running),

@@ -12,7 +12,8 @@ A running request always has ``num_computed < len(tokens)``: the last token's KV
 step, which also yields the next token. A finished request drops its prompt and its key (a long trace must
 not keep every prompt alive); ``outputs`` and ``stats`` remain.
 
-With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens, encoded once: the prompt
+With a prefix cache the request carries ``key``, the ``RadixKey`` of its tokens (of the cache's kind: token keys
+or page digests, ``key_page_digest``), encoded once: the prompt
 at its first match (not at arrival: a long waiting queue would hold every prompt twice), each output token
 the first time a key reaches it. Every match and insert takes a slice of it (``radix_key``), so no token is
 encoded twice. The key carries the request's namespace (``extra_key``, ``cache_salt``): every lookup and
@@ -150,6 +151,7 @@ class Request:
         "offloaded_tokens",
         "estimated_pages",
         "key",
+        "key_page_digest",
         "extra_key",
         "cache_salt",
         "page_hashes",
@@ -166,12 +168,14 @@ class Request:
         step: int,
         extra_key: NamespacePart = None,
         cache_salt: NamespacePart = None,
+        key_page_digest: int = 0,
     ) -> None:
         self.id = request_id
         self.prompt = prompt
         self.extra_key = extra_key  # the prefix-cache namespace: (extra_key, cache_salt)
         self.cache_salt = cache_salt
         self.key: RadixKey | None = None  # RadixKey of tokens[:key.num_tokens], the prompt at least (radix_key)
+        self.key_page_digest = key_page_digest  # the prefix cache's kind of key (RadixCache.page_digest)
         self.prompt_len = len(prompt)
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
@@ -231,7 +235,7 @@ class Request:
         if key is None:
             prompt = self.prompt  # a compact prompt (not a list or an array) is expanded here, once
             tokens = prompt if isinstance(prompt, list | tuple | np.ndarray) else np.asarray(prompt)
-            key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt)
+            key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt, page_digest=self.key_page_digest)
         if end > key.num_tokens:
             key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
         return key if end == key.num_tokens else key.prefix(end)

@@ -102,7 +102,8 @@ class Scheduler(SchedulerState):
             check_request_id("", request_id)
             if request_id in self.live:
                 raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
-        req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps, extra_key, cache_salt)
+        digest = self.radix.page_digest if self.radix is not None else 0
+        req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps, extra_key, cache_salt, digest)
         self.stats.arrived += 1
         reason = never_fit_reason(
             req.prompt_len, max_new_tokens, self.page_size, self.allocator.num_pages, self.config.max_context

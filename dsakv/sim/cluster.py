@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsakv.cache.key import RadixKey
+from dsakv.sim.collector import rare_collections
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.frontend import FrontEnd
 from dsakv.sim.loads import TargetLoads
@@ -86,8 +87,9 @@ class Cluster:
         self.analytic_decode = analytic_decode
         self.dp = setup.setting.dp_attention
         n = cfg.instances
+        digest = setup.page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
         self.router = router or make_router(
-            cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay
+            cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay, digest
         )
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
@@ -450,13 +452,15 @@ def run_simulation(
     analytic_decode: bool = True,
 ) -> SimResult:
     """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated)
-    or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals)."""
+    or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals).
+    Python's young garbage collections are made rare meanwhile (``dsakv.sim.collector``)."""
     setup = setup or build_setup(cfg)
     run = dict(
         setup=setup, counters=counters, progress=progress, check_every=check_every, analytic_decode=analytic_decode
     )
-    if cfg.instances == 1 and setup.setting.dp_attention == 1 and cfg.kv_events is None:
-        result = simulate(cfg, requests, **run)
-        result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
-        return result
-    return simulate_cluster(cfg, requests, **run)
+    with rare_collections():
+        if cfg.instances == 1 and setup.setting.dp_attention == 1 and cfg.kv_events is None:
+            result = simulate(cfg, requests, **run)
+            result.summary.update(instances=1, router=cfg.router, load_imbalance=1.0)
+            return result
+        return simulate_cluster(cfg, requests, **run)

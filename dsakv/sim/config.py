@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from dsakv.cache.eviction import get_policy
-from dsakv.cache.radix import INSERT_MODES
+from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import DEFAULT_HIT_THRESHOLD, WRITE_THROUGH, WritePolicy
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.endpoint import check_instance_endpoints
@@ -72,7 +72,11 @@ class SimConfig:
     ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
     in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
-    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``)."""
+    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
+    trees key a page on (``RadixCache``): ``"digest"`` (the default), a 16-byte digest of its tokens, so a
+    cached page costs 16 bytes of key instead of ``4 x page_size`` and a thousand instances' trees fit in
+    memory; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
+    with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``)."""
 
     model: str | None = None
     config: str | None = None
@@ -115,6 +119,7 @@ class SimConfig:
     # sockets at kv_events_replay's port + i); None: in process. The figures are the same either way.
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    page_keys: str = "digest"
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -122,6 +127,7 @@ class SimConfig:
         get_policy(self.eviction_policy)
         check_mode(self.preemption)
         check_choice("insert_mode", self.insert_mode, INSERT_MODES)
+        check_choice("page_keys", self.page_keys, PAGE_KEYS)
         check_choice("step_model", self.step_model, STEP_MODELS)
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
@@ -187,6 +193,12 @@ class SimConfig:
                 "reads no events"
             )
         check_instance_endpoints("kv_events", self.kv_events, "kv_events_replay", self.kv_events_replay, self.instances)
+
+    @property
+    def radix_page_keys(self) -> str:
+        """What the radix trees key on: ``page_keys``, except token keys with MTP drafts (bigram keys reach one
+        token into the next page, which a page's digest cannot)."""
+        return "tokens" if self.mtp > 0 else self.page_keys
 
     @property
     def has_tiers(self) -> bool:

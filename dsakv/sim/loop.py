@@ -140,6 +140,7 @@ class Simulation:
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
                 event_sink=event_sink,  # a cluster's KV-aware router indexes the tree's events
+                page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
             )
         self.transfers, tiers = None, None
         if setup.tiers is not None:  # lower tiers: metadata indexes, priced by the transfer model

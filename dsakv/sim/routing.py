@@ -53,9 +53,11 @@ AFFINITY_BLOCKS = 2  # trace blocks naming a session: a shared system prompt, th
 HASH_NAME = "xxh3_64"  # the radix caches' event hash (RadixCache's default)
 
 
-def request_key(req: TraceRequest) -> RadixKey:
-    """The radix key the scheduler will build for ``req`` (its expanded prompt in its namespace)."""
-    return RadixKey(np.asarray(MooncakePrompt(req.hash_ids, req.input_length)), req.tenant, req.cache_salt)
+def request_key(req: TraceRequest, page_digest: int = 0) -> RadixKey:
+    """The radix key the scheduler will build for ``req`` (its expanded prompt in its namespace), of the
+    trees' kind ``page_digest`` (``RadixCache.page_digest``)."""
+    prompt = np.asarray(MooncakePrompt(req.hash_ids, req.input_length))
+    return RadixKey(prompt, req.tenant, req.cache_salt, page_digest=page_digest)
 
 
 class ClusterView(Protocol):
@@ -188,7 +190,7 @@ class KvAware:
         if n <= 0:
             return []
         seed = chain_seed(self._hash, *key.namespace)
-        return chain_hashes(self._hash, seed, key.data, 4 * ps, 4 * ps, n)
+        return chain_hashes(self._hash, seed, key.token_data, 4 * ps, 4 * ps, n)
 
     def _hits(self, key: RadixKey) -> dict[Hashable, int]:
         """Per worker, the leading pages of ``key`` it holds (workers holding none are absent)."""
@@ -234,9 +236,10 @@ class KvAware:
 @dataclass
 class Oracle:
     name: str = "oracle"
+    page_digest: int = 0  # the trees' kind of key (RadixCache.page_digest)
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
-        key = request_key(req)
+        key = request_key(req, self.page_digest)
         hits = [view.peek_hit_tokens(t, key) for t in range(view.num_targets)]
         best = max(hits)
         return least_loaded(view, [t for t, h in enumerate(hits) if h == best])
@@ -253,12 +256,16 @@ def make_router(
     speculative: bool,
     kv_events: str | None = None,
     kv_events_replay: str | None = None,
+    page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given."""
+    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle
+    peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
             cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
         )
-    return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity, "oracle": Oracle}[name]()
+    if name == "oracle":
+        return Oracle(page_digest=page_digest)
+    return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity}[name]()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pytest
 from cache_checks import check_all
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache, RadixKey
-from dsakv.cache.tree import path_pages
+from dsakv.cache.tree import PAGE_ID_CODE, path_pages
 from dsakv.errors import DsakvError
 
 PS = 4
@@ -47,7 +49,7 @@ def test_match_returns_longest_page_aligned_prefix_and_splits_the_node() -> None
     m = cache.match([1, 2, 3, 4, 5, 6, 7, 9, 9, 9])  # diverges inside page 1
     assert m.matched_tokens == 4 and len(m.pages) == 1
     assert cache.num_nodes == 2  # split after the first page
-    assert m.node.pages == m.pages
+    assert m.node.pages.tolist() == m.pages
     check_all(cache)
 
 
@@ -326,3 +328,15 @@ def test_numpy_page_ids_are_accepted_and_stored_as_ints() -> None:
     cache.insert(list(range(1, 9)), pages)
     assert all(type(p) is int for p in cache.match(list(range(1, 10))).pages)
     check_all(cache)
+
+
+def test_nodes_keep_page_ids_in_arrays_through_split_and_trim():
+    """A node's page ids are 8-byte array items, not Python ints, after every surgery; results are lists."""
+    _, cache = make()
+    serve(cache, list(range(1, 26)))  # 6 full pages
+    m = serve(cache, [*range(1, 9), 99, 99, 99, 99])  # splits after page 2
+    cache.evict(PS)  # trims one page off a leaf
+    nodes = list(cache._iter_nodes())
+    assert sorted(len(n.pages) for n in nodes) == [1, 2, 3]  # split 6 = 2 + 4, one page trimmed off the 4
+    assert all(type(n.pages) is array and n.pages.typecode == PAGE_ID_CODE for n in nodes)
+    assert type(m.pages) is list and type(path_pages(nodes[0])) is list

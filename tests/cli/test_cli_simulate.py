@@ -39,6 +39,15 @@ def test_stepping_every_decode_step_gives_the_same_figures(capsys):
     assert "--no-analytic-decode applies to one run" in capsys.readouterr().err
 
 
+def test_exact_token_keys_give_the_digest_keys_figures(capsys):
+    argv = SMALL + ["--pool-tokens", "12000", "--json"]  # a small pool: evictions happen
+    digest, tokens = _json(capsys, argv), _json(capsys, argv + ["--page-keys", "tokens"])
+    assert (digest["config"]["config"]["page_keys"], tokens["config"]["config"]["page_keys"]) == ("digest", "tokens")
+    assert digest["evicted_tokens"] > 0 and digest["hit_tokens"] > 0
+    digest.pop("config"), tokens.pop("config")
+    assert digest == tokens
+
+
 def test_frontend_latency_shifts_every_ttft(capsys):
     # Every request reaches the scheduler 0.5 s after its send: the engine runs the same steps 0.5 s later.
     a = _json(capsys, SMALL + ["--json"])
