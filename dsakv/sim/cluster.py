@@ -15,8 +15,8 @@ classes as a single run), stepped from here; the cluster adds what lies between 
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
 
-* **Runs.** An instance whose groups all decode plainly (or idle) starts a run of decode steps
-  (``Simulation.decode_run_steps``) and is next woken at its last end; a request routed to it before then
+* **Runs.** An instance whose groups all decode plainly (or idle; with one group per instance, the newest
+  request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next woken at its last end; a request routed to it before then
   cuts the run after the step in flight at its arrival (the steps starting before it are applied, as step
   by step). Nothing a router sees changes inside a run (no request leaves; with a router that watches the
   trees, KV-aware or oracle, no page enters or leaves them), so an arrival touches one instance's run only:
@@ -64,7 +64,7 @@ class Instance:
     # waiting requests (all groups) at step ends: the most, and the sum over steps (mean = sum / steps)
     peak_waiting: int = 0
     sum_waiting: int = 0
-    # a run of plain decode steps in flight (Cluster._start_run): its start and step ends, and its busy groups
+    # a run of steps in flight (Cluster._start_run): its start and step ends, and its busy groups
     run: tuple[list[float], list[Simulation]] | None = None
     version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
 
@@ -106,6 +106,9 @@ class Cluster:
         if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
             for _, sim in self.targets:
                 sim.evict_in_runs = False
+        if self.dp > 1:  # a group's chunk sizes would change every group's step time (the MoE's dp_tokens)
+            for _, sim in self.targets:
+                sim.chunks_in_runs = False
         self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
@@ -166,10 +169,10 @@ class Cluster:
             target, tokens = self._held.pop(rec.id)
             self._load.add(target, -tokens)
 
-    # ----- runs of plain decode steps ------------------------------------------------------------
+    # ----- runs of steps advanced at once ------------------------------------------------------
     def _start_run(self, inst: Instance, now: float) -> float | None:
-        """Start a run of plain decode steps of ``inst`` at ``now`` when every group is idle or in such a run
-        (``Simulation.decode_run_steps``) for two steps or more; returns the run's last end (None: no run).
+        """Start a run of steps of ``inst`` at ``now`` when every group is idle or in a run
+        (``Simulation.plan_run``) for two steps or more; returns the run's last end (None: no run).
 
         The run is applied when that end is reached, or cut by the first request routed to ``inst`` before
         it (``_cut_run``). Nothing the router sees changes inside a run (no request leaves, no page enters or
@@ -180,22 +183,24 @@ class Cluster:
         for sim in inst.groups:
             if sim.scheduler.is_idle:
                 continue
-            k = sim.decode_run_steps()
-            if k < 2:
+            run = sim.plan_run()
+            if run.steps < 2:
                 return None
-            busy.append(sim)
-            steps = k if steps is None or k < steps else steps
+            busy.append((sim, run))
+            steps = run.steps if steps is None or run.steps < steps else steps
         if not busy:
             return None
         dp_tokens = dp_decodes = None
         if self.dp > 1:  # as ``_step``: the MoE carries every busy group's decodes, the same each step of the run
             step_time = self.setup.step_time
-            dp_tokens = sum(step_time.step_tokens((), sim.scheduler.running) for sim in busy)
-            dp_decodes = sum(len(sim.scheduler.running) for sim in busy)
+            dp_tokens = sum(step_time.step_tokens((), sim.scheduler.running) for sim, _ in busy)
+            dp_decodes = sum(len(sim.scheduler.running) for sim, _ in busy)
         # lockstep: each step takes its slowest group's time (the same max as ``_step``'s, per step)
-        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps, dp_tokens, dp_decodes) for sim in busy))
+        seconds = functools.reduce(
+            np.maximum, (sim.run_seconds(run, steps, dp_tokens, dp_decodes) for sim, run in busy)
+        )
         ends = list(itertools.accumulate(seconds.tolist(), initial=now))
-        inst.run = (ends, busy)
+        inst.run = (ends, [sim for sim, _ in busy])
         return ends[-1]
 
     def _cut_run(self, inst: Instance, arrival_s: float) -> None:
@@ -214,7 +219,7 @@ class Cluster:
         done = ends[1 : steps + 1]
         for sim in inst.groups:
             if any(sim is b for b in busy):
-                sim.advance_decode(done)
+                sim.apply_run(done)
             else:
                 sim.observe_run(done)
         before = inst.steps

@@ -14,13 +14,14 @@ One iteration (``Simulation.run``)::
              loop jumps to the next arrival or load-back end
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
-Runs of plain decode steps (``analytic_decode``, on by default): when every running request decodes one
-token per step (nothing waiting or loading, no drafts, no lower tiers), the steps until the first one that
-finishes a request, needs a page the free list and the evictable cache cannot give, or starts at or after
-the next arrival are applied at once (``Scheduler.advance_decode``: the same pages, evictions and tokens in
-the same order; the step-time model prices the run as arrays, ``decode_run_seconds``; the clock adds the
-step times one by one). Records, timeline and figures equal stepping them one by one, bit for bit
-(tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
+Runs of steps (``analytic_decode``, on by default): when every running request decodes one token per step,
+or the newest one prefills a chunk per step beside them (the ``mixed`` policy; nothing waiting or loading, no
+drafts, no lower tiers), the steps until the first one that finishes a request, needs a page the free list
+and the evictable cache cannot give, or starts at or after the next arrival are applied at once (up to the
+prefilling request's last chunk, which samples its first token: ``Scheduler.advance_run``, the same pages,
+evictions and tokens in the same order; the step-time model prices the run as arrays, ``run_seconds``; the
+clock adds the step times one by one). Records, timeline and figures equal stepping them one by one, bit for
+bit (tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
 
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
@@ -62,6 +63,7 @@ from dsakv.cache.tiers import TierIndex, WritePolicy
 from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
+from dsakv.scheduler.runs import NO_RUN, RunPlan, RunTake
 from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, make_record, summarize
@@ -122,10 +124,13 @@ class Simulation:
         analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
-        self.analytic_decode = analytic_decode  # advance runs of plain decode steps at once (decode_run_steps)
+        self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
         # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
         # a router peeking at it: the cluster clears this then)
         self.evict_in_runs = event_sink is None
+        # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
+        # groups' chunks (a cluster of DP-attention groups clears this)
+        self.chunks_in_runs = True
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -340,52 +345,58 @@ class Simulation:
         self.observe(end)
         return end
 
-    # ----- runs of plain decode steps ---------------------------------------------------------------
-    def decode_run_steps(self) -> int:
-        """How many of the next steps form a run of plain decode steps (``Scheduler.decode_run_steps``) that
-        ``advance_decode`` applies at once; 0 when the analytic advance is off or the next step is not one.
-        Arrivals are the caller's to cut the run at."""
+    # ----- runs of steps advanced at once ------------------------------------------------------------
+    def plan_run(self) -> RunPlan:
+        """The next steps that form a run ``apply_run`` applies at once (``Scheduler.plan_run``: plain decode
+        steps, the newest request possibly prefilling a chunk a step); ``steps`` 0 when the analytic advance is
+        off or the next step is not one. Arrivals are the caller's to cut the run at."""
         if not self.analytic_decode or self._loads:
-            return 0
-        return self.scheduler.decode_run_steps(self.evict_in_runs)
+            return NO_RUN
+        return self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs)
 
-    def decode_run_seconds(self, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None) -> np.ndarray:
-        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step;
+    def run_seconds(
+        self, run: RunPlan, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    ) -> np.ndarray:
+        """Seconds of each of the first ``steps`` steps of ``run`` (``price`` of each, step by step;
         ``dp_tokens`` / ``dp_decodes`` as ``price``'s, the same every step of a run)."""
-        contexts = [req.prompt_len + len(req.outputs) for req in self.scheduler.running]
-        return self.setup.step_time.decode_run_seconds(contexts, steps, dp_tokens, dp_decodes)
+        decoding = self.scheduler.running[: -1 if run.chunks else None]
+        contexts = [req.prompt_len + len(req.outputs) for req in decoding]
+        return self.setup.step_time.run_seconds(contexts, steps, run.chunks, dp_tokens, dp_decodes)
 
-    def advance_decode(self, ends: Sequence[float]) -> None:
-        """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and
-        the timeline become what ``run_step`` step by step makes them (no request finishes or is admitted)."""
-        live, counters = self.live, self.counters
-        tokens = [live[req.id].output_ids[0] for req in self.scheduler.running]
+    def apply_run(self, ends: Sequence[float]) -> None:
+        """Apply ``len(ends)`` steps of the run (``plan_run``) ending at ``ends``: the scheduler's state, the
+        counters, the first token of a request whose last chunk the run computes, and the timeline become what
+        ``run_step`` step by step makes them (no request finishes or is admitted)."""
+        live, counters, running = self.live, self.counters, self.scheduler.running
+        tokens = [live[req.id].output_ids[0] for req in running]
         used, cached = self.allocator.num_allocated, self._cached_pages()
-        taken = self.scheduler.advance_decode(len(ends), tokens, self.evict_in_runs)
+        taken = self.scheduler.advance_run(len(ends), tokens, self.evict_in_runs, self.chunks_in_runs)
         counters.steps += len(ends)
-        evicting = {j for j, evicted in taken if evicted}
+        evicting = {t.step for t in taken if t.evicted_tokens}
         if evicting:
-            counters.evicted_tokens += sum(evicted for _, evicted in taken)
+            counters.evicted_tokens += sum(t.evicted_tokens for t in taken)
             counters.eviction_steps += len(evicting)
+        newest = live[running[-1].id]
+        if newest.first_token_s is None and running[-1].stats.first_token_step is not None:
+            newest.first_token_s = ends[-1]  # its last chunk sampled in the run's last step
         self.observe_run(ends, used, cached, taken)
 
     def _cached_pages(self) -> int:
         return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
 
-    def observe_run(
-        self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[tuple[int, int]] = ()
-    ) -> None:
+    def observe_run(self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[RunTake] = ()) -> None:
         """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
-        pages, ``(step, tokens evicted for it)`` each), ``used`` and ``cached`` are the pool's pages in use and
-        cache-only before the run; without, the pool does not change in the run."""
+        page takes), ``used`` and ``cached`` are the pool's pages in use and cache-only before the run; without,
+        the pool does not change in the run."""
         k = len(ends)
         if taken:
             ps = self.setup.page_tokens
-            steps = np.fromiter((j for j, _ in taken), dtype=np.int64, count=len(taken))
-            evicted = np.fromiter((e // ps for _, e in taken), dtype=np.int64, count=len(taken))
-            # pages in use / cache-only after each step: after every page its step took
+            steps = np.fromiter((t.step for t in taken), dtype=np.int64, count=len(taken))
+            pages = np.fromiter((t.pages for t in taken), dtype=np.int64, count=len(taken))
+            evicted = np.fromiter((t.evicted_tokens // ps for t in taken), dtype=np.int64, count=len(taken))
+            # pages in use / cache-only after each step: after every take of its step
             last = np.searchsorted(steps, np.arange(k), side="right")
-            used_after = used + np.concatenate(([0], np.cumsum(1 - evicted)))[last]
+            used_after = used + np.concatenate(([0], np.cumsum(pages - evicted)))[last]
             cached_after = cached - np.concatenate(([0], np.cumsum(evicted)))[last]
         else:
             used_after = np.full(k, self.allocator.num_allocated, dtype=np.int64)
@@ -434,7 +445,7 @@ class Simulation:
                 continue
             before = self.counters.steps
             now = self.run_step(plan, now)
-            if (run := self.decode_run_steps()) > 0:
+            if (run := self.plan_run()).steps:
                 now = self.advance_run(now, run)
             steps = self.counters.steps
             if check_every and steps // check_every > before // check_every:
@@ -450,15 +461,16 @@ class Simulation:
             progress(len(self.records))
         return self.result()
 
-    def advance_run(self, now: float, steps: int) -> float:
-        """Run up to ``steps`` plain decode steps from ``now`` at once, cut before the first step that starts
-        at or after the next arrival (``arrive`` would queue it first); returns the last step's end."""
-        ends = list(itertools.accumulate(self.decode_run_seconds(steps).tolist(), initial=now))
+    def advance_run(self, now: float, run: RunPlan) -> float:
+        """Run the steps of ``run`` from ``now`` at once, cut before the first step that starts at or after the
+        next arrival (``arrive`` would queue it first); returns the last step's end."""
+        steps = run.steps
+        ends = list(itertools.accumulate(self.run_seconds(run, steps).tolist(), initial=now))
         next_s = self.next_arrival_s()  # no load-back is pending in a run
         if next_s is not None:
             steps = bisect.bisect_left(ends, next_s, hi=steps)  # ends[:steps] are the steps' starts
         if steps:
-            self.advance_decode(ends[1 : steps + 1])
+            self.apply_run(ends[1 : steps + 1])
         return ends[steps]
 
     def result(self) -> SimResult:

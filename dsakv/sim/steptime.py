@@ -25,9 +25,9 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
 Both offer ``step_seconds(prefill, decode, dp_tokens=None, dp_decodes=None)`` (``prefill``: ``(new_tokens,
 context_before)`` per chunk; ``decode``: the context length, including the new token, per decoding request;
 ``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes this step, for the MoE under DP attention),
-``step_tokens(prefill, decode)`` (the tokens one group's step computes), ``decode_run_seconds`` (the seconds of
-each step of a run of decode-only steps, every context one longer per step: equal to ``step_seconds`` step by
-step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
+``step_tokens(prefill, decode)`` (the tokens one group's step computes), ``run_seconds`` (the seconds of each
+step of a run of decode steps, every context one longer per step, optionally with one prefill chunk a step:
+equal to ``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
 ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
@@ -35,6 +35,7 @@ Models hold no state between steps; ``step_seconds`` does not change the model.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -73,10 +74,18 @@ class ConstantStepTime:
         """``dp_tokens`` / ``dp_decodes`` (every DP group's, as the roofline takes them) do not change a constant."""
         return self.per_step_s + self.per_token_s * self.step_tokens(prefill, decode)
 
-    def decode_run_seconds(
-        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    def run_seconds(
+        self,
+        contexts: Sequence[int],
+        steps: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
     ) -> np.ndarray:
-        """Seconds of each of ``steps`` decode-only steps of these decodes (``RooflineStepTime``'s twin)."""
+        """Seconds of each of ``steps`` steps of these decodes, with ``chunks[j]`` prefilled in step ``j`` when
+        given (``RooflineStepTime``'s twin)."""
+        if chunks:
+            return np.array([self.step_seconds((chunk,), contexts) for chunk in chunks[:steps]])
         return np.full(steps, self.step_seconds((), contexts))
 
     def to_dict(self) -> dict:
@@ -341,7 +350,7 @@ class RooflineStepTime:
         """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
-        operations in the same order as for one step (``decode_run_seconds``)."""
+        operations in the same order as for one step (``run_seconds``)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
@@ -407,20 +416,59 @@ class RooflineStepTime:
         secs["overhead"] = self.overhead_s if tokens else 0.0
         return StepCost(flops, nbytes, secs)
 
-    def decode_run_seconds(
-        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    def run_seconds(
+        self,
+        contexts: Sequence[int],
+        steps: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
     ) -> np.ndarray:
-        """Seconds of each of ``steps`` decode-only steps: step ``j`` decodes ``contexts[i] + j`` for every ``i``
-        (no prefill; ``dp_tokens`` / ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j``
-        equals ``step_seconds([], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums are
-        exact integers per step and ``price`` prices them all in one pass."""
-        first = self.sums((), contexts)
+        """Seconds of each of ``steps`` steps of a run: step ``j`` decodes ``contexts[i] + j`` for every ``i``
+        and, with ``chunks`` (one per step), prefills the chunk ``chunks[j] = (new tokens, context before)``
+        (``dp_tokens`` / ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j`` equals
+        ``step_seconds(chunks[j:j + 1], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums
+        are exact integers per step and ``price`` prices each stretch of equal chunk sizes in one pass."""
+        if not chunks:
+            return self._run_stretch(contexts, 0, steps, (), dp_tokens, dp_decodes)
+        out, j = [], 0
+        for n, stretch in itertools.groupby(chunks[:steps], key=operator.itemgetter(0)):
+            starts = [start for _, start in stretch]
+            out.append(self._run_stretch(contexts, j, len(starts), (n, starts), dp_tokens, dp_decodes))
+            j += len(starts)
+        return np.concatenate(out)
+
+    def _run_stretch(
+        self,
+        contexts: Sequence[int],
+        first_step: int,
+        steps: int,
+        chunk: tuple[int, list[int]] | tuple[()],
+        dp_tokens: int | None,
+        dp_decodes: int | None,
+    ) -> np.ndarray:
+        """Seconds of steps ``first_step .. first_step + steps - 1`` of a run whose chunks (if any) all have
+        ``chunk = (new tokens, [context before, per step])``."""
+        topk = self._const["topk"]
+        decode = [c + first_step for c in contexts]
+        first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
-        dec_sum = first.dec_sum + len(contexts) * j
+        dec_sum = first.dec_sum + len(decode) * j
         q = 1 + self.mtp_draft
-        dec_topk = _clipped_run(contexts, first.dec_topk, self._const["topk"], j)
-        dec_rows = dec_topk if q == 1 else _clipped_run(contexts, first.dec_rows, q * self._const["topk"], j)
+        dec_topk = _clipped_run(decode, first.dec_topk, topk, j)
+        dec_rows = dec_topk if q == 1 else _clipped_run(decode, first.dec_rows, q * topk, j)
         run = first._replace(dec_sum=dec_sum, dec_topk=dec_topk, dec_rows=dec_rows)
+        if chunk:
+            n, starts = chunk
+            ctx = np.array(starts, dtype=np.int64)
+            run = run._replace(
+                pf_chunks=1,
+                pf_tokens=n,
+                pf_keys=n + ctx,
+                pf_idx_pairs=n * ctx + n * (n + 1) // 2,
+                pf_pairs=np.array([_sparse_pairs(n, c, topk) for c in starts], dtype=np.int64),
+                pf_chunk_rows=np.minimum(n + ctx, n * topk),
+            )
         return self.price(run, dp_tokens, dp_decodes).total_seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:

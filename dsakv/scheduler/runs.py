@@ -1,0 +1,188 @@
+"""Runs of steps that the simulator applies at once: every running request decodes one token per step, and
+(``chunks``) the newest one may be prefilling, one chunk per step alongside the decodes.
+
+Such a run has no event inside: no request arrives, is admitted, finishes or is preempted, and every page
+its steps take comes off the free list or (``evict``) from evicting the prefix cache. So each step's batch
+follows from the first one's: decode contexts grow by one a step, and the prefilling request's chunk is
+what ``work_end`` gives for the budget the decodes leave (the same every step). ``run_steps`` says how many
+of the next steps form one; ``advance_run`` applies them: the same pages, evictions (the same calls, in the
+same order), tokens, counts and step indices as that many ``Scheduler.step`` + ``update`` calls.
+
+Step ``j`` of a run takes pages in ``step``'s order::
+
+    running:   d0    d1   ...   d(n-2)   p           (d: decoding, p: prefilling, the newest: admitted last)
+    step j:    1 page at each page boundary its       pages_for(end_j) - pages held: its chunk [end_(j-1), end_j)
+               token crosses (running order)           after every decode's (one take_pages: evict the shortfall)
+
+A run with a prefilling request ends at its last chunk, which samples its first token (unless that token would
+finish it: then before it), or before a chunk of a single token (``step`` plans that as a decode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from dsakv.errors import DsakvError
+from dsakv.scheduler.batch import work_end
+from dsakv.scheduler.pages import pages_for
+from dsakv.scheduler.request import Request, Status
+from dsakv.scheduler.state import SchedulerState
+
+
+class RunPlan(NamedTuple):
+    """The next steps that form a run (``plan_run``): how many, the pages each takes, the prefilling chunks."""
+
+    steps: int
+    takes: list[tuple[int, int, int]]  # (step, running index, pages) of each page take, in the order taken
+    chunks: list[tuple[int, int]]  # (new tokens, context before them) of the prefilling request's chunk per step
+
+
+class RunTake(NamedTuple):
+    """One page take of an applied run: its step (0-based in the run), the pages taken and the tokens evicted
+    for them (0 when the free list had them)."""
+
+    step: int
+    pages: int
+    evicted_tokens: int
+
+
+NO_RUN = RunPlan(0, [], [])
+
+
+def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None = None) -> RunPlan:
+    """The run of the next steps (``steps`` 0 when the next step is not one), at most ``limit`` steps.
+
+    Every step a decode of one token of every running request (no drafts, nothing waiting or loading, nothing
+    pending from ``abort`` / ``preempt``, no lower tiers, pages inserted at finish); with ``chunks`` (the
+    ``mixed`` policy only) the newest running request may instead be prefilling, one chunk a step. None of the
+    steps finishes a request, and every page they take comes off the free list or, with ``evict``, from evicting
+    the prefix cache (never from preempting)."""
+    running, pending, config = state.running, state.pending, state.config
+    if (
+        not running
+        or state.in_flight is not None
+        or state.waiting
+        or state.loading
+        or state.tiers is not None
+        or state.insert_as_written
+        or config.num_draft_tokens
+        or len(running) > config.max_batched_tokens
+        or pending.freed_pages
+        or pending.offloads
+        or pending.preempted
+    ):
+        return NO_RUN
+    ps = state.page_size
+    steps = limit
+    prefill = None
+    last = len(running) - 1
+    for i, req in enumerate(running):
+        if req.status is not Status.RUNNING or req.eos_token_id is not None:
+            return NO_RUN
+        total = req.prompt_len + len(req.outputs)
+        if req.num_computed != total - 1 or req.stats.first_token_step is None:
+            if i < last or not chunks or config.schedule_policy != "mixed" or total - req.num_computed < 2:
+                return NO_RUN
+            prefill = req
+            continue
+        left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
+        steps = left if steps is None or left < steps else steps
+    plan_chunks: list[tuple[int, int]] = []
+    if prefill is not None:
+        plan_chunks = _chunks(prefill, config.max_batched_tokens - last, config, ps, steps)
+        steps = len(plan_chunks)
+    if not steps:
+        return NO_RUN
+    takes = _decode_takes(running[:last] if prefill is not None else running, steps, ps)
+    if prefill is not None:
+        held = len(prefill.pages)
+        for j, (n, start) in enumerate(plan_chunks):
+            need = pages_for(start + n, ps) - held
+            if need > 0:
+                takes.append((j, last, need))
+                held += need
+        takes.sort()
+    available = state.allocator.num_free
+    if evict and state.radix is not None:
+        available += state.radix.evictable_tokens // ps
+    for j, _, pages in takes:  # the first step short of pages ends the run (it would preempt)
+        available -= pages
+        if available < 0:
+            if not j:
+                return NO_RUN
+            steps = j
+            takes = [t for t in takes if t[0] < j]
+            del plan_chunks[j:]
+            break
+    return RunPlan(steps, takes, plan_chunks)
+
+
+def _chunks(req: Request, budget: int, config, page_size: int, limit: int | None) -> list[tuple[int, int]]:
+    """The prefilling request's chunks, one a step, while the run can hold them: up to and including its last
+    chunk (which samples its first token) unless that token finishes it; never a one-token chunk."""
+    start, total = req.num_computed, req.prompt_len + len(req.outputs)
+    out: list[tuple[int, int]] = []
+    while limit is None or len(out) < limit:
+        if total - start < 2:
+            break  # step plans a single token left as a decode
+        end = work_end(start, total, budget, config, page_size)
+        if end == start:
+            break
+        if end == total and len(req.outputs) + 1 >= req.max_new_tokens:
+            break  # its first token finishes it
+        out.append((end - start, start))
+        if end == total:
+            break
+        start = end
+    return out
+
+
+def _decode_takes(decoding: Sequence[Request], steps: int, page_size: int) -> list[tuple[int, int, int]]:
+    """``(step, running index, 1)`` of each page the decodes take in ``steps`` steps, in ``step``'s order."""
+    out = []
+    for i, req in enumerate(decoding):
+        total = req.prompt_len + len(req.outputs)  # the context of its decode in the run's first step
+        first = max(len(req.pages) * page_size + 1 - total, 0)  # the first step whose token needs a new page
+        out.extend((j, i, 1) for j in range(first, steps, page_size))
+    out.sort()
+    return out
+
+
+def advance_run(state: SchedulerState, steps: int, tokens: Sequence[int], evict: bool, chunks: bool) -> list[RunTake]:
+    """Apply the first ``steps`` steps of ``plan_run(state, evict, chunks)`` (which must hold that many), with
+    ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each page take, in order."""
+    run = plan_run(state, evict, chunks, limit=steps)
+    if not 0 < steps <= run.steps:
+        raise DsakvError(f"advance_run: steps = {steps!r}: must be in 1..{run.steps} (the run's steps)")
+    running = state.running
+    if len(tokens) != len(running):
+        raise DsakvError(f"advance_run: {len(tokens)} tokens for {len(running)} running requests")
+    alloc, radix, ps, stats = state.allocator, state.radix, state.page_size, state.stats
+    taken = []
+    for j, i, need in run.takes:
+        req = running[i]
+        evicted = 0
+        while alloc.num_free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
+            evicted += radix.evict((need - alloc.num_free) * ps).evicted_tokens
+        stats.evicted_tokens += evicted
+        req.pages.extend(alloc.alloc(need))
+        req.stats.pages_written += need
+        taken.append(RunTake(j, need, evicted))
+    decoding = running
+    if run.chunks:
+        decoding = running[:-1]
+        req = running[-1]
+        n, start = run.chunks[-1]
+        req.stats.computed_tokens += start + n - req.num_computed
+        req.num_computed = start + n
+        if start + n == req.prompt_len + len(req.outputs):  # its last chunk samples (accept_tokens)
+            if req.stats.first_token_step is None:
+                req.stats.first_token_step = stats.steps + steps - 1
+            req.outputs.append(tokens[-1])
+    for req, token in zip(decoding, tokens):
+        req.stats.computed_tokens += steps
+        req.outputs.extend([token] * steps)
+        req.num_computed = req.prompt_len + len(req.outputs) - 1
+    stats.steps += steps
+    return taken
