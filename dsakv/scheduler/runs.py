@@ -4,8 +4,8 @@
 Such a run has no event inside: no request arrives, is admitted, finishes or is preempted, and every page
 its steps take comes off the free list or (``evict``) from evicting the prefix cache. So each step's batch
 follows from the first one's: decode contexts grow by one a step, and the prefilling request's chunk is
-what ``work_end`` gives for the budget the decodes leave (the same every step). ``run_steps`` says how many
-of the next steps form one; ``advance_run`` applies them: the same pages, evictions (the same calls, in the
+what ``work_end`` gives for the budget the decodes leave (the same every step). ``plan_run`` says which of
+the next steps form one (without changing anything); ``advance_run`` applies them: the same pages, evictions (the same calls, in the
 same order), tokens, counts and step indices as that many ``Scheduler.step`` + ``update`` calls.
 
 Step ``j`` of a run takes pages in ``step``'s order::
@@ -149,10 +149,10 @@ def _decode_takes(decoding: Sequence[Request], steps: int, page_size: int) -> li
     return out
 
 
-def advance_run(state: SchedulerState, steps: int, tokens: Sequence[int], evict: bool, chunks: bool) -> list[RunTake]:
-    """Apply the first ``steps`` steps of ``plan_run(state, evict, chunks)`` (which must hold that many), with
-    ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each page take, in order."""
-    run = plan_run(state, evict, chunks, limit=steps)
+def advance_run(state: SchedulerState, run: RunPlan, steps: int, tokens: Sequence[int]) -> list[RunTake]:
+    """Apply the first ``steps`` steps of ``run``, which ``plan_run`` returned for the state as it is (nothing
+    changed since), with ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each page
+    take, in order."""
     if not 0 < steps <= run.steps:
         raise DsakvError(f"advance_run: steps = {steps!r}: must be in 1..{run.steps} (the run's steps)")
     running = state.running
@@ -161,6 +161,8 @@ def advance_run(state: SchedulerState, steps: int, tokens: Sequence[int], evict:
     alloc, radix, ps, stats = state.allocator, state.radix, state.page_size, state.stats
     taken = []
     for j, i, need in run.takes:
+        if j >= steps:
+            break
         req = running[i]
         evicted = 0
         while alloc.num_free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
@@ -173,7 +175,7 @@ def advance_run(state: SchedulerState, steps: int, tokens: Sequence[int], evict:
     if run.chunks:
         decoding = running[:-1]
         req = running[-1]
-        n, start = run.chunks[-1]
+        n, start = run.chunks[steps - 1]
         req.stats.computed_tokens += start + n - req.num_computed
         req.num_computed = start + n
         if start + n == req.prompt_len + len(req.outputs):  # its last chunk samples (accept_tokens)

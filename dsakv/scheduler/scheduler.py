@@ -269,13 +269,12 @@ class Scheduler(SchedulerState):
         caller's to account for (they end a run)."""
         return plan_run(self, evict, chunks)
 
-    def advance_run(
-        self, steps: int, tokens: Sequence[int], evict: bool = False, chunks: bool = False
-    ) -> list[RunTake]:
-        """Apply ``steps`` steps of the run at once (at most ``plan_run(evict, chunks).steps``): the same pages,
-        evictions, tokens, counts and step indices as ``steps`` calls of ``step`` + ``update`` with
-        ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each page take, in order."""
-        return advance_run(self, steps, tokens, evict, chunks)
+    def advance_run(self, run: RunPlan, steps: int, tokens: Sequence[int]) -> list[RunTake]:
+        """Apply the first ``steps`` steps of ``run`` (what ``plan_run`` returned, with no call that changes the
+        scheduler since): the same pages, evictions, tokens, counts and step indices as ``steps`` calls of
+        ``step`` + ``update`` with ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each
+        page take, in order."""
+        return advance_run(self, run, steps, tokens)
 
     def load_backs_done(self, request_ids: Sequence[Hashable], *, failed: Sequence[Hashable] = ()) -> None:
         """The executor finished the load-backs of these LOADING requests (``plan.load_backs``): each becomes

@@ -131,6 +131,7 @@ class Simulation:
         # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
         # groups' chunks (a cluster of DP-attention groups clears this)
         self.chunks_in_runs = True
+        self._run = NO_RUN  # the run plan_run planned last, which apply_run applies
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -351,8 +352,11 @@ class Simulation:
         steps, the newest request possibly prefilling a chunk a step); ``steps`` 0 when the analytic advance is
         off or the next step is not one. Arrivals are the caller's to cut the run at."""
         if not self.analytic_decode or self._loads:
-            return NO_RUN
-        return self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs)
+            run = NO_RUN
+        else:
+            run = self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs)
+        self._run = run
+        return run
 
     def run_seconds(
         self, run: RunPlan, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
@@ -364,13 +368,15 @@ class Simulation:
         return self.setup.step_time.run_seconds(contexts, steps, run.chunks, dp_tokens, dp_decodes)
 
     def apply_run(self, ends: Sequence[float]) -> None:
-        """Apply ``len(ends)`` steps of the run (``plan_run``) ending at ``ends``: the scheduler's state, the
-        counters, the first token of a request whose last chunk the run computes, and the timeline become what
-        ``run_step`` step by step makes them (no request finishes or is admitted)."""
+        """Apply ``len(ends)`` steps of the run ``plan_run`` planned last (nothing changed since) ending at
+        ``ends``: the scheduler's state, the counters, the first token of a request whose last chunk the run
+        computes, and the timeline become what ``run_step`` step by step makes them (no request finishes or is
+        admitted)."""
         live, counters, running = self.live, self.counters, self.scheduler.running
         tokens = [live[req.id].output_ids[0] for req in running]
         used, cached = self.allocator.num_allocated, self._cached_pages()
-        taken = self.scheduler.advance_run(len(ends), tokens, self.evict_in_runs, self.chunks_in_runs)
+        run, self._run = self._run, NO_RUN
+        taken = self.scheduler.advance_run(run, len(ends), tokens)
         counters.steps += len(ends)
         evicting = {t.step for t in taken if t.evicted_tokens}
         if evicting:

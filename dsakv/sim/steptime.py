@@ -147,6 +147,9 @@ DEEPGEMM_GROUPED_EFF = (
 # per-kernel share times its kernels.
 LAYER_KERNELS = 20
 INDEXER_KERNELS = 9
+# Runs of steps shorter than this are priced step by step, longer ones as arrays: numpy's fixed cost per operation
+# passes a scalar step's price at about four steps (measured on the x1 cluster bench's batches).
+ARRAY_STRETCH_STEPS = 4
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -290,6 +293,16 @@ class RooflineStepTime:
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
+        # price()'s subexpressions that hold no batch figure, computed once by the same operations (same bits)
+        c["lin_bytes"] = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
+        c["lin_bytes_s"] = c["lin_bytes"] / c["bw"]
+        c["gemm_rate"] = c["lin_peak"] * self.gemm_eff
+        c["moe_rate"] = c["lin_peak"] * self.moe_eff
+        c["idx_rate"] = self.gpu.fp8_flops * self.indexer_eff
+        c["mla_layer_flops"] = c["attn_layers"] * c["mla_flops_per_pair"]
+        c["floor_s"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
+        c["layer_min_s"] = c["layers"] * self.layer_min_s
+        c["expert_miss"] = 1.0 - c["topk_experts"] / c["experts"] if c["experts"] else 0.0
         return c
 
     @property
@@ -306,8 +319,7 @@ class RooflineStepTime:
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
         c = self._const
-        experts = c["experts"]
-        return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
+        return 1.0 if not c["experts"] else 1.0 - c["expert_miss"] ** tokens
 
     def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
         """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
@@ -365,9 +377,8 @@ class RooflineStepTime:
         moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
         rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
-        lin_peak = c["lin_peak"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
-        lin_bytes = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
+        lin_bytes = c["lin_bytes"]
         lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
         moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
         moe_flops = moe_tokens * c["expert_flops_per_token"]
@@ -385,9 +396,7 @@ class RooflineStepTime:
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        mla_compute_s = (
-            layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / self.mla_decode_eff)
-        ) / g.bf16_flops
+        mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / self.mla_decode_eff)) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
@@ -396,21 +405,20 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {
-            "linear": larger(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
-            "moe": larger(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
+            "linear": larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"]),
+            "moe": larger(moe_flops / c["moe_rate"], moe_bytes / bw),
             "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
-            "indexer": larger(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
+            "indexer": larger(idx_flops / c["idx_rate"], idx_bytes / bw),
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
         draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
         secs["mtp_draft"] = 0.0
         if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
-            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) + self.mtp_step_s
+            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
             work = sum(secs.values()) - secs["mtp_draft"]  # the draft passes are forwards of their own
-            floor = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
-            secs["floor"] = floor + larger(0.0, c["layers"] * self.layer_min_s - work)
+            secs["floor"] = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
         else:
             secs["floor"] = 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
@@ -430,11 +438,11 @@ class RooflineStepTime:
         ``step_seconds(chunks[j:j + 1], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums
         are exact integers per step and ``price`` prices each stretch of equal chunk sizes in one pass."""
         if not chunks:
-            return self._run_stretch(contexts, 0, steps, (), dp_tokens, dp_decodes)
+            return self._run_stretch(contexts, 0, steps, (), (dp_tokens, dp_decodes))
         out, j = [], 0
         for n, stretch in itertools.groupby(chunks[:steps], key=operator.itemgetter(0)):
             starts = [start for _, start in stretch]
-            out.append(self._run_stretch(contexts, j, len(starts), (n, starts), dp_tokens, dp_decodes))
+            out.append(self._run_stretch(contexts, j, len(starts), (n, starts), (dp_tokens, dp_decodes)))
             j += len(starts)
         return np.concatenate(out)
 
@@ -444,13 +452,20 @@ class RooflineStepTime:
         first_step: int,
         steps: int,
         chunk: tuple[int, list[int]] | tuple[()],
-        dp_tokens: int | None,
-        dp_decodes: int | None,
+        dp: tuple[int | None, int | None],
     ) -> np.ndarray:
         """Seconds of steps ``first_step .. first_step + steps - 1`` of a run whose chunks (if any) all have
-        ``chunk = (new tokens, [context before, per step])``."""
-        topk = self._const["topk"]
+        ``chunk = (new tokens, [context before, per step])``: as arrays, or step by step when that is cheaper
+        (fewer than ``ARRAY_STRETCH_STEPS``; the same bits either way)."""
         decode = [c + first_step for c in contexts]
+        if steps < ARRAY_STRETCH_STEPS:
+            return np.array(
+                [
+                    self.step_seconds(((chunk[0], chunk[1][j]),) if chunk else (), [c + j for c in decode], *dp)
+                    for j in range(steps)
+                ]
+            )
+        topk = self._const["topk"]
         first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
         dec_sum = first.dec_sum + len(decode) * j
@@ -469,7 +484,7 @@ class RooflineStepTime:
                 pf_pairs=np.array([_sparse_pairs(n, c, topk) for c in starts], dtype=np.int64),
                 pf_chunk_rows=np.minimum(n + ctx, n * topk),
             )
-        return self.price(run, dp_tokens, dp_decodes).total_seconds
+        return self.price(run, *dp).total_seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
         """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the

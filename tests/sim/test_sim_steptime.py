@@ -117,7 +117,27 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
     # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.loop) rely on it.
     model = RooflineStepTime(glm.layout, **options)
-    run = model.decode_run_seconds(contexts, steps)
+    run = model.run_seconds(contexts, steps)
     assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]
     constant = ConstantStepTime(0.01, 0.001)
-    assert list(constant.decode_run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
+    assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
+
+
+@pytest.mark.parametrize("options", [{}, {"mla_mixed_batch": True}, {"mla_padded_topk": True, "dp_attention": 2}])
+@given(
+    st.lists(st.integers(1, 6000), max_size=8),
+    st.lists(st.tuples(st.integers(2, 4096), st.integers(0, 9000)), min_size=1, max_size=12),
+    st.integers(2, 4096),
+)
+def test_run_seconds_with_chunks_equal_the_steps_one_by_one(glm, options, contexts, chunks, size):
+    # Stretches of equal chunk sizes, short (priced step by step) and long (as arrays): bit for bit either way.
+    chunks = [(size, ctx) for _, ctx in chunks[: len(chunks) // 2]] + chunks[len(chunks) // 2 :]
+    model = RooflineStepTime(glm.layout, **options)
+    run = model.run_seconds(contexts, len(chunks), chunks)
+    assert [float(t) for t in run] == [
+        model.step_seconds([chunk], [c + j for c in contexts]) for j, chunk in enumerate(chunks)
+    ]
+    constant = ConstantStepTime(0.01, 0.001)
+    assert list(constant.run_seconds(contexts, len(chunks), chunks)) == [
+        constant.step_seconds([chunk], contexts) for chunk in chunks
+    ]
