@@ -394,6 +394,20 @@ class Simulation:
         """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
         page takes), ``used`` and ``cached`` are the pool's pages in use and cache-only before the run; without,
         the pool does not change in the run."""
+        timeline, running = self.timeline, len(self.scheduler.running)
+        if not taken:
+            used, cached = self.allocator.num_allocated, self._cached_pages()
+        if timeline.merge_equal:  # one sample per stretch of equal values: each ends before a step that takes pages
+            ps, first = self.setup.page_tokens, 0  # the current stretch's first step
+            for t in taken:
+                if t.step > first:
+                    timeline.sample(ends[t.step - 1], used, cached, running)
+                    first = t.step
+                evicted = t.evicted_tokens // ps
+                used += t.pages - evicted
+                cached -= evicted
+            timeline.sample(ends[-1], used, cached, running)
+            return
         k = len(ends)
         if taken:
             ps = self.setup.page_tokens
@@ -405,9 +419,9 @@ class Simulation:
             used_after = used + np.concatenate(([0], np.cumsum(pages - evicted)))[last]
             cached_after = cached - np.concatenate(([0], np.cumsum(evicted)))[last]
         else:
-            used_after = np.full(k, self.allocator.num_allocated, dtype=np.int64)
-            cached_after = np.full(k, self._cached_pages(), dtype=np.int64)
-        self.timeline.sample_run(ends, used_after, cached_after, len(self.scheduler.running))
+            used_after = np.full(k, used, dtype=np.int64)
+            cached_after = np.full(k, cached, dtype=np.int64)
+        timeline.sample_run(ends, used_after, cached_after, running)
 
     def observe(self, now: float) -> None:
         """One timeline sample at ``now`` (a step's end)."""
