@@ -5,8 +5,9 @@ Such a run has no event inside: no request arrives, is admitted, finishes or is 
 its steps take comes off the free list or (``evict``) from evicting the prefix cache. So each step's batch
 follows from the first one's: decode contexts grow by one a step, and the prefilling request's chunk is
 what ``work_end`` gives for the budget the decodes leave (the same every step). ``plan_run`` says which of
-the next steps form one (without changing anything); ``advance_run`` applies them: the same pages, evictions (the same calls, in the
-same order), tokens, counts and step indices as that many ``Scheduler.step`` + ``update`` calls.
+the next steps form one (without changing anything); ``advance_run`` applies them: the same pages, evictions
+(the same calls, in the same order), tokens, counts and step indices as that many ``Scheduler.step`` +
+``update`` calls.
 
 Step ``j`` of a run takes pages in ``step``'s order::
 
@@ -20,7 +21,7 @@ finish it: then before it), or before a chunk of a single token (``step`` plans 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from dsakv.errors import DsakvError
@@ -53,16 +54,16 @@ NO_RUN = RunPlan(0, [], [])
 def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None = None) -> RunPlan:
     """The run of the next steps (``steps`` 0 when the next step is not one), at most ``limit`` steps.
 
-    Every step a decode of one token of every running request (no drafts, nothing waiting or loading, nothing
-    pending from ``abort`` / ``preempt``, no lower tiers, pages inserted at finish); with ``chunks`` (the
-    ``mixed`` policy only) the newest running request may instead be prefilling, one chunk a step. None of the
-    steps finishes a request, and every page they take comes off the free list or, with ``evict``, from evicting
-    the prefix cache (never from preempting)."""
+    Every step a decode of one token of every running request (no drafts, nothing loading, nothing pending from
+    ``abort`` / ``preempt``, no lower tiers, pages inserted at finish); with ``chunks`` (the ``mixed`` policy
+    only) the newest running request may instead be prefilling, one chunk a step. None of the steps finishes or
+    admits a request (requests may wait: ``max_running`` is reached, or the budget left is too small for the
+    head's first chunk, ``_refusal``), and every page they take comes off the free list or, with ``evict``, from
+    evicting the prefix cache (never from preempting)."""
     running, pending, config = state.running, state.pending, state.config
     if (
         not running
         or state.in_flight is not None
-        or state.waiting
         or state.loading
         or state.tiers is not None
         or state.insert_as_written
@@ -92,6 +93,16 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
     if prefill is not None:
         plan_chunks = _chunks(prefill, config.max_batched_tokens - last, config, ps, steps)
         steps = len(plan_chunks)
+    if steps and state.waiting and len(running) < config.max_running:  # step tries to admit the head each step
+        if config.schedule_policy != "mixed":
+            return NO_RUN  # prefill_first tries with the whole budget first
+        budget = config.max_batched_tokens - (last if prefill is not None else len(running))
+        refuses = _refusal(state)
+        if prefill is None:
+            steps = steps if refuses(budget) else 0
+        else:
+            steps = next((j for j, (n, _) in enumerate(plan_chunks) if not refuses(budget - n)), steps)
+            del plan_chunks[steps:]
     if not steps:
         return NO_RUN
     takes = _decode_takes(running[:last] if prefill is not None else running, steps, ps)
@@ -116,6 +127,30 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
             del plan_chunks[j:]
             break
     return RunPlan(steps, takes, plan_chunks)
+
+
+def _refusal(state: SchedulerState) -> Callable[[int], bool]:
+    """Whether a step whose running requests leave ``budget`` tokens surely admits nobody, however much of the
+    cache the run evicts before it: no budget, or the head of the waiting queue has nothing to compute within
+    it (``admission.admit``'s first check: less than a page past its prefix hit, which only shrinks while no
+    page enters the cache). An offloaded head is never assumed refused."""
+    head, ps = state.waiting[0], state.page_size
+    if head.status is not Status.WAITING:
+        return lambda budget: budget <= 0
+    hit = None
+
+    def refuses(budget: int) -> bool:
+        nonlocal hit
+        if budget <= 0:
+            return True
+        if budget >= ps:
+            return False
+        if hit is None:
+            radix = state.radix
+            hit = radix.peek(head.radix_key(head.num_tokens)).matched_tokens if radix is not None else 0
+        return hit + budget < head.num_tokens
+
+    return refuses
 
 
 def _chunks(req: Request, budget: int, config, page_size: int, limit: int | None) -> list[tuple[int, int]]:

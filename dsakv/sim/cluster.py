@@ -222,6 +222,10 @@ class Cluster:
                 sim.apply_run(done)
             else:
                 sim.observe_run(done)
+        waiting = sum(len(sim.scheduler.waiting) for sim in inst.groups)  # the same every step of a run
+        if steps:
+            inst.sum_waiting += waiting * steps
+            inst.peak_waiting = max(inst.peak_waiting, waiting)
         before = inst.steps
         inst.steps += steps
         self._steps += steps

@@ -187,3 +187,23 @@ def test_a_run_ends_with_the_last_chunk_which_samples_the_first_token():
     assert sched.stats == twin.stats
     # a request whose first token is its last: its last chunk finishes it, so the run stops before it
     assert _alone(1).plan_run(chunks=True).steps == 2
+
+
+def test_a_run_holds_waiting_requests_only_while_the_budget_left_refuses_them():
+    (one, _), (many, _) = _prefilling(), _prefilling()
+    for sched in (one, many):  # 2 tokens of budget are left each step: less than a page of its first chunk
+        sched.add_request(list(range(300, 320)), 4, request_id="w")
+    run = many.plan_run(evict=True, chunks=True)
+    assert run.steps == 3
+    many.advance_run(run, run.steps, [7, 7])
+    for _ in range(run.steps):
+        _step(one)
+    assert [r.id for r in one.waiting] == [r.id for r in many.waiting] == ["w"]
+    assert [(r.outputs, r.pages, r.stats.to_dict()) for r in one.running] == [
+        (r.outputs, r.pages, r.stats.to_dict()) for r in many.running
+    ]
+    assert one.stats == many.stats
+    # a head whose prefix hit leaves less than those 2 tokens to compute would be admitted: no run
+    hit, _ = _prefilling()
+    hit.add_request(list(range(500, 521)), 4, request_id="w")  # 20 of its 21 tokens are cached
+    assert hit.plan_run(evict=True, chunks=True).steps == 0
