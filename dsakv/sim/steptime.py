@@ -34,7 +34,6 @@ Models hold no state between steps; ``step_seconds`` does not change the model.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import operator
@@ -94,17 +93,14 @@ class ConstantStepTime:
 
 @dataclass(frozen=True)
 class StepCost:
-    """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds."""
+    """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds. ``total_seconds`` is
+    the components' sum, added left to right in ``seconds``' order (what ``sum`` does on Python 3.11; spelled
+    out so a run of steps priced as arrays adds in the same order as one step priced as floats)."""
 
     flops: dict[str, float]
     bytes: dict[str, float]
     seconds: dict[str, float]
-
-    @property
-    def total_seconds(self) -> float:
-        """The components' sum, added left to right (what ``sum`` does on Python 3.11; spelled out so a run of
-        steps priced as arrays adds in the same order as one step priced as floats)."""
-        return functools.reduce(operator.add, self.seconds.values(), 0.0)
+    total_seconds: float
 
 
 class StepSums(NamedTuple):
@@ -416,13 +412,14 @@ class RooflineStepTime:
         secs["mtp_draft"] = 0.0
         if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
             secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+        components = sum(secs.values())  # left to right, as total_seconds adds them: its partial sum
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = sum(secs.values()) - secs["mtp_draft"]  # the draft passes are forwards of their own
+            work = components - secs["mtp_draft"]  # the draft passes are forwards of their own
             secs["floor"] = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
         else:
             secs["floor"] = 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
-        return StepCost(flops, nbytes, secs)
+        return StepCost(flops, nbytes, secs, components + secs["floor"] + secs["overhead"])
 
     def run_seconds(
         self,
@@ -567,13 +564,14 @@ class RooflineStepTime:
         return out
 
 
-def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray:
+def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray | int:
     """``sum(min(v + j, cap) for v in values)`` for each ``j`` in ``steps``, given its value ``first`` at j = 0:
-    only the values below ``cap`` still grow (each by ``min(j, cap - v)``); exact int64."""
-    gaps = np.array([cap - v for v in values if v < cap], dtype=np.int64)
-    if not gaps.size:
-        return np.full(steps.shape, first, dtype=np.int64)
-    return first + np.minimum(steps[:, None], gaps[None, :]).sum(axis=1)
+    only the values below ``cap`` still grow (each by ``min(j, cap - v)``); exact int64. ``first`` itself when
+    none is below ``cap`` (the same every step: ``price`` computes what depends on it once)."""
+    gaps = [cap - v for v in values if v < cap]
+    if not gaps:
+        return first
+    return first + np.minimum(steps[:, None], np.array(gaps, dtype=np.int64)[None, :]).sum(axis=1)
 
 
 def _clipped_sum(values: Sequence[int], total: int, largest: int, cap: int) -> int:
