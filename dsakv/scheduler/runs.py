@@ -15,8 +15,9 @@ Step ``j`` of a run takes pages in ``step``'s order::
     step j:    1 page at each page boundary its       pages_for(end_j) - pages held: its chunk [end_(j-1), end_j)
                token crosses (running order)           after every decode's (one take_pages: evict the shortfall)
 
-A run with a prefilling request ends at its last chunk, which samples its first token (unless that token would
-finish it: then before it), or before a chunk of a single token (``step`` plans that as a decode).
+The prefilling request's last chunk samples its first token (a run stops before it when that token would finish
+the request, and before a chunk of a single token, which ``step`` plans as a decode); from the next step on it
+decodes like the others, one more page take at each of its page boundaries.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ from dsakv.scheduler.state import SchedulerState
 
 
 class RunPlan(NamedTuple):
-    """The next steps that form a run (``plan_run``): how many, the pages each takes, the prefilling chunks."""
+    """The next steps that form a run (``plan_run``): how many, the pages each takes, and the batch of each
+    step: step ``j`` decodes ``c + j`` tokens of context for each ``c`` in ``contexts`` and, for ``j <
+    len(chunks)``, prefills ``chunks[j]``; when its last chunk has sampled, the prefilling request decodes
+    ``joining + j`` from step ``len(chunks)`` on."""
 
     steps: int
     takes: list[tuple[int, int, int]]  # (step, running index, pages) of each page take, in the order taken
     chunks: list[tuple[int, int]]  # (new tokens, context before them) of the prefilling request's chunk per step
+    contexts: list[int]  # the decodes' contexts in the run's first step (running order, the prefilling one aside)
+    joining: int | None  # the prefilling request's context as a decode, less its first decode step
 
 
 class RunTake(NamedTuple):
@@ -48,7 +54,7 @@ class RunTake(NamedTuple):
     evicted_tokens: int
 
 
-NO_RUN = RunPlan(0, [], [])
+NO_RUN = RunPlan(0, [], [], [], None)
 
 
 def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None = None) -> RunPlan:
@@ -78,6 +84,7 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
     steps = limit
     prefill = None
     last = len(running) - 1
+    contexts = []
     for i, req in enumerate(running):
         if req.status is not Status.RUNNING or req.eos_token_id is not None:
             return NO_RUN
@@ -87,25 +94,30 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
                 return NO_RUN
             prefill = req
             continue
+        contexts.append(total)
         left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
         steps = left if steps is None or left < steps else steps
     plan_chunks: list[tuple[int, int]] = []
+    joining = None
     if prefill is not None:
         plan_chunks = _chunks(prefill, config.max_batched_tokens - last, config, ps, steps)
-        steps = len(plan_chunks)
+        c = len(plan_chunks)
+        total = prefill.prompt_len + len(prefill.outputs)
+        if c and sum(plan_chunks[-1]) == total:  # its last chunk samples: it decodes from step c on
+            joining = total + 1 - c
+            left = prefill.max_new_tokens - len(prefill.outputs) - 2  # decode steps before its finishing one
+            steps = c + left if steps is None or c + left < steps else steps
+        else:
+            steps = c
     if steps and state.waiting and len(running) < config.max_running:  # step tries to admit the head each step
         if config.schedule_policy != "mixed":
             return NO_RUN  # prefill_first tries with the whole budget first
-        budget = config.max_batched_tokens - (last if prefill is not None else len(running))
-        refuses = _refusal(state)
-        if prefill is None:
-            steps = steps if refuses(budget) else 0
-        else:
-            steps = next((j for j, (n, _) in enumerate(plan_chunks) if not refuses(budget - n)), steps)
-            del plan_chunks[steps:]
+        budget = config.max_batched_tokens - len(contexts)  # left by the decodes; then by every running request
+        steps = _refused_steps(state, steps, plan_chunks, budget, budget - (prefill is not None))
     if not steps:
         return NO_RUN
-    takes = _decode_takes(running[:last] if prefill is not None else running, steps, ps)
+    del plan_chunks[steps:]
+    takes = _decode_takes(running[: len(contexts)], steps, ps)
     if prefill is not None:
         held = len(prefill.pages)
         for j, (n, start) in enumerate(plan_chunks):
@@ -113,6 +125,9 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
             if need > 0:
                 takes.append((j, last, need))
                 held += need
+        if joining is not None:  # its decodes: a page at each page boundary from step len(chunks) on
+            first = max(held * ps + 1 - (joining + len(plan_chunks)), 0) + len(plan_chunks)
+            takes.extend((j, last, 1) for j in range(first, steps, ps))
         takes.sort()
     available = state.allocator.num_free
     if evict and state.radix is not None:
@@ -126,7 +141,22 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
             takes = [t for t in takes if t[0] < j]
             del plan_chunks[j:]
             break
-    return RunPlan(steps, takes, plan_chunks)
+    return RunPlan(steps, takes, plan_chunks, contexts, joining if len(plan_chunks) < steps else None)
+
+
+def _refused_steps(
+    state: SchedulerState, steps: int, chunks: list[tuple[int, int]], budget: int, decode_budget: int
+) -> int:
+    """The first of ``steps`` steps that may admit the head of the waiting queue (``steps`` when none may):
+    ``budget`` is what the decodes leave a step with a chunk, less the chunk; ``decode_budget`` what every
+    running request's decode leaves a step after the chunks."""
+    refuses = _refusal(state)
+    for j, (n, _) in enumerate(chunks):
+        if not refuses(budget - n):
+            return j
+    if len(chunks) < steps and not refuses(decode_budget):
+        return len(chunks)
+    return steps
 
 
 def _refusal(state: SchedulerState) -> Callable[[int], bool]:
@@ -206,20 +236,22 @@ def advance_run(state: SchedulerState, run: RunPlan, steps: int, tokens: Sequenc
         req.pages.extend(alloc.alloc(need))
         req.stats.pages_written += need
         taken.append(RunTake(j, need, evicted))
-    decoding = running
+    decoding = [(req, token, steps) for req, token in zip(running[: len(run.contexts)], tokens)]
     if run.chunks:
-        decoding = running[:-1]
         req = running[-1]
-        n, start = run.chunks[steps - 1]
+        c = min(steps, len(run.chunks))
+        n, start = run.chunks[c - 1]
         req.stats.computed_tokens += start + n - req.num_computed
         req.num_computed = start + n
         if start + n == req.prompt_len + len(req.outputs):  # its last chunk samples (accept_tokens)
             if req.stats.first_token_step is None:
-                req.stats.first_token_step = stats.steps + steps - 1
+                req.stats.first_token_step = stats.steps + c - 1
             req.outputs.append(tokens[-1])
-    for req, token in zip(decoding, tokens):
-        req.stats.computed_tokens += steps
-        req.outputs.extend([token] * steps)
+            if steps > c:  # then decodes in the steps after it
+                decoding.append((req, tokens[-1], steps - c))
+    for req, token, k in decoding:
+        req.stats.computed_tokens += k
+        req.outputs.extend([token] * k)
         req.num_computed = req.prompt_len + len(req.outputs) - 1
     stats.steps += steps
     return taken

@@ -363,9 +363,7 @@ class Simulation:
     ) -> np.ndarray:
         """Seconds of each of the first ``steps`` steps of ``run`` (``price`` of each, step by step;
         ``dp_tokens`` / ``dp_decodes`` as ``price``'s, the same every step of a run)."""
-        decoding = self.scheduler.running[: -1 if run.chunks else None]
-        contexts = [req.prompt_len + len(req.outputs) for req in decoding]
-        return self.setup.step_time.run_seconds(contexts, steps, run.chunks, dp_tokens, dp_decodes)
+        return self.setup.step_time.run_seconds(run.contexts, steps, run.chunks, dp_tokens, dp_decodes, run.joining)
 
     def apply_run(self, ends: Sequence[float]) -> None:
         """Apply ``len(ends)`` steps of the run ``plan_run`` planned last (nothing changed since) ending at
@@ -384,7 +382,7 @@ class Simulation:
             counters.eviction_steps += len(evicting)
         newest = live[running[-1].id]
         if newest.first_token_s is None and running[-1].stats.first_token_step is not None:
-            newest.first_token_s = ends[-1]  # its last chunk sampled in the run's last step
+            newest.first_token_s = ends[len(run.chunks) - 1]  # the run's step of its last chunk
         self.observe_run(ends, used, cached, taken)
 
     def _cached_pages(self) -> int:

@@ -80,12 +80,15 @@ class ConstantStepTime:
         chunks: Sequence[tuple[int, int]] = (),
         dp_tokens: int | None = None,
         dp_decodes: int | None = None,
+        joining: int | None = None,
     ) -> np.ndarray:
-        """Seconds of each of ``steps`` steps of these decodes, with ``chunks[j]`` prefilled in step ``j`` when
-        given (``RooflineStepTime``'s twin)."""
-        if chunks:
-            return np.array([self.step_seconds((chunk,), contexts) for chunk in chunks[:steps]])
-        return np.full(steps, self.step_seconds((), contexts))
+        """Seconds of each of ``steps`` steps of these decodes, with ``chunks[j]`` prefilled in step ``j`` while
+        there is one, and a decode of ``joining + j`` from step ``len(chunks)`` on (``RooflineStepTime``'s twin)."""
+        out = [self.step_seconds((chunk,), contexts) for chunk in chunks[:steps]]
+        rest = steps - len(out)
+        if rest:
+            out += [self.step_seconds((), [*contexts, *(() if joining is None else (joining,))])] * rest
+        return np.array(out)
 
     def to_dict(self) -> dict:
         return {"model": "constant", "per_step_s": self.per_step_s, "per_token_s": self.per_token_s}
@@ -428,20 +431,23 @@ class RooflineStepTime:
         chunks: Sequence[tuple[int, int]] = (),
         dp_tokens: int | None = None,
         dp_decodes: int | None = None,
+        joining: int | None = None,
     ) -> np.ndarray:
         """Seconds of each of ``steps`` steps of a run: step ``j`` decodes ``contexts[i] + j`` for every ``i``
-        and, with ``chunks`` (one per step), prefills the chunk ``chunks[j] = (new tokens, context before)``
-        (``dp_tokens`` / ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j`` equals
-        ``step_seconds(chunks[j:j + 1], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums
-        are exact integers per step and ``price`` prices each stretch of equal chunk sizes in one pass."""
-        if not chunks:
-            return self._run_stretch(contexts, 0, steps, (), (dp_tokens, dp_decodes))
+        and, while there is one, prefills the chunk ``chunks[j] = (new tokens, context before)``; after the
+        chunks, with ``joining``, the request they prefilled decodes ``joining + j`` too (``dp_tokens`` /
+        ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j`` equals ``step_seconds`` of
+        that step's batch bit for bit: the sums are exact integers per step and ``price`` prices each stretch of
+        equal chunk sizes (or of decodes alone) in one pass."""
         out, j = [], 0
         for n, stretch in itertools.groupby(chunks[:steps], key=operator.itemgetter(0)):
             starts = [start for _, start in stretch]
             out.append(self._run_stretch(contexts, j, len(starts), (n, starts), (dp_tokens, dp_decodes)))
             j += len(starts)
-        return np.concatenate(out)
+        if j < steps:
+            decodes = contexts if joining is None else [*contexts, joining]
+            out.append(self._run_stretch(decodes, j, steps - j, (), (dp_tokens, dp_decodes)))
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _run_stretch(
         self,

@@ -147,6 +147,7 @@ def test_a_run_carries_the_newest_requests_prefill_chunks():
     (one, one_held), (many, many_held) = _prefilling(), _prefilling()
     run = many.plan_run(evict=True, chunks=True)
     assert run.chunks == [(8, 16), (8, 24), (9, 32)]  # the last one samples p's first token
+    assert run.steps == 5  # p then decodes; a's 4th page, at step 5, would take a preemption
     assert many.plan_run(evict=True).steps == 0  # without chunks, p's prefill is no run
     assert many.plan_run(chunks=True).steps == 1  # without eviction, 3 free pages last one step
     taken = many.advance_run(run, run.steps, [7, 7])
@@ -156,7 +157,7 @@ def test_a_run_carries_the_newest_requests_prefill_chunks():
         assert (a.outputs, a.pages, a.num_computed, a.stats.to_dict()) == (
             b.outputs, b.pages, b.num_computed, b.stats.to_dict()
         )  # fmt: skip
-    assert many.running[1].outputs == [7] and many.running[1].stats.first_token_step == one.stats.steps - 1
+    assert many.running[1].outputs == [7] * 3 and many.running[1].stats.first_token_step == one.stats.steps - 3
     assert one.stats == many.stats
     assert [(t.step, t.pages, t.evicted_tokens) for t in taken] == [(0, 2, 0), (1, 1, 0), (1, 2, 8), (2, 3, 12)]
     for sched, held in ((one, one_held), (many, many_held)):
@@ -174,19 +175,21 @@ def _alone(max_new_tokens: int) -> Scheduler:
     return sched
 
 
-def test_a_run_ends_with_the_last_chunk_which_samples_the_first_token():
-    sched, twin = _alone(3), _alone(3)
+def test_a_prefills_last_chunk_samples_its_first_token_and_it_decodes_on():
+    sched, twin = _alone(8), _alone(8)
     run = sched.plan_run(chunks=True)
-    assert run.chunks == [(8, 8), (8, 16), (10, 24)]
-    sched.advance_run(run, run.steps, [9])
+    assert run.chunks == [(8, 8), (8, 16), (10, 24)] and run.steps == 9  # then 6 decodes (the 8th token finishes)
+    taken = sched.advance_run(run, run.steps, [9])
+    assert [(t.step, t.pages) for t in taken] == [(0, 2), (1, 2), (2, 3), (5, 1)]  # at step 5 its 37th token
     for _ in range(run.steps):
         _step(twin, 9)
     (p,), (q,) = sched.running, twin.running
-    assert p.outputs == q.outputs == [9] and p.stats.first_token_step == q.stats.first_token_step == 3
+    assert p.outputs == q.outputs == [9] * 7 and p.stats.first_token_step == q.stats.first_token_step == 3
     assert (p.pages, p.num_computed, p.stats.to_dict()) == (q.pages, q.num_computed, q.stats.to_dict())
     assert sched.stats == twin.stats
     # a request whose first token is its last: its last chunk finishes it, so the run stops before it
     assert _alone(1).plan_run(chunks=True).steps == 2
+    assert _alone(2).plan_run(chunks=True).steps == 3  # its first decode finishes it
 
 
 def test_a_run_holds_waiting_requests_only_while_the_budget_left_refuses_them():
