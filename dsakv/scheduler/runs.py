@@ -229,11 +229,20 @@ def advance_run(state: SchedulerState, run: RunPlan, steps: int, tokens: Sequenc
         if j >= steps:
             break
         req = running[i]
-        evicted = 0
-        while alloc.num_free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
-            evicted += radix.evict((need - alloc.num_free) * ps).evicted_tokens
+        free = alloc.num_free
+        if free:
+            evicted = 0
+            while free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
+                evicted += radix.evict((need - free) * ps).evicted_tokens
+                free = alloc.num_free
+            req.pages.extend(alloc.alloc(need))
+        else:  # evict then alloc from an empty free list: the evicted pages themselves, handed over
+            result = radix.evict(need * ps, hand_over=True)
+            if len(result.freed_pages) != need:
+                raise DsakvError(f"advance_run: {len(result.freed_pages)} pages evicted of the {need} planned")
+            evicted = result.evicted_tokens
+            req.pages.extend(result.freed_pages)
         stats.evicted_tokens += evicted
-        req.pages.extend(alloc.alloc(need))
         req.stats.pages_written += need
         taken.append(RunTake(j, need, evicted))
     decoding = [(req, token, steps) for req, token in zip(running[: len(run.contexts)], tokens)]
