@@ -165,9 +165,10 @@ class Cluster:
 
     def _settle(self, sim: Simulation, before: int) -> None:
         """Requests that left ``sim`` since it held ``before`` records no longer load their target."""
-        for rec in sim.records[before:]:
-            target, tokens = self._held.pop(rec.id)
-            self._load.add(target, -tokens)
+        if len(sim.records) > before:
+            for request_id in sim.records.column("id")[before:]:  # the ids alone: no record object is made
+                target, tokens = self._held.pop(request_id)
+                self._load.add(target, -tokens)
 
     # ----- runs of steps advanced at once ------------------------------------------------------
     def _start_run(self, inst: Instance, now: float) -> float | None:

@@ -151,6 +151,7 @@ class RecordTable(Sequence):
     """
 
     NAMES = tuple(f.name for f in fields(RequestRecord))
+    _NUMERIC = tuple(name for name in NAMES if name not in _TEXT)  # the columns of ``_columns``
 
     def __init__(self, records: Iterable[RequestRecord] = ()) -> None:
         self._columns: dict[str, array | list] = {}
@@ -163,11 +164,9 @@ class RecordTable(Sequence):
 
     def append(self, record: RequestRecord) -> None:
         row, columns = self._size, self._columns
-        for name in self.NAMES:
-            if name in _TEXT:
-                continue
+        for name in self._NUMERIC:
             value = getattr(record, name)
-            if name in _OPTIONAL_TIMES and value is None:
+            if value is None and name in _OPTIONAL_TIMES:
                 value = math.nan
             column = columns.get(name)
             if column is None:
