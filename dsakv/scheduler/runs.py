@@ -15,6 +15,8 @@ Step ``j`` of a run takes pages in ``step``'s order::
     step j:    1 page at each page boundary its       pages_for(end_j) - pages held: its chunk [end_(j-1), end_j)
                token crosses (running order)           after every decode's (one take_pages: evict the shortfall)
 
+With ``finish``, a run may end with a step that samples some requests' last tokens: they finish there.
+
 The prefilling request's last chunk samples its first token (a run stops before it when that token would finish
 the request, and before a chunk of a single token, which ``step`` plans as a decode); from the next step on it
 decodes like the others, one more page take at each of its page boundaries.
@@ -43,6 +45,7 @@ class RunPlan(NamedTuple):
     chunks: list[tuple[int, int]]  # (new tokens, context before them) of the prefilling request's chunk per step
     contexts: list[int]  # the decodes' contexts in the run's first step (running order, the prefilling one aside)
     joining: int | None  # the prefilling request's context as a decode, less its first decode step
+    finishes: bool  # the last step samples some request's last token: it finishes (``advance_run`` says which)
 
 
 class RunTake(NamedTuple):
@@ -54,18 +57,21 @@ class RunTake(NamedTuple):
     evicted_tokens: int
 
 
-NO_RUN = RunPlan(0, [], [], [], None)
+NO_RUN = RunPlan(0, [], [], [], None, False)
 
 
-def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None = None) -> RunPlan:
+def plan_run(
+    state: SchedulerState, evict: bool, chunks: bool, finish: bool = False, limit: int | None = None
+) -> RunPlan:
     """The run of the next steps (``steps`` 0 when the next step is not one), at most ``limit`` steps.
 
     Every step a decode of one token of every running request (no drafts, nothing loading, nothing pending from
     ``abort`` / ``preempt``, no lower tiers, pages inserted at finish); with ``chunks`` (the ``mixed`` policy
-    only) the newest running request may instead be prefilling, one chunk a step. None of the steps finishes or
-    admits a request (requests may wait: ``max_running`` is reached, or the budget left is too small for the
-    head's first chunk, ``_refusal``), and every page they take comes off the free list or, with ``evict``, from
-    evicting the prefix cache (never from preempting)."""
+    only) the newest running request may instead be prefilling, one chunk a step. None of the steps admits a
+    request (requests may wait: ``max_running`` is reached, or the budget left is too small for the head's first
+    chunk, ``_refusal``) or finishes one, but with ``finish`` the last may (``finishes``: the first step that
+    samples a request's last token ends the run); every page they take comes off the free list or, with
+    ``evict``, from evicting the prefix cache (never from preempting)."""
     running, pending, config = state.running, state.pending, state.config
     if (
         not running
@@ -81,7 +87,7 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
     ):
         return NO_RUN
     ps = state.page_size
-    steps = limit
+    finish_at = None  # the first step that samples a request's last token
     prefill = None
     last = len(running) - 1
     contexts = []
@@ -96,7 +102,10 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
             continue
         contexts.append(total)
         left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
-        steps = left if steps is None or left < steps else steps
+        finish_at = left if finish_at is None or left < finish_at else finish_at
+    steps = None if finish_at is None else finish_at + finish  # through the finishing step, with finish
+    if limit is not None and (steps is None or limit < steps):
+        steps = limit
     plan_chunks: list[tuple[int, int]] = []
     joining = None
     if prefill is not None:
@@ -105,8 +114,10 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
         total = prefill.prompt_len + len(prefill.outputs)
         if c and sum(plan_chunks[-1]) == total:  # its last chunk samples: it decodes from step c on
             joining = total + 1 - c
-            left = prefill.max_new_tokens - len(prefill.outputs) - 2  # decode steps before its finishing one
-            steps = c + left if steps is None or c + left < steps else steps
+            left = c + prefill.max_new_tokens - len(prefill.outputs) - 2  # the step of its finishing decode
+            finish_at = left if finish_at is None or left < finish_at else finish_at
+            if steps is None or left + finish < steps:
+                steps = left + finish
         else:
             steps = c
     if steps and state.waiting and len(running) < config.max_running:  # step tries to admit the head each step
@@ -141,7 +152,8 @@ def plan_run(state: SchedulerState, evict: bool, chunks: bool, limit: int | None
             takes = [t for t in takes if t[0] < j]
             del plan_chunks[j:]
             break
-    return RunPlan(steps, takes, plan_chunks, contexts, joining if len(plan_chunks) < steps else None)
+    finishes = finish and finish_at is not None and steps == finish_at + 1
+    return RunPlan(steps, takes, plan_chunks, contexts, joining if len(plan_chunks) < steps else None, finishes)
 
 
 def _refused_steps(
@@ -214,10 +226,13 @@ def _decode_takes(decoding: Sequence[Request], steps: int, page_size: int) -> li
     return out
 
 
-def advance_run(state: SchedulerState, run: RunPlan, steps: int, tokens: Sequence[int]) -> list[RunTake]:
+def advance_run(
+    state: SchedulerState, run: RunPlan, steps: int, tokens: Sequence[int]
+) -> tuple[list[RunTake], list[Request]]:
     """Apply the first ``steps`` steps of ``run``, which ``plan_run`` returned for the state as it is (nothing
     changed since), with ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each page
-    take, in order."""
+    take, in order, and the requests whose last token the last step sampled (in running order: the caller
+    finishes them, as ``Scheduler.update`` does)."""
     if not 0 < steps <= run.steps:
         raise DsakvError(f"advance_run: steps = {steps!r}: must be in 1..{run.steps} (the run's steps)")
     running = state.running
@@ -263,4 +278,7 @@ def advance_run(state: SchedulerState, run: RunPlan, steps: int, tokens: Sequenc
         req.outputs.extend([token] * k)
         req.num_computed = req.prompt_len + len(req.outputs) - 1
     stats.steps += steps
-    return taken
+    finished = []
+    if run.finishes and steps == run.steps:
+        finished = [req for req in running if len(req.outputs) >= req.max_new_tokens]
+    return taken, finished

@@ -261,20 +261,25 @@ class Scheduler(SchedulerState):
         req.stats.finish_step = plan.step
 
     # ----- runs of steps (the simulator's analytic advance: dsakv.scheduler.runs) -------------------------
-    def plan_run(self, evict: bool = False, chunks: bool = False) -> RunPlan:
+    def plan_run(self, evict: bool = False, chunks: bool = False, finish: bool = False) -> RunPlan:
         """The next steps that form a run ``advance_run`` may apply at once (``runs.plan_run``; ``steps`` 0
         when the next step is not one): plain decode steps of every running request (with ``chunks``, the newest
-        one may be prefilling, a chunk a step), none finishing a request, every page from the free list or
-        (``evict``) the prefix cache. Does not modify the scheduler. Requests arriving meanwhile are the
-        caller's to account for (they end a run)."""
-        return plan_run(self, evict, chunks)
+        one may be prefilling, a chunk a step), none admitting or finishing a request (with ``finish``, the last
+        may finish some), every page from the free list or (``evict``) the prefix cache. Does not modify the
+        scheduler. Requests arriving meanwhile are the caller's to account for (they end a run)."""
+        return plan_run(self, evict, chunks, finish)
 
-    def advance_run(self, run: RunPlan, steps: int, tokens: Sequence[int]) -> list[RunTake]:
+    def advance_run(self, run: RunPlan, steps: int, tokens: Sequence[int]) -> tuple[list[RunTake], list[Request]]:
         """Apply the first ``steps`` steps of ``run`` (what ``plan_run`` returned, with no call that changes the
-        scheduler since): the same pages, evictions, tokens, counts and step indices as ``steps`` calls of
-        ``step`` + ``update`` with ``tokens[i]`` sampled for ``running[i]`` each step it samples. Returns each
-        page take, in order."""
-        return advance_run(self, run, steps, tokens)
+        scheduler since): the same pages, evictions, tokens, counts, step indices and finished requests as
+        ``steps`` calls of ``step`` + ``update`` with ``tokens[i]`` sampled for ``running[i]`` each step it
+        samples. Returns each page take, in order, and the requests that finished (their prompts released)."""
+        taken, finished = advance_run(self, run, steps, tokens)
+        if finished:
+            plan = BatchPlan(step=self.stats.steps - 1)  # the last step's: what it frees is nobody's to carry out
+            for req in finished:
+                self._finish(req, plan)
+        return taken, finished
 
     def load_backs_done(self, request_ids: Sequence[Hashable], *, failed: Sequence[Hashable] = ()) -> None:
         """The executor finished the load-backs of these LOADING requests (``plan.load_backs``): each becomes

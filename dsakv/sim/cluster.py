@@ -64,8 +64,9 @@ class Instance:
     # waiting requests (all groups) at step ends: the most, and the sum over steps (mean = sum / steps)
     peak_waiting: int = 0
     sum_waiting: int = 0
-    # a run of steps in flight (Cluster._start_run): its start and step ends, and its busy groups
-    run: tuple[list[float], list[Simulation]] | None = None
+    # a run of steps in flight (Cluster._start_run): its start and step ends, its busy groups, and whether its
+    # last step finishes requests (then it is applied at that step's start, as step by step)
+    run: tuple[list[float], list[Simulation], bool] | None = None
     version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
 
 
@@ -201,12 +202,14 @@ class Cluster:
             np.maximum, (sim.run_seconds(run, steps, dp_tokens, dp_decodes) for sim, run in busy)
         )
         ends = list(itertools.accumulate(seconds.tolist(), initial=now))
-        inst.run = (ends, [sim for sim, _ in busy])
-        return ends[-1]
+        finishes = any(run.finishes and run.steps == steps for _, run in busy)
+        inst.run = (ends, [sim for sim, _ in busy], finishes)
+        return ends[-2] if finishes else ends[-1]
 
     def _cut_run(self, inst: Instance, arrival_s: float) -> None:
         """A request routed to ``inst`` at ``arrival_s`` ends its run after the step in flight then (step by
-        step, the steps starting before the arrival run without it); the instance steps on from that end."""
+        step, the steps starting before the arrival run without it); the instance steps on from that end.
+        (A run whose last step finishes requests is applied at that step's start: no later arrival cuts it.)"""
         ends = inst.run[0]
         steps = bisect.bisect_left(ends, arrival_s, hi=len(ends) - 1)  # steps starting before the arrival
         self._apply_run(inst, steps)
@@ -215,12 +218,16 @@ class Cluster:
 
     def _apply_run(self, inst: Instance, steps: int) -> None:
         """Apply the first ``steps`` steps of ``inst``'s run to its groups (idle groups sample the timeline)."""
-        ends, busy = inst.run
+        ends, busy, finishes = inst.run
         inst.run = None
         done = ends[1 : steps + 1]
+        if finishes and steps == len(ends) - 1:
+            self._clock(ends[-1])  # what the last step stores when it finishes requests happens at its end
         for sim in inst.groups:
             if any(sim is b for b in busy):
+                before = len(sim.records)
                 sim.apply_run(done)
+                self._settle(sim, before)
             else:
                 sim.observe_run(done)
         waiting = sum(len(sim.scheduler.waiting) for sim in inst.groups)  # the same every step of a run
@@ -300,8 +307,12 @@ class Cluster:
             if version != inst.version:
                 continue  # the end of a run an arrival cut short: the instance's entry is the cut's
             before = self._steps
-            if inst.run is not None:  # its run has ended: apply it whole
-                self._apply_run(inst, len(inst.run[0]) - 1)
+            if inst.run is not None:  # its run has ended (or its finishing last step starts): apply it whole
+                ends, _, finishes = inst.run
+                self._apply_run(inst, len(ends) - 1)
+                if finishes:  # as a step that finishes requests: applied at its start, the instance goes on at its end
+                    heapq.heappush(heap, (ends[-1], i, inst.version))
+                    continue
             end = self._start_run(inst, now)
             if end is None:
                 end = self._step(inst, now)

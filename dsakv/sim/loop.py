@@ -354,7 +354,7 @@ class Simulation:
         if not self.analytic_decode or self._loads:
             run = NO_RUN
         else:
-            run = self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs)
+            run = self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs, finish=True)
         self._run = run
         return run
 
@@ -368,32 +368,50 @@ class Simulation:
     def apply_run(self, ends: Sequence[float]) -> None:
         """Apply ``len(ends)`` steps of the run ``plan_run`` planned last (nothing changed since) ending at
         ``ends``: the scheduler's state, the counters, the first token of a request whose last chunk the run
-        computes, and the timeline become what ``run_step`` step by step makes them (no request finishes or is
-        admitted)."""
+        computes, the requests its last step finishes, and the timeline become what ``run_step`` step by step
+        makes them (no request is admitted)."""
         live, counters, running = self.live, self.counters, self.scheduler.running
         tokens = [live[req.id].output_ids[0] for req in running]
         used, cached = self.allocator.num_allocated, self._cached_pages()
+        newest = running[-1]
         run, self._run = self._run, NO_RUN
-        taken = self.scheduler.advance_run(run, len(ends), tokens)
+        taken, finished = self.scheduler.advance_run(run, len(ends), tokens)
         counters.steps += len(ends)
         evicting = {t.step for t in taken if t.evicted_tokens}
         if evicting:
             counters.evicted_tokens += sum(t.evicted_tokens for t in taken)
             counters.eviction_steps += len(evicting)
-        newest = live[running[-1].id]
-        if newest.first_token_s is None and running[-1].stats.first_token_step is not None:
-            newest.first_token_s = ends[len(run.chunks) - 1]  # the run's step of its last chunk
-        self.observe_run(ends, used, cached, taken)
+        tracker = live[newest.id]
+        if tracker.first_token_s is None and newest.stats.first_token_step is not None:
+            tracker.first_token_s = ends[len(run.chunks) - 1]  # the run's step of its last chunk
+        if not finished:
+            self.observe_run(ends, used, cached, taken)
+            return
+        for req in finished:
+            self.leave(req, ends[-1], "finished")
+        if len(ends) > 1:  # the steps before the last: its takes aside (the pool then changes by the finishes too)
+            last = len(ends) - 1
+            self.observe_run(ends[:-1], used, cached, [t for t in taken if t.step < last], len(running) + len(finished))
+        self.observe(ends[-1])
 
     def _cached_pages(self) -> int:
         return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
 
-    def observe_run(self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[RunTake] = ()) -> None:
-        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
-        page takes), ``used`` and ``cached`` are the pool's pages in use and cache-only before the run; without,
-        the pool does not change in the run."""
-        timeline, running = self.timeline, len(self.scheduler.running)
-        if not taken:
+    def observe_run(
+        self,
+        ends: Sequence[float],
+        used: int | None = None,
+        cached: int | None = None,
+        taken: Sequence[RunTake] = (),
+        running: int | None = None,
+    ) -> None:
+        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. ``used`` and ``cached`` are
+        the pool's pages in use and cache-only before the run (None: as now), which ``taken`` (the run's page
+        takes) change. ``running``: the requests running in those steps (None: those running now)."""
+        timeline = self.timeline
+        if running is None:
+            running = len(self.scheduler.running)
+        if used is None:
             used, cached = self.allocator.num_allocated, self._cached_pages()
         if timeline.merge_equal:  # one sample per stretch of equal values: each ends before a step that takes pages
             ps, first = self.setup.page_tokens, 0  # the current stretch's first step

@@ -101,7 +101,8 @@ def test_advance_run_equals_the_steps_one_by_one():
     run = many.plan_run()
     steps = run.steps
     assert steps == 10  # b generates its 12th token at the 11th step: the run stops before it
-    taken = many.advance_run(run, steps, [7, 8])
+    taken, finished = many.advance_run(run, steps, [7, 8])
+    assert not finished
     for _ in range(steps):
         plan = one.step()
         one.update(plan, [[7], [8]])
@@ -112,6 +113,30 @@ def test_advance_run_equals_the_steps_one_by_one():
     assert one.stats == many.stats and one.allocator.free_stack() == many.allocator.free_stack()
     assert [(t.step, t.pages) for t in taken] == [(3, 1), (3, 1), (7, 1), (7, 1)]  # a's 9th, 13th, b's 13th, 17th
     many.check_integrity()
+
+
+def test_a_run_may_end_with_the_step_that_finishes_requests():
+    one, many = _decoding(12), _decoding(12)
+    run = many.plan_run(finish=True)
+    assert run.steps == 11 and run.finishes  # b's 12th token, at the 11th step, finishes it
+    taken, finished = many.advance_run(run, run.steps, [7, 8])
+    done = []
+    for _ in range(run.steps):
+        plan = one.step()
+        done += one.update(plan, [[7], [8]])
+    assert [r.id for r in finished] == [r.id for r in done] == ["b"]
+    (a,), (b,) = one.running, many.running
+    assert (a.outputs, a.pages, a.num_computed, a.stats.to_dict()) == (
+        b.outputs, b.pages, b.num_computed, b.stats.to_dict()
+    )  # fmt: skip
+    assert finished[0].stats.to_dict() == done[0].stats.to_dict() and finished[0].status is done[0].status
+    assert one.stats == many.stats and one.allocator.free_stack() == many.allocator.free_stack()
+    assert one.radix.evictable_tokens == many.radix.evictable_tokens > 0  # b's pages entered the cache
+    many.check_integrity()
+    cut = _decoding(12)
+    run = cut.plan_run(finish=True)
+    cut.advance_run(run, run.steps - 1, [7, 8])  # cut before its last step: nothing finishes
+    assert len(cut.running) == 2 and cut.stats.finished == 0
 
 
 def test_a_run_ends_where_the_free_list_and_the_cache_run_dry():
@@ -150,7 +175,7 @@ def test_a_run_carries_the_newest_requests_prefill_chunks():
     assert run.steps == 5  # p then decodes; a's 4th page, at step 5, would take a preemption
     assert many.plan_run(evict=True).steps == 0  # without chunks, p's prefill is no run
     assert many.plan_run(chunks=True).steps == 1  # without eviction, 3 free pages last one step
-    taken = many.advance_run(run, run.steps, [7, 7])
+    taken, _ = many.advance_run(run, run.steps, [7, 7])
     for _ in range(run.steps):
         _step(one)
     for a, b in zip(one.running, many.running):
@@ -179,7 +204,7 @@ def test_a_prefills_last_chunk_samples_its_first_token_and_it_decodes_on():
     sched, twin = _alone(8), _alone(8)
     run = sched.plan_run(chunks=True)
     assert run.chunks == [(8, 8), (8, 16), (10, 24)] and run.steps == 9  # then 6 decodes (the 8th token finishes)
-    taken = sched.advance_run(run, run.steps, [9])
+    taken, _ = sched.advance_run(run, run.steps, [9])
     assert [(t.step, t.pages) for t in taken] == [(0, 2), (1, 2), (2, 3), (5, 1)]  # at step 5 its 37th token
     for _ in range(run.steps):
         _step(twin, 9)
