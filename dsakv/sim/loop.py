@@ -15,13 +15,14 @@ One iteration (``Simulation.run``)::
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
 Runs of steps (``analytic_decode``, on by default): when every running request decodes one token per step,
-or the newest one prefills a chunk per step beside them (the ``mixed`` policy; nothing waiting or loading, no
-drafts, no lower tiers), the steps until the first one that finishes a request, needs a page the free list
-and the evictable cache cannot give, or starts at or after the next arrival are applied at once (up to the
-prefilling request's last chunk, which samples its first token: ``Scheduler.advance_run``, the same pages,
-evictions and tokens in the same order; the step-time model prices the run as arrays, ``run_seconds``; the
-clock adds the step times one by one). Records, timeline and figures equal stepping them one by one, bit for
-bit (tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
+or the newest one prefills a chunk per step beside them (the ``mixed`` policy; its last chunk samples its first
+token, then it decodes with the others), with no drafts, lower tiers or loads, and nobody waiting who could be
+admitted, the steps up to the first one that finishes a request (included), or up to the first one that needs a
+page the free list and the evictable cache cannot give or starts at or after the next arrival (excluded), are
+applied at once (``Scheduler.advance_run``: the same pages, evictions, tokens and finishes in the same order;
+the step-time model prices the run as arrays, ``run_seconds``; the clock adds the step times one by one).
+Records, timeline and figures equal stepping them one by one, bit for bit (tests/sim/test_sim_analytic.py);
+``analytic_decode=False`` (``--no-analytic-decode``) steps them.
 
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
