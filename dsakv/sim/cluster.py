@@ -16,12 +16,15 @@ classes as a single run), stepped from here; the cluster adds what lies between 
   to run sleeps until a request is routed to it.
 
 * **Runs.** An instance whose groups all decode plainly (or idle; with one group per instance, the newest
-  request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next woken at its last end; a request routed to it before then
-  cuts the run after the step in flight at its arrival (the steps starting before it are applied, as step
-  by step). Nothing a router sees changes inside a run (no request leaves; with a router that watches the
-  trees, KV-aware or oracle, no page enters or leaves them), so an arrival touches one instance's run only:
-  the cost per request does not grow with the instances. With several groups in all, each group's timeline
-  keeps one sample per stretch of equal values (``Timeline.merge_equal``): bounded by events, not steps.
+  request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next
+  woken at its last end; a request routed to it before then cuts the run after the step in flight at its
+  arrival (the steps starting before it are applied, as step by step). Nothing a router sees changes inside a
+  run (no request leaves before its last step; with a router that watches the trees, KV-aware or oracle, no
+  page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
+  grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
+  step by step loop plans it and its requests leave, and the instance is woken again at its end. With several
+  groups in all, each group's timeline keeps one sample per stretch of equal values
+  (``Timeline.merge_equal``): bounded by events, not steps.
 
 With one instance of one group this is exactly ``dsakv.sim.loop.simulate`` (same records, same figures: a
 test pins it). The result is a ``SimResult`` for the whole cluster (records of every group, pool figures
