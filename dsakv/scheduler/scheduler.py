@@ -27,8 +27,9 @@ without the general helpers, because it runs once per token at scale. Each fast 
 its helper (``batch.next_item``, ``rollback.accept_tokens``); tests/scheduler/test_scheduler_fast_paths.py
 pins each to its helper.
 
-Mutation contract: ``add_request``, ``step``, ``update``, ``abort`` and ``preempt`` are the only mutators;
-each leaves ``check_integrity`` true. Between ``step`` and ``update`` a plan is in flight: only ``update``
+Mutation contract: ``add_request``, ``step``, ``update``, ``abort``, ``preempt`` and ``advance_run`` (the
+simulator's runs of steps applied at once, ``dsakv.scheduler.runs``) are the only mutators (``load_backs_done``
+aside); each leaves ``check_integrity`` true. Between ``step`` and ``update`` a plan is in flight: only ``update``
 may be called (the pages it names must not move). Finished, rejected and aborted requests are dropped from
 the scheduler, and their prompts released, so a long trace never holds every prompt at once.
 """
