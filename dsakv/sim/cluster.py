@@ -177,11 +177,12 @@ class Cluster:
     # ----- runs of steps advanced at once ------------------------------------------------------
     def _start_run(self, inst: Instance, now: float) -> float | None:
         """Start a run of steps of ``inst`` at ``now`` when every group is idle or in a run
-        (``Simulation.plan_run``) for two steps or more; returns the run's last end (None: no run).
+        (``Simulation.plan_run``) for two steps or more; returns when the instance is next woken (None: no
+        run): the run's last end, or its last step's start when that step finishes requests.
 
-        The run is applied when that end is reached, or cut by the first request routed to ``inst`` before
-        it (``_cut_run``). Nothing the router sees changes inside a run (no request leaves, no page enters or
-        leaves the prefix cache), so no other instance waits on it."""
+        The run is applied then, or cut by the first request routed to ``inst`` before it (``_cut_run``).
+        Nothing the router sees changes before a run's last step (no request leaves, no page enters or leaves
+        the prefix cache), so no other instance waits on it."""
         if not self.analytic_decode:
             return None
         steps, busy = None, []
