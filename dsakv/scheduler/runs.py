@@ -87,6 +87,14 @@ def plan_run(
     ):
         return NO_RUN
     ps = state.page_size
+    newest = running[-1]
+    if (
+        state.waiting
+        and len(running) < config.max_running
+        and config.max_batched_tokens - len(running) >= ps
+        and newest.num_computed == newest.prompt_len + len(newest.outputs) - 1
+    ):
+        return NO_RUN  # nobody prefills: the budget the decodes leave admits the head (``_refusal``), step by step
     finish_at = None  # the first step that samples a request's last token
     prefill = None
     last = len(running) - 1

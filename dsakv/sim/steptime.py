@@ -475,18 +475,14 @@ class RooflineStepTime:
         q = 1 + self.mtp_draft
         dec_topk = _clipped_run(decode, first.dec_topk, topk, j)
         dec_rows = dec_topk if q == 1 else _clipped_run(decode, first.dec_rows, q * topk, j)
-        run = first._replace(dec_sum=dec_sum, dec_topk=dec_topk, dec_rows=dec_rows)
         if chunk:
             n, starts = chunk
             ctx = np.array(starts, dtype=np.int64)
-            run = run._replace(
-                pf_chunks=1,
-                pf_tokens=n,
-                pf_keys=n + ctx,
-                pf_idx_pairs=n * ctx + n * (n + 1) // 2,
-                pf_pairs=np.array([_sparse_pairs(n, c, topk) for c in starts], dtype=np.int64),
-                pf_chunk_rows=np.minimum(n + ctx, n * topk),
-            )
+            pairs = np.array([_sparse_pairs(n, c, topk) for c in starts], dtype=np.int64)
+            prefill = (1, n, n + ctx, n * ctx + n * (n + 1) // 2, pairs, np.minimum(n + ctx, n * topk))
+        else:
+            prefill = (0, 0, 0, 0, 0, 0)
+        run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
         return self.price(run, *dp).total_seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
