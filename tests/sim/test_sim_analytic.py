@@ -4,6 +4,8 @@ cluster, the router's decisions and the KV-aware router's index too."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dsakv.cache.allocator import PageAllocator
@@ -235,3 +237,13 @@ def test_a_run_holds_waiting_requests_only_while_the_budget_left_refuses_them():
     hit, _ = _prefilling()
     hit.add_request(list(range(500, 521)), 4, request_id="w")  # 20 of its 21 tokens are cached
     assert hit.plan_run(evict=True, chunks=True).steps == 0
+
+
+def test_decodes_with_a_request_waiting_form_a_run_only_at_max_running():
+    sched = _decoding(40)
+    sched.add_request(list(range(300, 310)), 4, request_id="w")  # 62 tokens of budget left: it would be admitted
+    assert sched.plan_run(finish=True).steps == 0
+    full = _decoding(40)
+    full.config = replace(full.config, max_running=2)  # no room: admission is never tried
+    full.add_request(list(range(300, 310)), 4, request_id="w")
+    assert full.plan_run(finish=True).steps == 11
