@@ -60,14 +60,9 @@ def decode_steps(anchor: dict, traces: Path) -> str:
     recorder = RecordingStepTime(model)
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
-    # every step through step_seconds (the recorder), not runs of decode steps priced at once
-    simulate(
-        cfg,
-        requests,
-        setup=dataclasses.replace(setup, step_time=recorder),
-        counters=opened.counters,
-        analytic_decode=False,
-    )
+    # step by step (no run advanced at once), so the recorder sees every step: the same records either way
+    setup = dataclasses.replace(setup, step_time=recorder)
+    simulate(cfg, requests, setup=setup, counters=opened.counters, analytic_decode=False)
     steps = recorder.steps
     kinds = {
         "decode-only": [s for s in steps if s[1] and not s[0]],

@@ -360,13 +360,17 @@ class RadixCache(RadixState):
             self._emit(event)  # last: the tree is consistent whatever the sink does
         return InsertResult(matched * ps, dup, node, tree_pages)
 
-    def evict(self, num_tokens: int) -> EvictResult:
+    def evict(self, num_tokens: int, *, hand_over: bool = False) -> EvictResult:
         """Evict at least ``num_tokens`` tokens (rounded up to whole pages) or all that is evictable,
         least valuable leaf pages first; frees them through the allocator (both caches).
 
         Never fails for want of evictable pages: with everything locked (or nothing cached) it frees nothing,
         and the result says how much it freed (``evicted_tokens``, ``freed_pages``) and how much of the
-        request it could not (``short_tokens``). Raises ``DsakvError`` only for a bad ``num_tokens``."""
+        request it could not (``short_tokens``). Raises ``DsakvError`` only for a bad ``num_tokens``.
+
+        ``hand_over``: the pages leave the tree but stay allocated, handed to the caller, which holds them:
+        what freeing them and allocating as many from an empty free list gives (the same ids, in order),
+        without the round trip (the simulator's runs of steps take evicted pages this way)."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
         if not num_tokens or not self._evictable:
@@ -382,7 +386,8 @@ class RadixCache(RadixState):
         tokens = len(freed) * self.page_size
         self._evictable -= tokens
         self.metrics.evicted_tokens += tokens
-        self.allocator.free(freed)
+        if not hand_over:
+            self.allocator.free(freed)
         if freed and self.event_sink is not None:
             self._emit(PagesRemoved(tuple(hashes), tuple(freed)))
         return EvictResult(tokens, freed, num_tokens)

@@ -27,8 +27,9 @@ without the general helpers, because it runs once per token at scale. Each fast 
 its helper (``batch.next_item``, ``rollback.accept_tokens``); tests/scheduler/test_scheduler_fast_paths.py
 pins each to its helper.
 
-Mutation contract: ``add_request``, ``step``, ``update``, ``abort`` and ``preempt`` are the only mutators;
-each leaves ``check_integrity`` true. Between ``step`` and ``update`` a plan is in flight: only ``update``
+Mutation contract: ``add_request``, ``step``, ``update``, ``abort``, ``preempt`` and ``advance_run`` (the
+simulator's runs of steps applied at once, ``dsakv.scheduler.runs``) are the only mutators (``load_backs_done``
+aside); each leaves ``check_integrity`` true. Between ``step`` and ``update`` a plan is in flight: only ``update``
 may be called (the pages it names must not move). Finished, rejected and aborted requests are dropped from
 the scheduler, and their prompts released, so a long trace never holds every prompt at once.
 """
@@ -53,6 +54,7 @@ from dsakv.scheduler.request import (
     check_request_id,
 )
 from dsakv.scheduler.rollback import accept_tokens
+from dsakv.scheduler.runs import RunPlan, RunTake, advance_run, plan_run
 from dsakv.scheduler.state import SchedulerState
 
 
@@ -260,87 +262,26 @@ class Scheduler(SchedulerState):
         self._retire(req, Status.FINISHED, "finished", "")
         req.stats.finish_step = plan.step
 
-    # ----- runs of plain decode steps (the simulator's analytic advance) -------------------------------
-    def decode_run_steps(self, evict: bool = False) -> int:
-        """How many of the next steps are plain decode steps that ``advance_decode`` may apply at once: every
-        step a decode of one token of every running request (no drafts, nothing waiting or loading, nothing
-        pending from ``abort`` / ``preempt``, no lower tiers, pages inserted at finish), none of them finishing
-        a request and every page they take coming off the free list or, with ``evict``, from evicting the
-        prefix cache (never from preempting). 0 when the next step is not such a step. Requests arriving
-        meanwhile are the caller's to account for (they end a run)."""
-        running, pending = self.running, self.pending
-        if (
-            not running
-            or self.in_flight is not None
-            or self.waiting
-            or self.loading
-            or self.tiers is not None
-            or self.insert_as_written
-            or self.config.num_draft_tokens
-            or len(running) > self.config.max_batched_tokens
-            or pending.freed_pages
-            or pending.offloads
-            or pending.preempted
-        ):
-            return 0
-        steps = None
-        for req in running:
-            stats = req.stats
-            if (
-                req.status is not Status.RUNNING
-                or req.num_computed != req.prompt_len + len(req.outputs) - 1
-                or stats.first_token_step is None
-                or req.eos_token_id is not None
-            ):
-                return 0
-            left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
-            steps = left if steps is None or left < steps else steps
-        if steps:
-            pages = self._decode_run_pages(steps)
-            available = self.allocator.num_free
-            if evict and self.radix is not None:
-                available += self.radix.evictable_tokens // self.page_size
-            if len(pages) > available:  # the first step short of a page ends the run (it evicts or preempts)
-                steps = pages[available][0]
-        return steps
+    # ----- runs of steps (the simulator's analytic advance: dsakv.scheduler.runs) -------------------------
+    def plan_run(self, evict: bool = False, chunks: bool = False, finish: bool = False) -> RunPlan:
+        """The next steps that form a run ``advance_run`` may apply at once (``runs.plan_run``; ``steps`` 0
+        when the next step is not one): plain decode steps of every running request (with ``chunks``, the newest
+        one may be prefilling, a chunk a step), none admitting or finishing a request (with ``finish``, the last
+        may finish some), every page from the free list or (``evict``) the prefix cache. Does not modify the
+        scheduler. Requests arriving meanwhile are the caller's to account for (they end a run)."""
+        return plan_run(self, evict, chunks, finish)
 
-    def _decode_run_pages(self, steps: int) -> list[tuple[int, int]]:
-        """``(step, running index)`` of each page the next ``steps`` plain decode steps take, in the order
-        ``step`` would take them: step by step, running requests in order."""
-        ps, out = self.page_size, []
-        for i, req in enumerate(self.running):
-            total = req.prompt_len + len(req.outputs)  # the context of its decode in the run's first step
-            first = max(len(req.pages) * ps + 1 - total, 0)  # the first step whose token needs a new page
-            out.extend((j, i) for j in range(first, steps, ps))
-        out.sort()
-        return out
-
-    def advance_decode(self, steps: int, tokens: Sequence[int], evict: bool = False) -> list[tuple[int, int]]:
-        """Apply ``steps`` plain decode steps at once (at most ``decode_run_steps(evict)``): the same pages,
-        evictions, tokens, counts and step indices as ``steps`` calls of ``step`` + ``update`` with
-        ``tokens[i]`` sampled for ``running[i]`` every step. Returns ``(step, evicted tokens)`` for each page
-        taken, in order (``step`` 0-based in the run)."""
-        if not 0 < steps <= self.decode_run_steps(evict):
-            raise DsakvError(f"advance_decode: steps = {steps!r}: must be in 1..decode_run_steps({evict})")
-        if len(tokens) != len(self.running):
-            raise DsakvError(f"advance_decode: {len(tokens)} tokens for {len(self.running)} running requests")
-        running, alloc, radix, ps = self.running, self.allocator, self.radix, self.page_size
-        taken = []
-        for j, i in self._decode_run_pages(steps):
-            req = running[i]
-            evicted = 0
-            while alloc.num_free < 1:  # take_pages: evict the shortfall (decode_run_steps counted it evictable)
-                evicted += radix.evict((1 - alloc.num_free) * ps).evicted_tokens
-            self.stats.evicted_tokens += evicted
-            req.pages.extend(alloc.alloc(1))
-            req.stats.pages_written += 1
-            taken.append((j, evicted))
-        for req, token in zip(running, tokens):
-            req.stats.computed_tokens += steps
-            req.outputs.extend([token] * steps)
-            req.num_computed = req.prompt_len + len(req.outputs) - 1
-        self.stats.steps += steps
-        return taken
+    def advance_run(self, run: RunPlan, steps: int, tokens: Sequence[int]) -> tuple[list[RunTake], list[Request]]:
+        """Apply the first ``steps`` steps of ``run`` (what ``plan_run`` returned, with no call that changes the
+        scheduler since): the same pages, evictions, tokens, counts, step indices and finished requests as
+        ``steps`` calls of ``step`` + ``update`` with ``tokens[i]`` sampled for ``running[i]`` each step it
+        samples. Returns each page take, in order, and the requests that finished (their prompts released)."""
+        taken, finished = advance_run(self, run, steps, tokens)
+        if finished:
+            plan = BatchPlan(step=self.stats.steps - 1)  # the last step's: what it frees is nobody's to carry out
+            for req in finished:
+                self._finish(req, plan)
+        return taken, finished
 
     def load_backs_done(self, request_ids: Sequence[Hashable], *, failed: Sequence[Hashable] = ()) -> None:
         """The executor finished the load-backs of these LOADING requests (``plan.load_backs``): each becomes

@@ -15,13 +15,16 @@ classes as a single run), stepped from here; the cluster adds what lies between 
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
 
-* **Runs.** An instance whose groups all decode plainly (or idle) starts a run of decode steps
-  (``Simulation.decode_run_steps``) and is next woken at its last end; a request routed to it before then
-  cuts the run after the step in flight at its arrival (the steps starting before it are applied, as step
-  by step). Nothing a router sees changes inside a run (no request leaves; with a router that watches the
-  trees, KV-aware or oracle, no page enters or leaves them), so an arrival touches one instance's run only:
-  the cost per request does not grow with the instances. With several groups in all, each group's timeline
-  keeps one sample per stretch of equal values (``Timeline.merge_equal``): bounded by events, not steps.
+* **Runs.** An instance whose groups all decode plainly (or idle; with one group per instance, the newest
+  request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next
+  woken at its last end; a request routed to it before then cuts the run after the step in flight at its
+  arrival (the steps starting before it are applied, as step by step). Nothing a router sees changes inside a
+  run (no request leaves before its last step; with a router that watches the trees, KV-aware or oracle, no
+  page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
+  grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
+  step by step loop plans it and its requests leave, and the instance is woken again at its end. With several
+  groups in all, each group's timeline keeps one sample per stretch of equal values
+  (``Timeline.merge_equal``): bounded by events, not steps.
 
 With one instance of one group this is exactly ``dsakv.sim.loop.simulate`` (same records, same figures: a
 test pins it). The result is a ``SimResult`` for the whole cluster (records of every group, pool figures
@@ -66,8 +69,9 @@ class Instance:
     # waiting requests (all groups) at step ends: the most, and the sum over steps (mean = sum / steps)
     peak_waiting: int = 0
     sum_waiting: int = 0
-    # a run of plain decode steps in flight (Cluster._start_run): its start and step ends, and its busy groups
-    run: tuple[list[float], list[Simulation]] | None = None
+    # a run of steps in flight (Cluster._start_run): its start and step ends, its busy groups, and whether its
+    # last step finishes requests (then it is applied at that step's start, as step by step)
+    run: tuple[list[float], list[Simulation], bool] | None = None
     version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
 
 
@@ -109,6 +113,9 @@ class Cluster:
         if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
             for _, sim in self.targets:
                 sim.evict_in_runs = False
+        if self.dp > 1:  # a group's chunk sizes would change every group's step time (the MoE's dp_tokens)
+            for _, sim in self.targets:
+                sim.chunks_in_runs = False
         self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
@@ -167,45 +174,51 @@ class Cluster:
 
     def _settle(self, sim: Simulation, before: int) -> None:
         """Requests that left ``sim`` since it held ``before`` records no longer load their target."""
-        for rec in sim.records[before:]:
-            target, tokens = self._held.pop(rec.id)
-            self._load.add(target, -tokens)
+        if len(sim.records) > before:
+            for request_id in sim.records.column("id")[before:]:  # the ids alone: no record object is made
+                target, tokens = self._held.pop(request_id)
+                self._load.add(target, -tokens)
 
-    # ----- runs of plain decode steps ------------------------------------------------------------
+    # ----- runs of steps advanced at once ------------------------------------------------------
     def _start_run(self, inst: Instance, now: float) -> float | None:
-        """Start a run of plain decode steps of ``inst`` at ``now`` when every group is idle or in such a run
-        (``Simulation.decode_run_steps``) for two steps or more; returns the run's last end (None: no run).
+        """Start a run of steps of ``inst`` at ``now`` when every group is idle or in a run
+        (``Simulation.plan_run``) for two steps or more; returns when the instance is next woken (None: no
+        run): the run's last end, or its last step's start when that step finishes requests.
 
-        The run is applied when that end is reached, or cut by the first request routed to ``inst`` before
-        it (``_cut_run``). Nothing the router sees changes inside a run (no request leaves, no page enters or
-        leaves the prefix cache), so no other instance waits on it."""
+        The run is applied then, or cut by the first request routed to ``inst`` before it (``_cut_run``).
+        Nothing the router sees changes before a run's last step (no request leaves, no page enters or leaves
+        the prefix cache), so no other instance waits on it."""
         if not self.analytic_decode:
             return None
         steps, busy = None, []
         for sim in inst.groups:
             if sim.scheduler.is_idle:
                 continue
-            k = sim.decode_run_steps()
-            if k < 2:
+            run = sim.plan_run()
+            if run.steps < 2:
                 return None
-            busy.append(sim)
-            steps = k if steps is None or k < steps else steps
+            busy.append((sim, run))
+            steps = run.steps if steps is None or run.steps < steps else steps
         if not busy:
             return None
         dp_tokens = dp_decodes = None
         if self.dp > 1:  # as ``_step``: the MoE carries every busy group's decodes, the same each step of the run
             step_time = self.setup.step_time
-            dp_tokens = sum(step_time.step_tokens((), sim.scheduler.running) for sim in busy)
-            dp_decodes = sum(len(sim.scheduler.running) for sim in busy)
+            dp_tokens = sum(step_time.step_tokens((), sim.scheduler.running) for sim, _ in busy)
+            dp_decodes = sum(len(sim.scheduler.running) for sim, _ in busy)
         # lockstep: each step takes its slowest group's time (the same max as ``_step``'s, per step)
-        seconds = functools.reduce(np.maximum, (sim.decode_run_seconds(steps, dp_tokens, dp_decodes) for sim in busy))
+        seconds = functools.reduce(
+            np.maximum, (sim.run_seconds(run, steps, dp_tokens, dp_decodes) for sim, run in busy)
+        )
         ends = list(itertools.accumulate(seconds.tolist(), initial=now))
-        inst.run = (ends, busy)
-        return ends[-1]
+        finishes = any(run.finishes and run.steps == steps for _, run in busy)
+        inst.run = (ends, [sim for sim, _ in busy], finishes)
+        return ends[-2] if finishes else ends[-1]
 
     def _cut_run(self, inst: Instance, arrival_s: float) -> None:
         """A request routed to ``inst`` at ``arrival_s`` ends its run after the step in flight then (step by
-        step, the steps starting before the arrival run without it); the instance steps on from that end."""
+        step, the steps starting before the arrival run without it); the instance steps on from that end.
+        (A run whose last step finishes requests is applied at that step's start: no later arrival cuts it.)"""
         ends = inst.run[0]
         steps = bisect.bisect_left(ends, arrival_s, hi=len(ends) - 1)  # steps starting before the arrival
         self._apply_run(inst, steps)
@@ -214,14 +227,22 @@ class Cluster:
 
     def _apply_run(self, inst: Instance, steps: int) -> None:
         """Apply the first ``steps`` steps of ``inst``'s run to its groups (idle groups sample the timeline)."""
-        ends, busy = inst.run
+        ends, busy, finishes = inst.run
         inst.run = None
         done = ends[1 : steps + 1]
+        if finishes and steps == len(ends) - 1:
+            self._clock(ends[-1])  # what the last step stores when it finishes requests happens at its end
         for sim in inst.groups:
             if any(sim is b for b in busy):
-                sim.advance_decode(done)
+                before = len(sim.records)
+                sim.apply_run(done)
+                self._settle(sim, before)
             else:
                 sim.observe_run(done)
+        waiting = sum(len(sim.scheduler.waiting) for sim in inst.groups)  # the same every step of a run
+        if steps:
+            inst.sum_waiting += waiting * steps
+            inst.peak_waiting = max(inst.peak_waiting, waiting)
         before = inst.steps
         inst.steps += steps
         self._steps += steps
@@ -296,8 +317,12 @@ class Cluster:
             if version != inst.version:
                 continue  # the end of a run an arrival cut short: the instance's entry is the cut's
             before = self._steps
-            if inst.run is not None:  # its run has ended: apply it whole
-                self._apply_run(inst, len(inst.run[0]) - 1)
+            if inst.run is not None:  # its run has ended (or its finishing last step starts): apply it whole
+                ends, _, finishes = inst.run
+                self._apply_run(inst, len(ends) - 1)
+                if finishes:  # as a step that finishes requests: applied at its start, the instance goes on at its end
+                    heapq.heappush(heap, (ends[-1], i, inst.version))
+                    continue
             end = self._start_run(inst, now)
             if end is None:
                 end = self._step(inst, now)

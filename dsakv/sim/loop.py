@@ -14,13 +14,15 @@ One iteration (``Simulation.run``)::
              loop jumps to the next arrival or load-back end
     now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
 
-Runs of plain decode steps (``analytic_decode``, on by default): when every running request decodes one
-token per step (nothing waiting or loading, no drafts, no lower tiers), the steps until the first one that
-finishes a request, needs a page the free list and the evictable cache cannot give, or starts at or after
-the next arrival are applied at once (``Scheduler.advance_decode``: the same pages, evictions and tokens in
-the same order; the step-time model prices the run as arrays, ``decode_run_seconds``; the clock adds the
-step times one by one). Records, timeline and figures equal stepping them one by one, bit for bit
-(tests/sim/test_sim_analytic.py); ``analytic_decode=False`` (``--no-analytic-decode``) steps them.
+Runs of steps (``analytic_decode``, on by default): when every running request decodes one token per step,
+or the newest one prefills a chunk per step beside them (the ``mixed`` policy; its last chunk samples its first
+token, then it decodes with the others), with no drafts, lower tiers or loads, and nobody waiting who could be
+admitted, the steps up to the first one that finishes a request (included), or up to the first one that needs a
+page the free list and the evictable cache cannot give or starts at or after the next arrival (excluded), are
+applied at once (``Scheduler.advance_run``: the same pages, evictions, tokens and finishes in the same order;
+the step-time model prices the run as arrays, ``run_seconds``; the clock adds the step times one by one).
+Records, timeline and figures equal stepping them one by one, bit for bit (tests/sim/test_sim_analytic.py);
+``analytic_decode=False`` (``--no-analytic-decode``) steps them.
 
 Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
 request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
@@ -64,6 +66,7 @@ from dsakv.cache.tiers import TierIndex, WritePolicy
 from dsakv.errors import DsakvError
 from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
+from dsakv.scheduler.runs import NO_RUN, RunPlan, RunTake
 from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.frontend import FrontEnd
@@ -125,10 +128,14 @@ class Simulation:
         analytic_decode: bool = True,
     ) -> None:
         self.cfg, self.setup = cfg, setup
-        self.analytic_decode = analytic_decode  # advance runs of plain decode steps at once (decode_run_steps)
+        self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
         # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
         # a router peeking at it: the cluster clears this then)
         self.evict_in_runs = event_sink is None
+        # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
+        # groups' chunks (a cluster of DP-attention groups clears this)
+        self.chunks_in_runs = True
+        self._run = NO_RUN  # the run plan_run planned last, which apply_run applies
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
         self.radix = None
         if cfg.prefix_cache:
@@ -353,57 +360,98 @@ class Simulation:
         self.observe(end)
         return end
 
-    # ----- runs of plain decode steps ---------------------------------------------------------------
-    def decode_run_steps(self) -> int:
-        """How many of the next steps form a run of plain decode steps (``Scheduler.decode_run_steps``) that
-        ``advance_decode`` applies at once; 0 when the analytic advance is off or the next step is not one.
-        Arrivals are the caller's to cut the run at."""
+    # ----- runs of steps advanced at once ------------------------------------------------------------
+    def plan_run(self) -> RunPlan:
+        """The next steps that form a run ``apply_run`` applies at once (``Scheduler.plan_run``: plain decode
+        steps, the newest request possibly prefilling a chunk a step); ``steps`` 0 when the analytic advance is
+        off or the next step is not one. Arrivals are the caller's to cut the run at."""
         if not self.analytic_decode or self._loads:
-            return 0
-        return self.scheduler.decode_run_steps(self.evict_in_runs)
+            run = NO_RUN
+        else:
+            run = self.scheduler.plan_run(self.evict_in_runs, self.chunks_in_runs, finish=True)
+        self._run = run
+        return run
 
-    def decode_run_seconds(self, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None) -> np.ndarray:
-        """Seconds of each of the next ``steps`` plain decode steps (``price`` of each, step by step;
+    def run_seconds(
+        self, run: RunPlan, steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    ) -> np.ndarray:
+        """Seconds of each of the first ``steps`` steps of ``run`` (``price`` of each, step by step;
         ``dp_tokens`` / ``dp_decodes`` as ``price``'s, the same every step of a run)."""
-        contexts = [req.prompt_len + len(req.outputs) for req in self.scheduler.running]
-        return self.setup.step_time.decode_run_seconds(contexts, steps, dp_tokens, dp_decodes)
+        return self.setup.step_time.run_seconds(run.contexts, steps, run.chunks, dp_tokens, dp_decodes, run.joining)
 
-    def advance_decode(self, ends: Sequence[float]) -> None:
-        """Apply ``len(ends)`` plain decode steps ending at ``ends``: the scheduler's state, the counters and
-        the timeline become what ``run_step`` step by step makes them (no request finishes or is admitted)."""
-        live, counters = self.live, self.counters
-        tokens = [live[req.id].output_ids[0] for req in self.scheduler.running]
+    def apply_run(self, ends: Sequence[float]) -> None:
+        """Apply ``len(ends)`` steps of the run ``plan_run`` planned last (nothing changed since) ending at
+        ``ends``: the scheduler's state, the counters, the first token of a request whose last chunk the run
+        computes, the requests its last step finishes, and the timeline become what ``run_step`` step by step
+        makes them (no request is admitted)."""
+        live, counters, running = self.live, self.counters, self.scheduler.running
+        tokens = [live[req.id].output_ids[0] for req in running]
         used, cached = self.allocator.num_allocated, self._cached_pages()
-        taken = self.scheduler.advance_decode(len(ends), tokens, self.evict_in_runs)
+        newest = running[-1]
+        run, self._run = self._run, NO_RUN
+        taken, finished = self.scheduler.advance_run(run, len(ends), tokens)
         counters.steps += len(ends)
-        evicting = {j for j, evicted in taken if evicted}
+        evicting = {t.step for t in taken if t.evicted_tokens}
         if evicting:
-            counters.evicted_tokens += sum(evicted for _, evicted in taken)
+            counters.evicted_tokens += sum(t.evicted_tokens for t in taken)
             counters.eviction_steps += len(evicting)
-        self.observe_run(ends, used, cached, taken)
+        tracker = live[newest.id]
+        if tracker.first_token_s is None and newest.stats.first_token_step is not None:
+            tracker.first_token_s = ends[len(run.chunks) - 1]  # the run's step of its last chunk
+        if not finished:
+            self.observe_run(ends, used, cached, taken)
+            return
+        for req in finished:
+            self.leave(req, ends[-1], "finished")
+        if len(ends) > 1:  # the steps before the last: its takes aside (the pool then changes by the finishes too)
+            last = len(ends) - 1
+            self.observe_run(ends[:-1], used, cached, [t for t in taken if t.step < last], len(running) + len(finished))
+        self.observe(ends[-1])
 
     def _cached_pages(self) -> int:
         return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
 
     def observe_run(
-        self, ends: Sequence[float], used: int = 0, cached: int = 0, taken: Sequence[tuple[int, int]] = ()
+        self,
+        ends: Sequence[float],
+        used: int | None = None,
+        cached: int | None = None,
+        taken: Sequence[RunTake] = (),
+        running: int | None = None,
     ) -> None:
-        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. With ``taken`` (the run's
-        pages, ``(step, tokens evicted for it)`` each), ``used`` and ``cached`` are the pool's pages in use and
-        cache-only before the run; without, the pool does not change in the run."""
+        """Timeline samples at ``ends`` (the step ends of a run): ``observe`` at each. ``used`` and ``cached`` are
+        the pool's pages in use and cache-only before the run (None: as now), which ``taken`` (the run's page
+        takes) change. ``running``: the requests running in those steps (None: those running now)."""
+        timeline = self.timeline
+        if running is None:
+            running = len(self.scheduler.running)
+        if used is None:
+            used, cached = self.allocator.num_allocated, self._cached_pages()
+        if timeline.merge_equal:  # one sample per stretch of equal values: each ends before a step that takes pages
+            ps, first = self.setup.page_tokens, 0  # the current stretch's first step
+            for t in taken:
+                if t.step > first:
+                    timeline.sample(ends[t.step - 1], used, cached, running)
+                    first = t.step
+                evicted = t.evicted_tokens // ps
+                used += t.pages - evicted
+                cached -= evicted
+            timeline.sample(ends[-1], used, cached, running)
+            return
         k = len(ends)
         if taken:
             ps = self.setup.page_tokens
-            steps = np.fromiter((j for j, _ in taken), dtype=np.int64, count=len(taken))
-            evicted = np.fromiter((e // ps for _, e in taken), dtype=np.int64, count=len(taken))
-            # pages in use / cache-only after each step: after every page its step took
+            steps = np.fromiter((t.step for t in taken), dtype=np.int64, count=len(taken))
+            pages = np.fromiter((t.pages for t in taken), dtype=np.int64, count=len(taken))
+            evicted = np.fromiter((t.evicted_tokens // ps for t in taken), dtype=np.int64, count=len(taken))
+            # pages in use / cache-only after each step: after every take of its step
             last = np.searchsorted(steps, np.arange(k), side="right")
-            used_after = used + np.concatenate(([0], np.cumsum(1 - evicted)))[last]
+            used_after = used + np.concatenate(([0], np.cumsum(pages - evicted)))[last]
             cached_after = cached - np.concatenate(([0], np.cumsum(evicted)))[last]
         else:
-            used_after = np.full(k, self.allocator.num_allocated, dtype=np.int64)
-            cached_after = np.full(k, self._cached_pages(), dtype=np.int64)
-        self.timeline.sample_run(ends, used_after, cached_after, len(self.scheduler.running))
+            used_after = np.full(k, used, dtype=np.int64)
+            cached_after = np.full(k, cached, dtype=np.int64)
+        timeline.sample_run(ends, used_after, cached_after, running)
 
     def observe(self, now: float) -> None:
         """One timeline sample at ``now`` (a step's end)."""
@@ -447,7 +495,7 @@ class Simulation:
                 continue
             before = self.counters.steps
             now = self.run_step(plan, now)
-            if (run := self.decode_run_steps()) > 0:
+            if (run := self.plan_run()).steps:
                 now = self.advance_run(now, run)
             steps = self.counters.steps
             if check_every and steps // check_every > before // check_every:
@@ -463,15 +511,16 @@ class Simulation:
             progress(len(self.records))
         return self.result()
 
-    def advance_run(self, now: float, steps: int) -> float:
-        """Run up to ``steps`` plain decode steps from ``now`` at once, cut before the first step that starts
-        at or after the next arrival (``arrive`` would queue it first); returns the last step's end."""
-        ends = list(itertools.accumulate(self.decode_run_seconds(steps).tolist(), initial=now))
+    def advance_run(self, now: float, run: RunPlan) -> float:
+        """Run the steps of ``run`` from ``now`` at once, cut before the first step that starts at or after the
+        next arrival (``arrive`` would queue it first); returns the last step's end."""
+        steps = run.steps
+        ends = list(itertools.accumulate(self.run_seconds(run, steps).tolist(), initial=now))
         next_s = self.next_arrival_s()  # no load-back is pending in a run
         if next_s is not None:
             steps = bisect.bisect_left(ends, next_s, hi=steps)  # ends[:steps] are the steps' starts
         if steps:
-            self.advance_decode(ends[1 : steps + 1])
+            self.apply_run(ends[1 : steps + 1])
         return ends[steps]
 
     def result(self) -> SimResult:

@@ -151,6 +151,7 @@ class RecordTable(Sequence):
     """
 
     NAMES = tuple(f.name for f in fields(RequestRecord))
+    _NUMERIC = tuple(name for name in NAMES if name not in _TEXT)  # the columns of ``_columns``
 
     def __init__(self, records: Iterable[RequestRecord] = ()) -> None:
         self._columns: dict[str, array | list] = {}
@@ -163,11 +164,9 @@ class RecordTable(Sequence):
 
     def append(self, record: RequestRecord) -> None:
         row, columns = self._size, self._columns
-        for name in self.NAMES:
-            if name in _TEXT:
-                continue
+        for name in self._NUMERIC:
             value = getattr(record, name)
-            if name in _OPTIONAL_TIMES and value is None:
+            if value is None and name in _OPTIONAL_TIMES:
                 value = math.nan
             column = columns.get(name)
             if column is None:
@@ -324,28 +323,12 @@ class Timeline:
 
     def sample_run(self, times: Sequence[float], used: np.ndarray, cached: np.ndarray, running: int) -> None:
         """The samples at the ends of a run of steps (``used`` / ``cached``: int64, one per step): what
-        ``sample`` at each step end makes, in one pass."""
-        if not self.merge_equal:
-            self.time_s.extend(times)
-            self.used_pages.extend(used.tolist())
-            self.cache_only_pages.extend(cached.tolist())
-            self.running.extend([running] * len(times))
-            return
-        last = np.ones(len(times), dtype=bool)  # the last step of each stretch of equal values
-        last[:-1] = (used[1:] != used[:-1]) | (cached[1:] != cached[:-1])
-        keep = np.flatnonzero(last)
-        first = keep[0]
-        if self.time_s and (used[first], cached[first], running) == (
-            self.used_pages[-1],
-            self.cache_only_pages[-1],
-            self.running[-1],
-        ):  # the run's first stretch continues the last sample's
-            self.time_s[-1] = times[first]
-            keep = keep[1:]
-        self.time_s.extend([times[i] for i in keep.tolist()])
-        self.used_pages.extend(used[keep].tolist())
-        self.cache_only_pages.extend(cached[keep].tolist())
-        self.running.extend([running] * keep.size)
+        ``sample`` at each step end makes, in one pass, on a timeline of one sample per step (a ``merge_equal``
+        one is given a ``sample`` at the end of each stretch of equal values instead: ``Simulation.observe_run``)."""
+        self.time_s.extend(times)
+        self.used_pages.extend(used.tolist())
+        self.cache_only_pages.extend(cached.tolist())
+        self.running.extend([running] * len(times))
 
 
 @dataclass

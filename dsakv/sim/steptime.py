@@ -25,16 +25,16 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
 Both offer ``step_seconds(prefill, decode, dp_tokens=None, dp_decodes=None)`` (``prefill``: ``(new_tokens,
 context_before)`` per chunk; ``decode``: the context length, including the new token, per decoding request;
 ``dp_tokens`` / ``dp_decodes``: every DP group's tokens and decodes this step, for the MoE under DP attention),
-``step_tokens(prefill, decode)`` (the tokens one group's step computes), ``decode_run_seconds`` (the seconds of
-each step of a run of decode-only steps, every context one longer per step: equal to ``step_seconds`` step by
-step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
+``step_tokens(prefill, decode)`` (the tokens one group's step computes), ``run_seconds`` (the seconds of each
+step of a run of decode steps, every context one longer per step, optionally with one prefill chunk a step:
+equal to ``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
 ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
 Models hold no state between steps; ``step_seconds`` does not change the model.
 """
 
 from __future__ import annotations
 
-import functools
+import itertools
 import math
 import operator
 from collections.abc import Sequence
@@ -73,11 +73,22 @@ class ConstantStepTime:
         """``dp_tokens`` / ``dp_decodes`` (every DP group's, as the roofline takes them) do not change a constant."""
         return self.per_step_s + self.per_token_s * self.step_tokens(prefill, decode)
 
-    def decode_run_seconds(
-        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    def run_seconds(
+        self,
+        contexts: Sequence[int],
+        steps: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+        joining: int | None = None,
     ) -> np.ndarray:
-        """Seconds of each of ``steps`` decode-only steps of these decodes (``RooflineStepTime``'s twin)."""
-        return np.full(steps, self.step_seconds((), contexts))
+        """Seconds of each of ``steps`` steps of these decodes, with ``chunks[j]`` prefilled in step ``j`` while
+        there is one, and a decode of ``joining + j`` from step ``len(chunks)`` on (``RooflineStepTime``'s twin)."""
+        out = [self.step_seconds((chunk,), contexts) for chunk in chunks[:steps]]
+        rest = steps - len(out)
+        if rest:
+            out += [self.step_seconds((), [*contexts, *(() if joining is None else (joining,))])] * rest
+        return np.array(out)
 
     def to_dict(self) -> dict:
         return {"model": "constant", "per_step_s": self.per_step_s, "per_token_s": self.per_token_s}
@@ -85,17 +96,14 @@ class ConstantStepTime:
 
 @dataclass(frozen=True)
 class StepCost:
-    """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds."""
+    """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds. ``total_seconds`` is
+    the components' sum, added left to right in ``seconds``' order (what ``sum`` does on Python 3.11; spelled
+    out so a run of steps priced as arrays adds in the same order as one step priced as floats)."""
 
     flops: dict[str, float]
     bytes: dict[str, float]
     seconds: dict[str, float]
-
-    @property
-    def total_seconds(self) -> float:
-        """The components' sum, added left to right (what ``sum`` does on Python 3.11; spelled out so a run of
-        steps priced as arrays adds in the same order as one step priced as floats)."""
-        return functools.reduce(operator.add, self.seconds.values(), 0.0)
+    total_seconds: float
 
 
 class StepSums(NamedTuple):
@@ -138,6 +146,9 @@ DEEPGEMM_GROUPED_EFF = (
 # per-kernel share times its kernels.
 LAYER_KERNELS = 20
 INDEXER_KERNELS = 9
+# Runs of steps shorter than this are priced step by step, longer ones as arrays: numpy's fixed cost per operation
+# passes a scalar step's price at about four steps (measured on the x1 cluster bench's batches).
+ARRAY_STRETCH_STEPS = 4
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -294,6 +305,16 @@ class RooflineStepTime:
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
+        # price()'s subexpressions that hold no batch figure, computed once by the same operations (same bits)
+        c["lin_bytes"] = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
+        c["lin_bytes_s"] = c["lin_bytes"] / c["bw"]
+        c["gemm_rate"] = c["lin_peak"] * self.gemm_eff
+        c["moe_rate"] = c["lin_peak"] * self.moe_eff
+        c["idx_rate"] = self.gpu.fp8_flops * self.indexer_eff
+        c["mla_layer_flops"] = c["attn_layers"] * c["mla_flops_per_pair"]
+        c["floor_s"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
+        c["layer_min_s"] = c["layers"] * self.layer_min_s
+        c["expert_miss"] = 1.0 - c["topk_experts"] / c["experts"] if c["experts"] else 0.0
         return c
 
     @property
@@ -310,8 +331,7 @@ class RooflineStepTime:
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
         c = self._const
-        experts = c["experts"]
-        return 1.0 if not experts else 1.0 - (1.0 - c["topk_experts"] / experts) ** tokens
+        return 1.0 if not c["experts"] else 1.0 - c["expert_miss"] ** tokens
 
     def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
         """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
@@ -354,7 +374,7 @@ class RooflineStepTime:
         """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
-        operations in the same order as for one step (``decode_run_seconds``)."""
+        operations in the same order as for one step (``run_seconds``)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
@@ -369,9 +389,8 @@ class RooflineStepTime:
         moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
         rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
-        lin_peak = c["lin_peak"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
-        lin_bytes = c["attn_bytes"] + c["mlp_bytes"] + c["lm_head_bytes"]
+        lin_bytes = c["lin_bytes"]
         lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
         moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
         moe_flops = moe_tokens * c["expert_flops_per_token"]
@@ -392,7 +411,7 @@ class RooflineStepTime:
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        mla_compute_s = (layers * c["mla_flops_per_pair"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+        mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
@@ -401,41 +420,86 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {
-            "linear": larger(lin_flops / (lin_peak * self.gemm_eff), lin_bytes / bw),
-            "moe": larger(moe_flops / (lin_peak * self.moe_eff), moe_bytes / bw),
+            "linear": larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"]),
+            "moe": larger(moe_flops / c["moe_rate"], moe_bytes / bw),
             "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
-            "indexer": larger(idx_flops / (g.fp8_flops * self.indexer_eff), idx_bytes / bw),
+            "indexer": larger(idx_flops / c["idx_rate"], idx_bytes / bw),
             "cache_write": write_bytes / bw,
             "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
         }
         draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
         secs["mtp_draft"] = 0.0
         if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
-            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, lin_peak) + self.mtp_step_s
+            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+        components = sum(secs.values())  # left to right, as total_seconds adds them: its partial sum
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = sum(secs.values()) - secs["mtp_draft"]  # the draft passes are forwards of their own
-            floor = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
-            secs["floor"] = floor + larger(0.0, c["layers"] * self.layer_min_s - work)
+            work = components - secs["mtp_draft"]  # the draft passes are forwards of their own
+            secs["floor"] = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
         else:
             secs["floor"] = 0.0
         secs["overhead"] = self.overhead_s if tokens else 0.0
-        return StepCost(flops, nbytes, secs)
+        return StepCost(flops, nbytes, secs, components + secs["floor"] + secs["overhead"])
 
-    def decode_run_seconds(
-        self, contexts: Sequence[int], steps: int, dp_tokens: int | None = None, dp_decodes: int | None = None
+    def run_seconds(
+        self,
+        contexts: Sequence[int],
+        steps: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+        joining: int | None = None,
     ) -> np.ndarray:
-        """Seconds of each of ``steps`` decode-only steps: step ``j`` decodes ``contexts[i] + j`` for every ``i``
-        (no prefill; ``dp_tokens`` / ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j``
-        equals ``step_seconds([], [c + j for c in contexts], dp_tokens, dp_decodes)`` bit for bit: the sums are
-        exact integers per step and ``price`` prices them all in one pass."""
-        first = self.sums((), contexts)
+        """Seconds of each of ``steps`` steps of a run: step ``j`` decodes ``contexts[i] + j`` for every ``i``
+        and, while there is one, prefills the chunk ``chunks[j] = (new tokens, context before)``; after the
+        chunks, with ``joining``, the request they prefilled decodes ``joining + j`` too (``dp_tokens`` /
+        ``dp_decodes`` as ``cost``'s, the same every step of the run). Entry ``j`` equals ``step_seconds`` of
+        that step's batch bit for bit: the sums are exact integers per step and ``price`` prices each stretch of
+        equal chunk sizes (or of decodes alone) in one pass."""
+        out, j = [], 0
+        for n, stretch in itertools.groupby(chunks[:steps], key=operator.itemgetter(0)):
+            starts = [start for _, start in stretch]
+            out.append(self._run_stretch(contexts, j, len(starts), (n, starts), (dp_tokens, dp_decodes)))
+            j += len(starts)
+        if j < steps:
+            decodes = contexts if joining is None else [*contexts, joining]
+            out.append(self._run_stretch(decodes, j, steps - j, (), (dp_tokens, dp_decodes)))
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _run_stretch(
+        self,
+        contexts: Sequence[int],
+        first_step: int,
+        steps: int,
+        chunk: tuple[int, list[int]] | tuple[()],
+        dp: tuple[int | None, int | None],
+    ) -> np.ndarray:
+        """Seconds of steps ``first_step .. first_step + steps - 1`` of a run whose chunks (if any) all have
+        ``chunk = (new tokens, [context before, per step])``: as arrays, or step by step when that is cheaper
+        (fewer than ``ARRAY_STRETCH_STEPS``; the same bits either way)."""
+        decode = [c + first_step for c in contexts]
+        if steps < ARRAY_STRETCH_STEPS:
+            return np.array(
+                [
+                    self.step_seconds(((chunk[0], chunk[1][j]),) if chunk else (), [c + j for c in decode], *dp)
+                    for j in range(steps)
+                ]
+            )
+        topk = self._const["topk"]
+        first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
-        dec_sum = first.dec_sum + len(contexts) * j
+        dec_sum = first.dec_sum + len(decode) * j
         q = 1 + self.mtp_draft
-        dec_topk = _clipped_run(contexts, first.dec_topk, self._const["topk"], j)
-        dec_rows = dec_topk if q == 1 else _clipped_run(contexts, first.dec_rows, q * self._const["topk"], j)
-        run = first._replace(dec_sum=dec_sum, dec_topk=dec_topk, dec_rows=dec_rows)
-        return self.price(run, dp_tokens, dp_decodes).total_seconds
+        dec_topk = _clipped_run(decode, first.dec_topk, topk, j)
+        dec_rows = dec_topk if q == 1 else _clipped_run(decode, first.dec_rows, q * topk, j)
+        if chunk:
+            n, starts = chunk
+            ctx = np.array(starts, dtype=np.int64)
+            pairs = np.array([_sparse_pairs(n, c, topk) for c in starts], dtype=np.int64)
+            prefill = (1, n, n + ctx, n * ctx + n * (n + 1) // 2, pairs, np.minimum(n + ctx, n * topk))
+        else:
+            prefill = (0, 0, 0, 0, 0, 0)
+        run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
+        return self.price(run, *dp).total_seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
         """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
@@ -518,13 +582,14 @@ class RooflineStepTime:
         return out
 
 
-def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray:
+def _clipped_run(values: Sequence[int], first: int, cap: int, steps: np.ndarray) -> np.ndarray | int:
     """``sum(min(v + j, cap) for v in values)`` for each ``j`` in ``steps``, given its value ``first`` at j = 0:
-    only the values below ``cap`` still grow (each by ``min(j, cap - v)``); exact int64."""
-    gaps = np.array([cap - v for v in values if v < cap], dtype=np.int64)
-    if not gaps.size:
-        return np.full(steps.shape, first, dtype=np.int64)
-    return first + np.minimum(steps[:, None], gaps[None, :]).sum(axis=1)
+    only the values below ``cap`` still grow (each by ``min(j, cap - v)``); exact int64. ``first`` itself when
+    none is below ``cap`` (the same every step: ``price`` computes what depends on it once)."""
+    gaps = [cap - v for v in values if v < cap]
+    if not gaps:
+        return first
+    return first + np.minimum(steps[:, None], np.array(gaps, dtype=np.int64)[None, :]).sum(axis=1)
 
 
 def _clipped_sum(values: Sequence[int], total: int, largest: int, cap: int) -> int:

@@ -92,3 +92,26 @@ def test_lazy_heap_stays_bounded_under_repeated_use() -> None:
         cache.unlock(m.node)
     assert len(cache._heap) <= 4 * cache.num_nodes + 1024 + 2
     check_all(cache)
+
+
+def _full_cache() -> tuple[PageAllocator, RadixCache]:
+    """A pool of 12 pages: 3 leaves of 3 pages cached, 3 pages held by a caller; nothing free."""
+    alloc = PageAllocator(12, PS)
+    cache = RadixCache(alloc)
+    for i in range(3):
+        cache.insert([i + 1] + [7] * (3 * PS - 1), alloc.alloc(3))
+    alloc.alloc(3)
+    return alloc, cache
+
+
+def test_evicted_pages_handed_over_are_those_free_then_alloc_gives() -> None:
+    (alloc, cache), (twin_alloc, twin) = _full_cache(), _full_cache()
+    got = []
+    for tokens in (PS, 2 * PS, 4 * PS):  # a partial leaf, its rest, then a whole leaf and part of the next
+        twin.evict(tokens)
+        got.append(twin_alloc.alloc(tokens // PS))
+    handed = [cache.evict(tokens, hand_over=True).freed_pages for tokens in (PS, 2 * PS, 4 * PS)]
+    assert handed == got
+    assert alloc.num_free == twin_alloc.num_free == 0 and all(alloc.is_allocated(p) for ps in handed for p in ps)
+    assert alloc.free_stack() == twin_alloc.free_stack()
+    check_all(cache, request_held_pages=3 + 7)

@@ -4,6 +4,8 @@ cluster, the router's decisions and the KV-aware router's index too."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dsakv.cache.allocator import PageAllocator
@@ -96,11 +98,13 @@ def _decoding(num_pages: int, page_size: int = 4) -> Scheduler:
     return sched
 
 
-def test_advance_decode_equals_the_steps_one_by_one():
+def test_advance_run_equals_the_steps_one_by_one():
     one, many = _decoding(12), _decoding(12)
-    steps = many.decode_run_steps()
+    run = many.plan_run()
+    steps = run.steps
     assert steps == 10  # b generates its 12th token at the 11th step: the run stops before it
-    taken = many.advance_decode(steps, [7, 8])
+    taken, finished = many.advance_run(run, steps, [7, 8])
+    assert not finished
     for _ in range(steps):
         plan = one.step()
         one.update(plan, [[7], [8]])
@@ -109,13 +113,137 @@ def test_advance_decode_equals_the_steps_one_by_one():
             b.outputs, b.pages, b.num_computed, b.stats.to_dict()
         )  # fmt: skip
     assert one.stats == many.stats and one.allocator.free_stack() == many.allocator.free_stack()
-    assert [j for j, _ in taken] == [3, 3, 7, 7]  # a's 9th and 13th tokens, b's 13th and 17th: new pages
+    assert [(t.step, t.pages) for t in taken] == [(3, 1), (3, 1), (7, 1), (7, 1)]  # a's 9th, 13th, b's 13th, 17th
     many.check_integrity()
+
+
+def test_a_run_may_end_with_the_step_that_finishes_requests():
+    one, many = _decoding(12), _decoding(12)
+    run = many.plan_run(finish=True)
+    assert run.steps == 11 and run.finishes  # b's 12th token, at the 11th step, finishes it
+    taken, finished = many.advance_run(run, run.steps, [7, 8])
+    done = []
+    for _ in range(run.steps):
+        plan = one.step()
+        done += one.update(plan, [[7], [8]])
+    assert [r.id for r in finished] == [r.id for r in done] == ["b"]
+    (a,), (b,) = one.running, many.running
+    assert (a.outputs, a.pages, a.num_computed, a.stats.to_dict()) == (
+        b.outputs, b.pages, b.num_computed, b.stats.to_dict()
+    )  # fmt: skip
+    assert finished[0].stats.to_dict() == done[0].stats.to_dict() and finished[0].status is done[0].status
+    assert one.stats == many.stats and one.allocator.free_stack() == many.allocator.free_stack()
+    assert one.radix.evictable_tokens == many.radix.evictable_tokens > 0  # b's pages entered the cache
+    many.check_integrity()
+    cut = _decoding(12)
+    run = cut.plan_run(finish=True)
+    cut.advance_run(run, run.steps - 1, [7, 8])  # cut before its last step: nothing finishes
+    assert len(cut.running) == 2 and cut.stats.finished == 0
 
 
 def test_a_run_ends_where_the_free_list_and_the_cache_run_dry():
     sched = _decoding(12)  # 2 + 3 pages held; the prefix cache is empty (pages enter it at finish)
     sched.allocator.alloc(5)  # held elsewhere: 2 pages left free
-    assert sched.decode_run_steps() == 7  # the 3rd page the run would take comes at step 7 (it would preempt)
-    with pytest.raises(DsakvError, match="advance_decode: steps = 8"):
-        sched.advance_decode(8, [7, 8])
+    run = sched.plan_run()
+    assert run.steps == 7  # the 3rd page the run would take comes at step 7 (it would preempt)
+    with pytest.raises(DsakvError, match="advance_run: steps = 8"):
+        sched.advance_run(run, 8, [7, 8])
+
+
+def _step(sched: Scheduler, token: int = 7) -> None:
+    plan = sched.step()
+    sched.update(plan, [[token] if item.sample else [] for item in plan.items])
+
+
+def _prefilling() -> tuple[Scheduler, list[int]]:
+    """A scheduler whose request "a" decodes while "p" (41 prompt tokens, 16 computed) prefills beside it in
+    chunks of 8 (10 tokens of budget left, page-aligned), with 3 pages free and 5 cached: its chunks evict."""
+    allocator = PageAllocator(20, 4)
+    sched = Scheduler(allocator, RadixCache(allocator), SchedulerConfig(max_batched_tokens=11, chunk_tokens=64))
+    sched.add_request(list(range(500, 520)), 1, request_id="cached")  # leaves 5 pages in the cache
+    sched.add_request(list(range(5)), 30, request_id="a")
+    for _ in range(3):  # "cached" in two chunks, then with "a"'s prefill
+        _step(sched)
+    sched.add_request(list(range(100, 141)), 5, request_id="p")
+    for _ in range(2):  # a decodes, p's first two chunks
+        _step(sched)
+    return sched, allocator.alloc(6)  # held elsewhere: 3 pages left free
+
+
+def test_a_run_carries_the_newest_requests_prefill_chunks():
+    (one, one_held), (many, many_held) = _prefilling(), _prefilling()
+    run = many.plan_run(evict=True, chunks=True)
+    assert run.chunks == [(8, 16), (8, 24), (9, 32)]  # the last one samples p's first token
+    assert run.steps == 5  # p then decodes; a's 4th page, at step 5, would take a preemption
+    assert many.plan_run(evict=True).steps == 0  # without chunks, p's prefill is no run
+    assert many.plan_run(chunks=True).steps == 1  # without eviction, 3 free pages last one step
+    taken, _ = many.advance_run(run, run.steps, [7, 7])
+    for _ in range(run.steps):
+        _step(one)
+    for a, b in zip(one.running, many.running):
+        assert (a.outputs, a.pages, a.num_computed, a.stats.to_dict()) == (
+            b.outputs, b.pages, b.num_computed, b.stats.to_dict()
+        )  # fmt: skip
+    assert many.running[1].outputs == [7] * 3 and many.running[1].stats.first_token_step == one.stats.steps - 3
+    assert one.stats == many.stats
+    assert [(t.step, t.pages, t.evicted_tokens) for t in taken] == [(0, 2, 0), (1, 1, 0), (1, 2, 8), (2, 3, 12)]
+    for sched, held in ((one, one_held), (many, many_held)):
+        sched.allocator.free(held)
+        sched.check_integrity()
+    assert one.allocator.free_stack() == many.allocator.free_stack()
+
+
+def _alone(max_new_tokens: int) -> Scheduler:
+    """A scheduler with one request prefilling alone (34 prompt tokens: chunks of 11 cut to pages, 8 done)."""
+    allocator = PageAllocator(40, 4)
+    sched = Scheduler(allocator, RadixCache(allocator), SchedulerConfig(max_batched_tokens=11, chunk_tokens=64))
+    sched.add_request(list(range(100, 134)), max_new_tokens, request_id="p")
+    _step(sched)
+    return sched
+
+
+def test_a_prefills_last_chunk_samples_its_first_token_and_it_decodes_on():
+    sched, twin = _alone(8), _alone(8)
+    run = sched.plan_run(chunks=True)
+    assert run.chunks == [(8, 8), (8, 16), (10, 24)] and run.steps == 9  # then 6 decodes (the 8th token finishes)
+    taken, _ = sched.advance_run(run, run.steps, [9])
+    assert [(t.step, t.pages) for t in taken] == [(0, 2), (1, 2), (2, 3), (5, 1)]  # at step 5 its 37th token
+    for _ in range(run.steps):
+        _step(twin, 9)
+    (p,), (q,) = sched.running, twin.running
+    assert p.outputs == q.outputs == [9] * 7 and p.stats.first_token_step == q.stats.first_token_step == 3
+    assert (p.pages, p.num_computed, p.stats.to_dict()) == (q.pages, q.num_computed, q.stats.to_dict())
+    assert sched.stats == twin.stats
+    # a request whose first token is its last: its last chunk finishes it, so the run stops before it
+    assert _alone(1).plan_run(chunks=True).steps == 2
+    assert _alone(2).plan_run(chunks=True).steps == 3  # its first decode finishes it
+
+
+def test_a_run_holds_waiting_requests_only_while_the_budget_left_refuses_them():
+    (one, _), (many, _) = _prefilling(), _prefilling()
+    for sched in (one, many):  # 2 tokens of budget are left each step: less than a page of its first chunk
+        sched.add_request(list(range(300, 320)), 4, request_id="w")
+    run = many.plan_run(evict=True, chunks=True)
+    assert run.steps == 3
+    many.advance_run(run, run.steps, [7, 7])
+    for _ in range(run.steps):
+        _step(one)
+    assert [r.id for r in one.waiting] == [r.id for r in many.waiting] == ["w"]
+    assert [(r.outputs, r.pages, r.stats.to_dict()) for r in one.running] == [
+        (r.outputs, r.pages, r.stats.to_dict()) for r in many.running
+    ]
+    assert one.stats == many.stats
+    # a head whose prefix hit leaves less than those 2 tokens to compute would be admitted: no run
+    hit, _ = _prefilling()
+    hit.add_request(list(range(500, 521)), 4, request_id="w")  # 20 of its 21 tokens are cached
+    assert hit.plan_run(evict=True, chunks=True).steps == 0
+
+
+def test_decodes_with_a_request_waiting_form_a_run_only_at_max_running():
+    sched = _decoding(40)
+    sched.add_request(list(range(300, 310)), 4, request_id="w")  # 62 tokens of budget left: it would be admitted
+    assert sched.plan_run(finish=True).steps == 0
+    full = _decoding(40)
+    full.config = replace(full.config, max_running=2)  # no room: admission is never tried
+    full.add_request(list(range(300, 310)), 4, request_id="w")
+    assert full.plan_run(finish=True).steps == 11

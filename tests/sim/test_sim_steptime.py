@@ -117,7 +117,31 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
     # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.loop) rely on it.
     model = RooflineStepTime(glm.layout, **options)
-    run = model.decode_run_seconds(contexts, steps)
+    run = model.run_seconds(contexts, steps)
     assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]
     constant = ConstantStepTime(0.01, 0.001)
-    assert list(constant.decode_run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
+    assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
+
+
+@pytest.mark.parametrize("options", [{}, {"mla_mixed_batch": True}, {"mla_padded_topk": True, "dp_attention": 2}])
+@given(
+    st.lists(st.integers(1, 6000), max_size=8),
+    st.lists(st.tuples(st.integers(2, 4096), st.integers(0, 9000)), min_size=1, max_size=12),
+    st.integers(2, 4096),
+    st.integers(0, 8),
+    st.integers(1, 9000),
+)
+def test_run_seconds_with_chunks_equal_the_steps_one_by_one(glm, options, contexts, chunks, size, after, joining):
+    # Stretches of equal chunk sizes, short (priced step by step) and long (as arrays), then the request they
+    # prefilled decoding with the others: bit for bit either way.
+    chunks = [(size, ctx) for _, ctx in chunks[: len(chunks) // 2]] + chunks[len(chunks) // 2 :]
+    steps = len(chunks) + after
+    batches = [([chunk], [c + j for c in contexts]) for j, chunk in enumerate(chunks)]
+    batches += [([], [c + j for c in [*contexts, joining]]) for j in range(len(chunks), steps)]
+    model = RooflineStepTime(glm.layout, **options)
+    run = model.run_seconds(contexts, steps, chunks, joining=joining)
+    assert [float(t) for t in run] == [model.step_seconds(*batch) for batch in batches]
+    constant = ConstantStepTime(0.01, 0.001)
+    assert list(constant.run_seconds(contexts, steps, chunks, joining=joining)) == [
+        constant.step_seconds(prefill, contexts + [joining] * (not prefill)) for prefill, _ in batches
+    ]
