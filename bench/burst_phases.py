@@ -43,10 +43,11 @@ PEAKS = Path(__file__).resolve().parent / "calibration" / "peaks.csv"
 
 
 class TokenClock(Simulation):
-    """The replay's simulation, recording each step's end and the output tokens it emitted (``emitted``)."""
+    """The replay's simulation, recording each step's end and the output tokens it emitted (``emitted``). It steps
+    one step at a time (no run advanced at once), so every step passes ``run_step``: the same records either way."""
 
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs, analytic_decode=False)
         self.emitted: list[tuple[float, int]] = []
 
     def run_step(self, plan, now, end=None):
@@ -54,11 +55,6 @@ class TokenClock(Simulation):
         end = super().run_step(plan, now, end)
         self.emitted.append((end, tokens))
         return end
-
-    def advance_decode(self, ends) -> None:
-        tokens = len(self.scheduler.running)  # a run's every step decodes every running request
-        super().advance_decode(ends)
-        self.emitted.extend((end, tokens) for end in ends)
 
 
 def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale: int = 1) -> int:
