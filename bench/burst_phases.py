@@ -55,10 +55,13 @@ class TokenClock(Simulation):
         self.emitted.append((end, tokens))
         return end
 
-    def advance_decode(self, ends) -> None:
-        tokens = len(self.scheduler.running)  # a run's every step decodes every running request
-        super().advance_decode(ends)
-        self.emitted.extend((end, tokens) for end in ends)
+    def apply_run(self, ends) -> None:
+        run, newest = self._run, self.scheduler.running[-1]
+        sampled = len(newest.outputs)
+        super().apply_run(ends)
+        # every step of a run samples each decode; a prefilling newest request, from its last chunk's step on
+        first = len(ends) - (len(newest.outputs) - sampled if run.chunks else 0)
+        self.emitted.extend((end, len(run.contexts) + (j >= first)) for j, end in enumerate(ends))
 
 
 def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale: int = 1) -> int:
