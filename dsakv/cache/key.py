@@ -46,7 +46,8 @@ def _encode(tokens: Tokens) -> bytes:
             raise DsakvError(
                 f"tokens: array of dtype {tokens.dtype} and shape {tokens.shape}: must be a 1-D integer array"
             )
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
+        in_range = tokens.dtype == np.uint32  # its type bounds a uint32 array's ids: no pass over them
+        if not in_range and tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
             raise DsakvError(f"tokens: ids must lie in 0..{MAX_TOKEN_ID}; got {int(tokens.min())}..{int(tokens.max())}")
         return np.ascontiguousarray(tokens, dtype="<u4").tobytes()
     try:

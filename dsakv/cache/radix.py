@@ -375,8 +375,29 @@ class RadixCache(RadixState):
             raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
         if not num_tokens or not self._evictable:
             return EvictResult(0, [], num_tokens)
-        need = ceil_div(num_tokens, self.page_size)
-        freed, hashes, removed, emptied = trim_leaves(self._heap, need, self._page_key_bytes, self._key_overhang)
+        freed = self._trim((ceil_div(num_tokens, self.page_size),))
+        tokens = len(freed) * self.page_size
+        if not hand_over:
+            self.allocator.free(freed)
+        return EvictResult(tokens, freed, num_tokens)
+
+    def evict_each(self, page_counts: Sequence[int]) -> list[int]:
+        """Evict and hand over ``page_counts[0]`` pages, then ``page_counts[1]``, ...: what one
+        ``evict(n * page_size, hand_over=True)`` per count gives (the same pages, ids and order, the same
+        events, one per count, and metrics), in one pass over the tree (the simulator's runs of steps take
+        their pages this way once the free list is empty). Returns the page ids, handed to the caller, in
+        order: fewer than the counts' sum when too few pages are evictable."""
+        for n in page_counts:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise DsakvError(f"page_counts: contains {n!r}: must be integers >= 1")
+        return self._trim(page_counts) if self._evictable else []
+
+    def _trim(self, page_counts: Sequence[int]) -> list[int]:
+        """Take ``page_counts[0]`` pages, then ``page_counts[1]``, ... off the tree's leaves (``trim_leaves``),
+        keeping its counters and emitting one ``PagesRemoved`` per count; the caller frees or holds them."""
+        freed, hashes, ends, removed, emptied = trim_leaves(
+            self._heap, page_counts, self._page_key_bytes, self._key_overhang
+        )
         for root in emptied:
             self._drop_root_if_empty(root)
         self._nodes -= removed
@@ -386,11 +407,13 @@ class RadixCache(RadixState):
         tokens = len(freed) * self.page_size
         self._evictable -= tokens
         self.metrics.evicted_tokens += tokens
-        if not hand_over:
-            self.allocator.free(freed)
         if freed and self.event_sink is not None:
-            self._emit(PagesRemoved(tuple(hashes), tuple(freed)))
-        return EvictResult(tokens, freed, num_tokens)
+            start = 0
+            for end in ends:
+                if end > start:
+                    self._emit(PagesRemoved(tuple(hashes[start:end]), tuple(freed[start:end])))
+                start = end
+        return freed
 
     def reset(self) -> None:
         """Drop every cached page (freed through the allocator) and every namespace. Raises if any lock is

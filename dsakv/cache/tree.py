@@ -24,7 +24,7 @@ walks. The results handed out (``MatchResult.pages``, ``InsertResult.pages``, ``
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from dsakv.cache.eviction import LeafHeap
@@ -240,49 +240,61 @@ def evictable_leaf(node: Node) -> bool:
 
 
 def trim_leaves(
-    heap: LeafHeap[Node], need: int, page_key_bytes: int, key_overhang: int
-) -> tuple[list[int], list[bytes], int, list[Node]]:
-    """Cut up to ``need`` pages off unlocked leaves in heap (policy) order: whole leaves, then the tail
-    pages of the last one if fewer are needed; a parent that becomes an unlocked leaf joins the heap.
+    heap: LeafHeap[Node], needs: Sequence[int], page_key_bytes: int, key_overhang: int
+) -> tuple[list[int], list[bytes], list[int], int, list[Node]]:
+    """Cut ``needs[0]`` pages off unlocked leaves in heap (policy) order, then ``needs[1]`` more, ...: whole
+    leaves, then the tail pages of the last one if fewer are needed; a parent that becomes an unlocked leaf
+    joins the heap. Each need is met as a call of its own would meet it: a leaf cut short is the heap's next
+    pop (its key is unchanged and every smaller entry was discarded), so it is kept for the next need rather
+    than pushed back and popped again, and pushed back once at the end.
 
-    Returns (freed page ids, their hashes when kept, nodes removed, roots left with no child and no lock).
-    Updates no size counter, flag, root registry or allocator: the caller does.
+    Returns (freed page ids, their hashes when kept, the count freed after each need, nodes removed, roots
+    left with no child and no lock); stops short when no evictable leaf is left. Updates no size counter,
+    flag, root registry or allocator: the caller does.
     """
     freed: list[int] = []
     hashes: list[bytes] = []
+    ends: list[int] = []
     emptied: list[Node] = []
-    removed = 0
-    while len(freed) < need:
-        node = heap.pop(evictable_leaf)
-        if node is None:
-            break
-        k, take = len(node.pages), need - len(freed)
-        if take < k:
-            cut = k - take
-            freed += node.pages[cut:]
-            del node.pages[cut:]
-            key = node.key
-            if type(key) is bytes:  # copied once into a bytearray: later trims cut it in place, no copy each
-                key = node.key = bytearray(key)
-            del key[cut * page_key_bytes + key_overhang :]
+    removed = target = 0
+    node = None  # a leaf cut short by the last need
+    for need in needs:
+        target += need
+        while len(freed) < target:
+            if node is None:
+                node = heap.pop(evictable_leaf)
+                if node is None:
+                    break
+            k, take = len(node.pages), target - len(freed)
+            if take < k:
+                cut = k - take
+                freed += node.pages[cut:]
+                del node.pages[cut:]
+                key = node.key
+                if type(key) is bytes:  # copied once into a bytearray: later trims cut it in place, no copy each
+                    key = node.key = bytearray(key)
+                del key[cut * page_key_bytes + key_overhang :]
+                if node.hashes is not None:
+                    hashes += node.hashes[cut:]
+                    del node.hashes[cut:]
+                break
+            freed += node.pages
             if node.hashes is not None:
-                hashes += node.hashes[cut:]
-                del node.hashes[cut:]
-            heap.push(node)
-            continue
-        freed += node.pages
-        if node.hashes is not None:
-            hashes += node.hashes
-        node.alive = False
-        parent = node.parent
-        del parent.children[node.ckey]
-        removed += 1
-        if not parent.children and not parent.lock_ref:
-            if parent.parent is not None:
-                heap.push(parent)
-            else:
-                emptied.append(parent)
-    return freed, hashes, removed, emptied
+                hashes += node.hashes
+            node.alive = False
+            parent = node.parent
+            del parent.children[node.ckey]
+            removed += 1
+            if not parent.children and not parent.lock_ref:
+                if parent.parent is not None:
+                    heap.push(parent)
+                else:
+                    emptied.append(parent)
+            node = None
+        ends.append(len(freed))
+    if node is not None:
+        heap.push(node)
+    return freed, hashes, ends, removed, emptied
 
 
 def iter_nodes(roots: Iterable[Node]) -> Iterator[Node]:

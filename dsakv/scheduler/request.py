@@ -230,14 +230,16 @@ class Request:
 
     def radix_key(self, end: int) -> RadixKey:
         """The prefix cache's key of tokens ``[0, end)``, ``0 < end <= num_tokens``: a slice of ``key``, after
-        encoding the prompt (first call) or the output tokens it does not cover yet (each is encoded once)."""
+        encoding the prompt (first call) or the output tokens up to ``end`` it does not cover yet (each is
+        encoded once; extended only to ``end``, the key needs no slice then)."""
         key = self.key
         if key is None:
             prompt = self.prompt  # a compact prompt (not a list or an array) is expanded here, once
             tokens = prompt if isinstance(prompt, list | tuple | np.ndarray) else np.asarray(prompt)
             key = self.key = RadixKey(tokens, self.extra_key, self.cache_salt, page_digest=self.key_page_digest)
         if end > key.num_tokens:
-            key = self.key = key.extended(self.outputs[key.num_tokens - self.prompt_len :])
+            plen = self.prompt_len
+            key = self.key = key.extended(self.outputs[key.num_tokens - plen : end - plen])
         return key if end == key.num_tokens else key.prefix(end)
 
     def release_prompt(self) -> None:

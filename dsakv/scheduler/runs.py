@@ -6,7 +6,7 @@ its steps take comes off the free list or (``evict``) from evicting the prefix c
 follows from the first one's: decode contexts grow by one a step, and the prefilling request's chunk is
 what ``work_end`` gives for the budget the decodes leave (the same every step). ``plan_run`` says which of
 the next steps form one (without changing anything); ``advance_run`` applies them: the same pages, evictions
-(the same calls, in the same order), tokens, counts and step indices as that many ``Scheduler.step`` +
+(the same pages and ids, in the same order), tokens, counts and step indices as that many ``Scheduler.step`` +
 ``update`` calls.
 
 Step ``j`` of a run takes pages in ``step``'s order::
@@ -248,26 +248,32 @@ def advance_run(
         raise DsakvError(f"advance_run: {len(tokens)} tokens for {len(running)} running requests")
     alloc, radix, ps, stats = state.allocator, state.radix, state.page_size, state.stats
     taken = []
-    for j, i, need in run.takes:
-        if j >= steps:
-            break
-        req = running[i]
-        free = alloc.num_free
-        if free:
-            evicted = 0
-            while free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
-                evicted += radix.evict((need - free) * ps).evicted_tokens
-                free = alloc.num_free
-            req.pages.extend(alloc.alloc(need))
-        else:  # evict then alloc from an empty free list: the evicted pages themselves, handed over
-            result = radix.evict(need * ps, hand_over=True)
-            if len(result.freed_pages) != need:
-                raise DsakvError(f"advance_run: {len(result.freed_pages)} pages evicted of the {need} planned")
-            evicted = result.evicted_tokens
-            req.pages.extend(result.freed_pages)
+    takes = run.takes if steps == run.steps else [take for take in run.takes if take[0] < steps]
+    n = 0
+    while n < len(takes) and alloc.num_free:  # the free list first
+        j, i, need = takes[n]
+        req, free, evicted = running[i], alloc.num_free, 0
+        while free < need:  # take_pages: evict the shortfall (plan_run counted it evictable)
+            evicted += radix.evict((need - free) * ps).evicted_tokens
+            free = alloc.num_free
+        req.pages.extend(alloc.alloc(need))
         stats.evicted_tokens += evicted
         req.stats.pages_written += need
         taken.append(RunTake(j, need, evicted))
+        n += 1
+    if n < len(takes):  # evict then alloc from an empty free list: the evicted pages themselves, handed over
+        needs = [need for _, _, need in takes[n:]]
+        pages = radix.evict_each(needs)
+        if len(pages) != sum(needs):
+            raise DsakvError(f"advance_run: {len(pages)} pages evicted of the {sum(needs)} planned")
+        at = 0
+        for j, i, need in takes[n:]:
+            req = running[i]
+            req.pages.extend(pages[at : at + need])
+            at += need
+            stats.evicted_tokens += need * ps
+            req.stats.pages_written += need
+            taken.append(RunTake(j, need, need * ps))
     decoding = [(req, token, steps) for req, token in zip(running[: len(run.contexts)], tokens)]
     if run.chunks:
         req = running[-1]

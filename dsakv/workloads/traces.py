@@ -86,21 +86,25 @@ class TraceRequest:
     cache_salt: str | int | None = None  # the prefix-cache namespace's salt
 
 
-def _block_tokens(hash_ids: object, input_length: int, block: int) -> np.ndarray:
-    """Token ids of a prompt as int64 (the module docstring's two encodings), cut at ``input_length``."""
+def _block_tokens(hash_ids: object, input_length: int, block: int, dtype: type = np.int64) -> np.ndarray:
+    """Token ids of a prompt as ``dtype`` (int64, or uint32: every token id of the module docstring's two
+    encodings fits it), cut at ``input_length``."""
     ids = np.asarray(hash_ids, dtype=np.int64).reshape(-1)
     if input_length > ids.size * block:
         raise DsakvError(f"input_length = {input_length}: {ids.size} hash ids cover at most {ids.size * block} tokens")
     direct_limit = PROMPT_TOKEN_LIMIT // block
-    positions = np.arange(block, dtype=np.int64)
-    tokens = ids[:, None] * block + positions[None, :]  # direct ids (the common case: all of them)
-    if ids.size and int(ids.max()) >= direct_limit:  # wide rows: one digit per token, position beside it
+    positions = np.arange(block, dtype=dtype)
+    if not ids.size or int(ids.max()) < direct_limit:  # direct ids only (the common case)
+        tokens = (ids.astype(dtype) * dtype(block))[:, None] + positions
+    else:  # wide rows: one digit per token, position beside it; a row's first token id per digit, then + position
         base = WIDE_TOKEN_SPAN // block
         digits = math.ceil(63 / math.log2(base))
+        starts = np.repeat(ids[:, None] * block, digits, axis=1)  # a direct row's: h * block at every digit
         rows = np.flatnonzero(ids >= direct_limit)
         wide = ids[rows] - direct_limit  # each row's digits, least significant first
         digit = (wide[:, None] // base ** np.arange(digits, dtype=np.int64)[None, :]) % base
-        tokens[rows] = PROMPT_TOKEN_LIMIT + digit[:, positions % digits] * block + positions[None, :]
+        starts[rows] = PROMPT_TOKEN_LIMIT + digit * block
+        tokens = starts.astype(dtype)[:, positions % digits] + positions
     return tokens.reshape(-1)[:input_length]
 
 
@@ -166,7 +170,8 @@ class MooncakePrompt(Sequence):
         return 0, WIDE_TOKEN_LIMIT - 1
 
     def __array__(self, dtype: object = None, copy: bool | None = None) -> np.ndarray:
-        return _block_tokens(self.hash_ids, self.input_length, self.block).astype(dtype or np.uint32)
+        tokens = _block_tokens(self.hash_ids, self.input_length, self.block, np.uint32)  # fresh: no copy asked for
+        return tokens if dtype is None else tokens.astype(dtype)
 
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):

@@ -6,6 +6,8 @@ import heapq
 
 import pytest
 from cache_checks import check_all
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES, LeafHeap, get_policy
@@ -115,3 +117,43 @@ def test_evicted_pages_handed_over_are_those_free_then_alloc_gives() -> None:
     assert alloc.num_free == twin_alloc.num_free == 0 and all(alloc.is_allocated(p) for ps in handed for p in ps)
     assert alloc.free_stack() == twin_alloc.free_stack()
     check_all(cache, request_held_pages=3 + 7)
+
+
+def _filled_cache(policy: str, prompts: list[tuple[int, int]]) -> tuple[RadixCache, list]:
+    """A pool of 64 pages, full: ``prompts`` of (first token, pages) inserted (sharing a first page when
+    their first tokens agree), matched once each in reverse, the rest held by a caller; events recorded."""
+    alloc, events = PageAllocator(64, PS), []
+    cache = RadixCache(alloc, eviction_policy=policy, event_sink=events.append)
+    for first, pages in prompts:
+        tokens = [first % 3] + [first] * (pages * PS)  # a partial last page: its full pages are cached
+        cache.insert(tokens, alloc.alloc(pages) if alloc.num_free >= pages else alloc.alloc(alloc.num_free))
+    for first, _ in reversed(prompts):
+        cache.match([first % 3] + [first] * PS)
+    alloc.alloc(alloc.num_free)
+    return cache, events
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(sorted(POLICIES)),
+    prompts=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 6)), min_size=1, max_size=10),
+    counts=st.lists(st.integers(1, 5), min_size=1, max_size=12),
+)
+def test_evict_each_takes_the_pages_one_evict_per_count_hands_over(policy, prompts, counts) -> None:
+    (cache, events), (twin, twin_events) = _filled_cache(policy, prompts), _filled_cache(policy, prompts)
+    held = 64 - cache.total_tokens // PS
+    events.clear(), twin_events.clear()
+    expected = []
+    for n in counts:
+        expected += twin.evict(n * PS, hand_over=True).freed_pages
+    assert cache.evict_each(counts) == expected
+    assert events == twin_events and cache.metrics.evicted_tokens == twin.metrics.evicted_tokens
+    assert cache.num_nodes == twin.num_nodes and cache.evictable_tokens == twin.evictable_tokens
+    check_all(cache, request_held_pages=held + len(expected))
+    check_all(twin, request_held_pages=held + len(expected))
+
+
+def test_evict_each_rejects_a_count_below_one() -> None:
+    _, cache = _full_cache()
+    with pytest.raises(DsakvError, match="page_counts: contains 0: must be integers >= 1"):
+        cache.evict_each([1, 0])

@@ -21,6 +21,7 @@ from dsakv.workloads.traces import (
     MooncakeTrace,
     TraceOrderWarning,
     TraceRequest,
+    block_token,
     check_wide_page_size,
     mooncake_tokens,
     read_mooncake,
@@ -171,6 +172,23 @@ def test_different_hash_ids_never_share_a_page(a, b, page, offset):
     ta, tb = (mooncake_tokens([h], MOONCAKE_BLOCK)[start : start + page] for h in (a, b))
     assert (ta.tolist() == tb.tolist()) == (a == b)
     assert int(ta[-1]) == MooncakePrompt((a,), MOONCAKE_BLOCK)[start + page - 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(
+        st.one_of(st.integers(0, DIRECT_HASH_IDS - 1), st.integers(DIRECT_HASH_IDS, 2**63 - 1)), min_size=1, max_size=4
+    ),
+    cut=st.integers(0, MOONCAKE_BLOCK - 1),
+)
+def test_expanded_prompt_is_each_token_of_its_blocks_in_both_dtypes(ids, cut):
+    """Direct, wide and mixed rows expand (int64 ``mooncake_tokens``, uint32 ``np.asarray``) to ``block_token``
+    of every position."""
+    length = len(ids) * MOONCAKE_BLOCK - cut
+    expected = [block_token(h, i, MOONCAKE_BLOCK) for h in ids for i in range(MOONCAKE_BLOCK)][:length]
+    as_int64, as_uint32 = mooncake_tokens(ids, length), np.asarray(MooncakePrompt(tuple(ids), length))
+    assert as_int64.dtype == np.int64 and as_uint32.dtype == np.uint32
+    assert as_int64.tolist() == as_uint32.tolist() == expected
 
 
 def test_pages_too_small_or_straddling_blocks_are_refused_for_wide_ids():
