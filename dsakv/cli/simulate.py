@@ -2,7 +2,7 @@
 allocator and radix tree at the planner's pool capacity; print the summary (``--json``: every figure).
 
 ``--out DIR`` writes ``config.json`` (resolved configuration), ``summary.json``, ``requests.jsonl`` (one
-record per request), ``metrics.csv`` (the metrics as time series, ``dsakv.sim.timeseries``) and the PNG
+record per request in id order, appended as requests leave the run: ``dsakv.sim.rowstream``), ``metrics.csv`` (the metrics as time series, ``dsakv.sim.timeseries``) and the PNG
 plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the run, renamed into place when
 complete). ``--sweep`` runs several configurations in worker processes and
 prints one comparison table; a sweep whose every point fails exits 1. Figures are defined in
@@ -41,7 +41,9 @@ from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
 from dsakv.sim.loop import arrival_seconds
 from dsakv.sim.plots import PLOT_FILES
+from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
+from dsakv.sim.rowstream import RowStream
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import SweepRow, run_sweep
@@ -321,8 +323,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_sweep(args, cfg, source, show_bar, [{"router": name} for name in routers])
     if args.sweep:
         return _run_sweep(args, cfg, source, show_bar)
-    with _output_dir(args.out) as out:  # a bad --out is reported here, before the run
+    # a bad --out is reported here, before the run; its requests.jsonl is written as requests leave
+    with _output_dir(args.out) as out, contextlib.ExitStack() as files:
         opened = _open(source, cfg.time_scale)
+        rows = None if out is None else _row_stream(out, files)
         total = opened.num_requests
         bar, tick = _progress(show_bar and total >= 200, total, "requests")
         if bar:
@@ -335,12 +339,15 @@ def run(args: argparse.Namespace) -> int:
                 counters=opened.counters,
                 progress=tick,
                 analytic_decode=not args.no_analytic_decode,
+                record_sink=None if rows is None else rows.add,
             )
         finally:
             if bar:
                 bar.stop()
         resolved = {"source": source.to_dict(), "config": cfg.to_dict(), "setup": setup.to_dict()}
         if out is not None:
+            rows.close()
+            files.close()
             _write_out(out, result, resolved, plots=not args.no_plots)
             out.commit()
     if args.json:
@@ -421,13 +428,26 @@ def router_row(row: SweepRow) -> dict:
     }
 
 
+def _row_stream(out: OutputDir, files: contextlib.ExitStack) -> RowStream:
+    """``requests.jsonl`` in the partial ``--out`` folder, fed one JSON line per request as it leaves the run
+    (``dsakv.sim.rowstream``: in request-id order, the same bytes as writing the sorted records at the end)."""
+    name = "requests.jsonl"
+    try:
+        file = files.enter_context((out.path / name).open("w"))
+    except OSError as exc:
+        raise DsakvError(f"{out.flag}: cannot write {name} ({exc.strerror or exc})") from None
+    return RowStream(file, _jsonl_row, f"{out.flag}: {name}")
+
+
+def _jsonl_row(record: RequestRecord) -> str:
+    return dumps(record.to_dict()) + "\n"
+
+
 def _write_out(out: OutputDir, result, resolved: dict, plots: bool) -> None:
+    """The files of ``--out`` besides ``requests.jsonl`` (written during the run: ``_row_stream``)."""
     out.write_text("config.json", dumps(resolved, indent=1))
     out.write_text("summary.json", dumps(result.summary, indent=1))
     try:
-        with (out.path / "requests.jsonl").open("w") as f:
-            for rec in result.records:
-                f.write(dumps(rec.to_dict()) + "\n")
         write_metrics_csv(out.path / "metrics.csv", result)
         if plots:
             from dsakv.sim.plots import write_plots

@@ -50,7 +50,7 @@ from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.frontend import FrontEnd
 from dsakv.sim.loads import TargetLoads
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
-from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, summarize
+from dsakv.sim.report import Counters, RecordTable, RequestRecord, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Oracle, Router, make_router
 from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.workloads.traces import TraceRequest
@@ -86,6 +86,7 @@ class Cluster:
         counters: Counters | None = None,
         router: Router | None = None,
         analytic_decode: bool = True,
+        record_sink: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.analytic_decode = analytic_decode
@@ -104,7 +105,9 @@ class Cluster:
             for inst in self.instances:
                 t = len(self.targets)
                 sink = sink_of(t) if sink_of else None
-                sim = Simulation(group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode)
+                sim = Simulation(
+                    group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode, record_sink=record_sink
+                )
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
         if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
@@ -457,9 +460,13 @@ def simulate_cluster(
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
     analytic_decode: bool = True,
+    record_sink: Callable[[RequestRecord], None] | None = None,
 ) -> SimResult:
-    """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s."""
-    cluster = Cluster(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
+    """Run ``requests`` (in arrival order) through the cluster ``cfg`` describes; arguments as ``simulate``'s
+    (``record_sink`` gets the records of every group: request ids are unique in the cluster)."""
+    cluster = Cluster(
+        cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode, record_sink=record_sink
+    )
     try:
         return cluster.run(progress, check_every)
     finally:
@@ -475,13 +482,19 @@ def run_simulation(
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
     analytic_decode: bool = True,
+    record_sink: Callable[[RequestRecord], None] | None = None,
 ) -> SimResult:
     """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated)
     or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals).
     Python's young garbage collections are made rare meanwhile (``dsakv.sim.collector``)."""
     setup = setup or build_setup(cfg)
     run = dict(
-        setup=setup, counters=counters, progress=progress, check_every=check_every, analytic_decode=analytic_decode
+        setup=setup,
+        counters=counters,
+        progress=progress,
+        check_every=check_every,
+        analytic_decode=analytic_decode,
+        record_sink=record_sink,
     )
     with rare_collections():
         if cfg.instances == 1 and setup.setting.dp_attention == 1 and cfg.kv_events is None:

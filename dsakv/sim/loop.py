@@ -70,7 +70,7 @@ from dsakv.scheduler.runs import NO_RUN, RunPlan, RunTake
 from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.frontend import FrontEnd
-from dsakv.sim.report import Counters, RecordTable, SimResult, Timeline, make_record, summarize
+from dsakv.sim.report import Counters, RecordTable, RequestRecord, SimResult, Timeline, make_record, summarize
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
@@ -126,8 +126,10 @@ class Simulation:
         counters: Counters | None = None,
         event_sink: Callable[[CacheEvent], None] | None = None,
         analytic_decode: bool = True,
+        record_sink: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
+        self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
         self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
         # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
         # a router peeking at it: the cluster clears this then)
@@ -474,6 +476,8 @@ class Simulation:
             outcome=outcome,
         )
         self.records.append(record)
+        if self.record_sink is not None:
+            self.record_sink(record)
 
     # ----- the whole run --------------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
@@ -550,6 +554,7 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     check_every: int = 0,
     analytic_decode: bool = True,
+    record_sink: Callable[[RequestRecord], None] | None = None,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
 
@@ -558,7 +563,10 @@ def simulate(
     far, every few hundred steps. ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and
     radix too) about every n steps (after each step or run of steps that passes a multiple of n).
     ``analytic_decode``: advance runs of plain decode steps at once (the same records and figures as step by
-    step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them).
+    step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them). ``record_sink`` is called with
+    each request's record as the request leaves (in finish order; ``dsakv.sim.rowstream.RowStream.add``).
     """
-    sim = Simulation(cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode)
+    sim = Simulation(
+        cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode, record_sink=record_sink
+    )
     return sim.run(progress, check_every)

@@ -8,11 +8,13 @@ import pytest
 
 from dsakv.cli import build_parser, main
 from dsakv.cli.gpu_args import gpu_setting, parse_float, parse_fraction
+from dsakv.cli.output import dumps
 from dsakv.cli.simulate import build_config
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import SimConfig
-from dsakv.sim.source import Source
+from dsakv.sim.source import Source, open_source
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import write_mooncake
 
@@ -83,6 +85,16 @@ def test_out_writes_config_records_and_plots(tmp_path, capsys):
     lines = (out / "requests.jsonl").read_text().splitlines()
     assert len(lines) == d["requests"]
     assert json.loads((out / "config.json").read_text())["config"]["eviction_policy"] == "lru"
+
+
+def test_out_requests_jsonl_is_written_during_the_run_as_the_sorted_records_give_it(tmp_path, capsys):
+    argv = [*SMALL, "--instances", "2", "--pool-tokens", "40000", "--no-plots"]
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 0
+    cfg, source = build_config(build_parser().parse_args(argv))
+    opened = open_source(source)
+    records = run_simulation(cfg, opened.requests, counters=opened.counters).records
+    assert (out / "requests.jsonl").read_text() == "".join(dumps(r.to_dict()) + "\n" for r in records)
 
 
 def test_trace_file_and_pool_override(tmp_path, capsys):
