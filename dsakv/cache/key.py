@@ -65,8 +65,10 @@ def _encode(tokens: Tokens) -> bytes:
 def page_digests(token_data: bytes, first_page: int, end_page: int, page_size: int) -> bytes:
     """The digests (``PAGE_DIGEST_BYTES`` each) of pages ``first_page .. end_page - 1`` of ``token_data``."""
     page_bytes = page_size * TOKEN_BYTES
-    rows = np.frombuffer(token_data, np.uint8, (end_page - first_page) * page_bytes, first_page * page_bytes)
-    return b"".join(map(xxhash.xxh3_128_digest, rows.reshape(-1, page_bytes)))  # one row a page: no slicing
+    pages = np.frombuffer(token_data, np.dtype((np.void, page_bytes)), end_page - first_page, first_page * page_bytes)
+    # One bytes object a page, made in one C loop (a void item keeps its trailing zero bytes): a third less
+    # per page than hashing a view of each row.
+    return b"".join(map(xxhash.xxh3_128_digest, pages.tolist()))
 
 
 class RadixKey:

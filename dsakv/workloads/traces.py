@@ -96,15 +96,19 @@ def _block_tokens(hash_ids: object, input_length: int, block: int, dtype: type =
     positions = np.arange(block, dtype=dtype)
     if not ids.size or int(ids.max()) < direct_limit:  # direct ids only (the common case)
         tokens = (ids.astype(dtype) * dtype(block))[:, None] + positions
-    else:  # wide rows: one digit per token, position beside it; a row's first token id per digit, then + position
+    else:  # wide rows: token i is its row's first token id for digit i mod digits, + i
         base = WIDE_TOKEN_SPAN // block
         digits = math.ceil(63 / math.log2(base))
-        starts = np.repeat(ids[:, None] * block, digits, axis=1)  # a direct row's: h * block at every digit
-        rows = np.flatnonzero(ids >= direct_limit)
-        wide = ids[rows] - direct_limit  # each row's digits, least significant first
-        digit = (wide[:, None] // base ** np.arange(digits, dtype=np.int64)[None, :]) % base
-        starts[rows] = PROMPT_TOKEN_LIMIT + digit * block
-        tokens = starts.astype(dtype)[:, positions % digits] + positions
+        # each row's digits, least significant first (a direct row's are not used), then its first id per digit
+        digit = ((ids[:, None] - direct_limit) // base ** np.arange(digits, dtype=np.int64)) % base
+        starts = PROMPT_TOKEN_LIMIT + digit * block
+        if int(ids.min()) < direct_limit:  # direct rows among them: h * block at every digit
+            starts = np.where((ids < direct_limit)[:, None], ids[:, None] * block, starts)
+        # The starts repeated in whole groups of `digits` (a copy with a contiguous row; a broadcast over the
+        # short digit axis, or a gather by i mod digits, costs several times more), cut to the block.
+        groups = ceil_div(block, digits)
+        repeated = np.repeat(starts.astype(dtype)[:, None, :], groups, axis=1).reshape(ids.size, groups * digits)
+        tokens = repeated[:, :block] + positions
     return tokens.reshape(-1)[:input_length]
 
 

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.eviction import POLICIES
-from dsakv.cache.key import PAGE_DIGEST_BYTES, RadixKey
+from dsakv.cache.key import PAGE_DIGEST_BYTES, TOKEN_BYTES, RadixKey
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 
@@ -127,6 +127,11 @@ def test_a_digest_key_holds_16_bytes_per_full_page_and_keeps_its_tokens():
     pages = [np.asarray(tokens[i : i + 4], dtype="<u4").tobytes() for i in (0, 4)]
     assert key.data == b"".join(xxhash.xxh3_128_digest(p) for p in pages)
     assert len(key.data) == 2 * PAGE_DIGEST_BYTES and key.tokens() == tokens and key.num_tokens == 10
+
+
+def test_a_page_of_zero_token_ids_is_digested_with_all_its_bytes():
+    key = RadixKey([0] * 8, page_digest=4)
+    assert key.data == xxhash.xxh3_128_digest(bytes(4 * TOKEN_BYTES)) * 2
 
 
 @settings(max_examples=60, deadline=None)

@@ -16,6 +16,7 @@ from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
     MOONCAKE_BLOCK,
+    PROMPT_TOKEN_LIMIT,
     WIDE_TOKEN_LIMIT,
     MooncakePrompt,
     MooncakeTrace,
@@ -188,6 +189,23 @@ def test_expanded_prompt_is_each_token_of_its_blocks_in_both_dtypes(ids, cut):
     expected = [block_token(h, i, MOONCAKE_BLOCK) for h in ids for i in range(MOONCAKE_BLOCK)][:length]
     as_int64, as_uint32 = mooncake_tokens(ids, length), np.asarray(MooncakePrompt(tuple(ids), length))
     assert as_int64.dtype == np.int64 and as_uint32.dtype == np.uint32
+    assert as_int64.tolist() == as_uint32.tolist() == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    block=st.sampled_from([3, 64, 96, 100]),
+    ids=st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_expanded_prompt_is_each_token_of_its_blocks_for_any_block_size(block, ids, data):
+    """Blocks whose size the digit count divides (3, 96) or does not (64, 100) expand to ``block_token`` of
+    every position, with direct ids below 2**31 // block mixed in."""
+    ids = [h % (PROMPT_TOKEN_LIMIT // block) if i % 2 else h for i, h in enumerate(ids)]
+    length = len(ids) * block - data.draw(st.integers(0, block - 1))
+    expected = [block_token(h, i, block) for h in ids for i in range(block)][:length]
+    as_int64 = mooncake_tokens(ids, length, block)
+    as_uint32 = np.asarray(MooncakePrompt(tuple(ids), length, block))
     assert as_int64.tolist() == as_uint32.tolist() == expected
 
 
