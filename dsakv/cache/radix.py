@@ -370,7 +370,8 @@ class RadixCache(RadixState):
 
         ``hand_over``: the pages leave the tree but stay allocated, handed to the caller, which holds them:
         what freeing them and allocating as many from an empty free list gives (the same ids, in order),
-        without the round trip (the simulator's runs of steps take evicted pages this way)."""
+        without the round trip. It is the reference ``evict_each`` is held to (one call per count); the
+        simulator's runs of steps take their pages through ``evict_each``."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise DsakvError(f"num_tokens = {num_tokens!r}: must be an integer >= 0")
         if not num_tokens or not self._evictable:
