@@ -37,6 +37,7 @@ from dsakv.sim.steptime import (
     MOE_A2A,
     ConstantStepTime,
     RooflineStepTime,
+    sglang_dense_short_prefill,
     vllm_mixed_batch,
     vllm_padded_topk,
     vllm_prefill_kernel_all,
@@ -301,6 +302,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             ),
             mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, cfg.schedule_policy),
             mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
+            mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
         )
     chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
     sched = SchedulerConfig(

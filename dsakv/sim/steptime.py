@@ -140,6 +140,14 @@ DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
 DEEPGEMM_GROUPED_EFF = (
     math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
 )
+# SGLang's NSA backend runs a prefill batch whose every sequence holds at most top-k keys (prefix + new) as dense,
+# un-absorbed MHA through FlashAttention-3's varlen kernel on Hopper (MHA_ONE_SHOT; sgl-project/sglang#11892, threshold
+# SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD = index_topk, docs/steptime.md fact 24). FA3's measured forward rate
+# at head dim 128, sequence 1K and 2K, H100 SXM5 (pytorch/benchmark#2391, tritonbench flash_v3, the FA3 paper's sizes),
+# over H100's dense bf16 peak: its geometric mean prices that kernel.
+FA3_FWD_HDIM128_TFLOPS = (517.099, 565.544)
+H100_BF16_TFLOPS = 989.4
+FA3_MHA_EFF = math.prod(FA3_FWD_HDIM128_TFLOPS) ** (1 / len(FA3_FWD_HDIM128_TFLOPS)) / H100_BF16_TFLOPS
 # Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
 # lightning indexer adds on each full indexer layer (fact 12: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
 # q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
@@ -164,6 +172,15 @@ def vllm_prefill_kernel_all(layout: CacheLayout, schedule_policy: str) -> bool:
     (``FlashMLASparseImpl.forward``: ``if not use_fp8_cache: _forward_bf16_kv`` for the whole batch,
     ``flash_mla_sparse_prefill`` with the heads padded to 64 on Hopper; docs/steptime.md, fact 19)."""
     return schedule_policy == "mixed" and layout.kv_dtype == "bf16"
+
+
+def sglang_dense_short_prefill(layout: CacheLayout, schedule_policy: str) -> bool:
+    """Whether the engine runs a prefill batch whose sequences all hold at most top-k keys as dense MHA: SGLang (the
+    ``prefill_first`` stand-in) with a bf16 cache since sgl-project/sglang#11892 (``handle_attention_nsa``: an extend
+    batch with ``max_kv_len <= index_topk`` and a bf16 KV pool takes ``MHA_ONE_SHOT``, FA3 varlen on Hopper); vLLM v0.13
+    runs every prefill through the absorbed sparse kernels (its dense path came with vllm-project/vllm#47327, 2026-07).
+    docs/steptime.md, fact 24."""
+    return schedule_policy == "prefill_first" and layout.kv_dtype == "bf16"
 
 
 def vllm_padded_topk(schedule_policy: str) -> bool:
@@ -201,6 +218,9 @@ class RooflineStepTime:
     ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
     query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
     stay the valid ones (padded slots gather nothing).
+    ``mla_dense_short_prefill``: SGLang's MHA_ONE_SHOT, a prefill step whose chunks all hold at most top-k keys
+    (prefix + new) runs dense, un-absorbed MHA: the causal pairs at ``qk_nope + rope + v`` per head (no head padding,
+    FA3 varlen) at FA3's measured rate, plus the up-projection (``kv_b_proj``) of the prefix keys at the GEMM rate.
     ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
     DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
     sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
@@ -219,6 +239,7 @@ class RooflineStepTime:
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
+    mla_dense_short_prefill: bool = False
     indexer: bool = True
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
@@ -290,6 +311,11 @@ class RooflineStepTime:
         padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
         # Absorbed MLA per (query, key) pair and layer: scores over latent+rope, values over the latent.
         c["mla_flops_per_pair"] = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+        # Dense (un-absorbed) MHA per (query, key) pair and layer: scores over nope+rope, values over v_head_dim; and
+        # the up-projection of one cached key's latent into every head's K (nope) and V (fact 24).
+        nope, v_dim = a("qk_nope_head_dim"), a("v_head_dim")
+        c["mha_flops_per_pair"] = heads * 2 * (nope + spec.qk_rope_head_dim + v_dim)
+        c["kv_b_flops_per_key"] = 2 * spec.kv_lora_rank * heads * (nope + v_dim)
         c["hidden"] = a("hidden_size")
         c["experts"] = a("n_routed_experts")
         c["topk_experts"] = a("num_experts_per_tok")
@@ -312,6 +338,7 @@ class RooflineStepTime:
         c["moe_rate"] = c["lin_peak"] * self.moe_eff
         c["idx_rate"] = self.gpu.fp8_flops * self.indexer_eff
         c["mla_layer_flops"] = c["attn_layers"] * c["mla_flops_per_pair"]
+        c["mha_rate"] = self.gpu.bf16_flops * FA3_MHA_EFF
         c["floor_s"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
         c["layer_min_s"] = c["layers"] * self.layer_min_s
         c["expert_miss"] = 1.0 - c["topk_experts"] / c["experts"] if c["experts"] else 0.0
@@ -411,7 +438,24 @@ class RooflineStepTime:
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+        if self.mla_dense_short_prefill and pf_tokens:
+            # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
+            # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
+            dense = pf_pairs == pf_idx_pairs
+            pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
+            mha_flops = layers * (
+                pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]
+            )
+            mha_s = layers * (
+                pf_idx_pairs * c["mha_flops_per_pair"] / c["mha_rate"]
+                + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"] / c["gemm_rate"]
+            )
+            pf_pairs = pick(dense, 0, pf_pairs)
+            mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"] + pick(dense, mha_flops, 0)
+            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+            mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
+        else:
+            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
@@ -564,7 +608,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
-            "mla_prefill_kernel_all", "mla_padded_topk",
+            "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",

@@ -123,7 +123,10 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
     assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
 
 
-@pytest.mark.parametrize("options", [{}, {"mla_mixed_batch": True}, {"mla_padded_topk": True, "dp_attention": 2}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"mla_mixed_batch": True}, {"mla_padded_topk": True, "dp_attention": 2}, {"mla_dense_short_prefill": True}],
+)
 @given(
     st.lists(st.integers(1, 6000), max_size=8),
     st.lists(st.tuples(st.integers(2, 4096), st.integers(0, 9000)), min_size=1, max_size=12),

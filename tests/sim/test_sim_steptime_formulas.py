@@ -233,6 +233,47 @@ def test_vllm_prefill_kernel_all_follows_the_cache_dtype(dsv32):
     assert not vllm_prefill_kernel_all(bf16, "prefill_first")  # SGLang keeps its own kernels
 
 
+def test_fa3_rate_is_the_measured_head_dim_128_forward_rate():
+    from dsakv.sim.steptime import FA3_MHA_EFF
+
+    # pytorch/benchmark#2391: flash_v3, head dim 128, sequence 1K / 2K, H100 SXM5: 517.099 / 565.544 TFLOP/s.
+    assert FA3_MHA_EFF * 989.4 == pytest.approx((517.099 * 565.544) ** 0.5)
+    assert 0.5 < FA3_MHA_EFF < 640 / 989.4  # below FlashMLA's sparse prefill rate (fact 4)
+
+
+def test_sglang_prefill_within_topk_keys_runs_dense_mha(dsv32):
+    # SGLang's MHA_ONE_SHOT (fact 24): a prefill step whose chunks hold at most top-k keys runs un-absorbed MHA over
+    # every causal pair (nope 128 + rope 64 scores, v 128 values per head, 16 heads a TP8 rank, no padding) at FA3's
+    # rate, and up-projects the prefix keys' latents (kv_b_proj: 512 -> 16 x (128 + 128)) at the GEMM rate.
+    from dsakv.sim.steptime import FA3_MHA_EFF
+
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    sparse, dense = RooflineStepTime(bf16), RooflineStepTime(bf16, mla_dense_short_prefill=True)
+    layers, topk, gpu = bf16.num_attention_layers, dsv32.spec.index_topk, dense.gpu
+    n, ctx = 1024, topk - 1024  # the chunk's last query sees exactly top-k keys
+    pairs = n * ctx + n * (n + 1) // 2
+    attention = layers * pairs * 16 * 2 * (128 + 64 + 128) / (gpu.bf16_flops * FA3_MHA_EFF)
+    up_projection = layers * ctx * 2 * 512 * 16 * (128 + 128) / (gpu.fp8_flops * dense.gemm_eff)
+    c = dense.cost([(n, ctx)], [])
+    bw = c.bytes["sparse_mla"] / (gpu.hbm_bytes_per_s * dense.bw_eff)
+    assert c.seconds["sparse_mla"] == pytest.approx(max(attention + up_projection, bw))
+    assert c.seconds["sparse_mla"] < sparse.cost([(n, ctx)], []).seconds["sparse_mla"]
+    # One key more than top-k anywhere in the step: the whole step runs the sparse kernel, as the engine does.
+    for step in (([(n, ctx + 1)], []), ([(n, ctx), (8, topk)], []), ([], [3000, 100])):
+        assert dense.cost(*step).seconds == sparse.cost(*step).seconds
+
+
+def test_dense_short_prefill_follows_sglangs_rule(dsv32):
+    from dsakv.sim.steptime import sglang_dense_short_prefill
+
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    assert sglang_dense_short_prefill(bf16, "prefill_first")
+    assert not sglang_dense_short_prefill(dsv32, "prefill_first")  # fp8 pool: SGLang keeps the sparse kernel
+    assert not sglang_dense_short_prefill(bf16, "mixed")  # vLLM v0.13: absorbed sparse prefill only
+    sgl = SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first", kv_dtype="bf16")
+    assert build_setup(sgl).step_time.mla_dense_short_prefill
+
+
 def test_padded_topk_computes_every_topk_slot_and_reads_only_valid_rows(dsv32):
     # FlashMLA's sparse kernels without topk_length: a query seeing c < top-k keys still computes top-k slots.
     plain, padded = RooflineStepTime(dsv32), RooflineStepTime(dsv32, mla_padded_topk=True)
