@@ -441,7 +441,7 @@ class RooflineStepTime:
         if self.mla_dense_short_prefill and pf_tokens:
             # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
             # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
-            dense = pf_pairs == pf_idx_pairs
+            dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
             pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
             mha_flops = layers * (
                 pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]
