@@ -1,6 +1,7 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--source-settings]
+        [--set NAME=VALUE ...]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
@@ -17,7 +18,9 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16).
 ``--source-settings`` empties the cells a row's source leaves unset (``SOURCE_UNSET``: ``mem`` and ``kv`` of the
-gpustack rows) before the replay.
+gpustack rows) before the replay. ``--set NAME=VALUE`` (repeatable) replays with one of the roofline's numeric fields
+(``SETTABLE``: efficiencies, floors, overheads) or ``frontend_s`` set, for experiments that docs/steptime.md reports
+without changing the defaults.
 
 Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
 DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
@@ -82,6 +85,12 @@ REFINE_BOUNDS = {
     "overhead_s": (0.5e-3, 8e-3),
     "frontend_s": (0.05, 0.5),
 }
+# The roofline's numeric fields --set may override (its efficiencies, floors and overheads; not mtp_accept, which the
+# row's `accept` column sets for the scheduler too), and the front-end latency.
+SETTABLE = (
+    *(f.name for f in dataclasses.fields(RooflineStepTime) if f.type == "float" and f.name != "mtp_accept"),
+    "frontend_s",
+)
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
 FRONTEND_S = 0.25
 # One serving front-end's time per request before the engine starts it (docs/steptime.md, fact 18): vLLM 0.19's API
@@ -354,6 +363,21 @@ def loss(rows: list[Row]) -> float:
     return sum(math.log(r.ratio) ** 2 for r in rows)
 
 
+def settings_of(items: list[str]) -> dict[str, float]:
+    """``--set NAME=VALUE`` items as ``replay``'s ``step_params``; a name outside ``SETTABLE`` or a value that is not a
+    number raises ``DsakvError`` (the roofline checks the value's range when the replay builds it)."""
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or name not in SETTABLE:
+            raise DsakvError(f"--set {item!r}: NAME=VALUE with NAME one of {', '.join(SETTABLE)}")
+        try:
+            out[name] = float(text)
+        except ValueError:
+            raise DsakvError(f"--set {item!r}: VALUE must be a number") from None
+    return out
+
+
 def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
     """Replay every anchor at every ``FIT_GRID`` point; (loss, rows out of band, params), best first (fewest
     rows out of band, then the smallest loss)."""
@@ -407,9 +431,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="empty the cells the rows' sources leave unset (SOURCE_UNSET): the engines' defaults replace them",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="replay with a roofline field or frontend_s set (SETTABLE), e.g. mla_prefill_eff=0.35; repeatable",
+    )
     args = ap.parse_args(argv)
     path = Path(args.anchors)
     try:
+        settings = settings_of(args.set)
+        if settings and (args.fit or args.refine):
+            raise DsakvError("--set: replays the rows at the given values; not with --fit / --refine")
         with path.open(newline="") as f:
             anchors = list(csv.DictReader(f))
         if args.source_settings:
@@ -428,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
             best, _ = refine(anchors, path.parent / "traces", {**start, "frontend_s": FRONTEND_S})
             print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
-        rows = [row for a in anchors for row in replay(a, path.parent / "traces", best)]
+        rows = [row for a in anchors for row in replay(a, path.parent / "traces", best or settings)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
@@ -440,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         out = {"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict(), "loss": loss(rows)}
         if best is not None:
             out["fit"] = best
+        if settings:
+            out["set"] = settings
         print(json.dumps(out))
     else:
         print(f"{'id':<22} {'metric':<14} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
@@ -448,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.id:<22} {r.metric:<14} {r.published:>11.2f} {r.dsakv:>11.2f} {r.ratio:>6.2f}  {ok}")
         print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in means.items()))
         print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
+        if settings:
+            print("set: " + "  ".join(f"{k} {v:g}" for k, v in settings.items()))
     return 0 if all(r.band_ok for r in rows) else 1
 
 

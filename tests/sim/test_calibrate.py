@@ -53,6 +53,23 @@ def test_calibrate_prints_rows_and_exits_by_band(tmp_path, calibrate, capsys):
     assert "OUT" in capsys.readouterr().out
 
 
+def test_set_replays_at_the_given_roofline_values_and_rejects_other_names(tmp_path, calibrate, capsys):
+    probe = _write(tmp_path, {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "mean"]})
+    calibrate.main(["--anchors", probe, "--json"])
+    plain = {r["metric"]: r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    calibrate.main(["--anchors", probe, "--json", "--set", "overhead_s=0.05", "--set", "frontend_s=1"])
+    out = json.loads(capsys.readouterr().out)
+    slower = {r["metric"]: r["dsakv"] for r in out["rows"]}
+    assert out["set"] == {"overhead_s": 0.05, "frontend_s": 1.0}
+    assert slower["tpot_ms"] > plain["tpot_ms"] + 40  # 50 ms a step instead of 1.4
+    assert slower["ttft_ms"] > plain["ttft_ms"] + 750  # the front-end's 1 s instead of 0.25 s
+    assert "mla_prefill_eff" in calibrate.SETTABLE and "mtp_accept" not in calibrate.SETTABLE
+    for bad in ("mtp_accept=0.5", "nope=1", "bw_eff=fast", "bw_eff=2"):
+        assert calibrate.main(["--anchors", probe, "--set", bad]) == 2
+    assert calibrate.main(["--anchors", probe, "--refine", "--set", "bw_eff=0.7"]) == 2
+    assert "--set" in capsys.readouterr().err
+
+
 @pytest.fixture
 def make_traces(repo_dir):
     spec = importlib.util.spec_from_file_location("make_traces", repo_dir / "bench" / "calibration" / "make_traces.py")
