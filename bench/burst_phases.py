@@ -3,7 +3,7 @@ rows as ``bench/calibrate.py`` does and print, per row, dsakv's mean phases agai
 imply, and the peak output throughput both ways (docs/steptime.md, "Burst rows: the phases"); then one summary line.
 
     python bench/burst_phases.py --anchors ../shared/data/calibration/anchors.csv [--only ID,ID]
-        [--peaks bench/calibration/peaks.csv] [--detail N] [--source-settings]
+        [--peaks bench/calibration/peaks.csv] [--detail N] [--source-settings] [--set NAME=VALUE ...]
 
 Phases per request (means): queued (arrival -> admitted), prefill (admitted -> first token), decode span (first
 token -> last), as dsakv's records have them; published: TTFT and decode span = TPOT x (output - 1), the
@@ -16,7 +16,8 @@ batch at the peak (tokens of one step), against dsakv's largest step (tokens emi
 
 ``--detail N``: under each row, N requests spread over the run (admitted, first token, finished, in s) and the
 requests running at N points of the run (the simulated DP group's). ``--source-settings``: the rows as their sources
-launched the engines (``calibrate.source_settings``).
+launched the engines (``calibrate.source_settings``). ``--set NAME=VALUE``: as ``bench/calibrate.py --set`` (a roofline
+field or ``frontend_s`` at that value).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from dsakv.errors import DsakvError
 from dsakv.sim.config import build_setup
 from dsakv.sim.loop import Simulation
 from dsakv.sim.source import Source, open_source
@@ -66,14 +68,17 @@ def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale
     return max(buckets.values(), default=0)
 
 
-def phases(anchor: dict, traces: Path) -> dict:
+def phases(anchor: dict, traces: Path, settings: dict[str, float] | None = None) -> dict:
     """One row's replay: dsakv's mean phases (s), duration, peak output tok/s and largest step (tokens); its
-    finished records and timeline under ``records`` / ``timeline``."""
+    finished records and timeline under ``records`` / ``timeline``. ``settings``: ``calibrate.settings_of``'s
+    overrides (roofline fields, ``frontend_s``)."""
+    step_params = dict(settings or {})
     cfg = calibrate.sim_config(anchor)
+    if "frontend_s" in step_params:
+        cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
-    setup = dataclasses.replace(
-        setup, step_time=dataclasses.replace(setup.step_time, indexer=calibrate.has_indexer(anchor))
-    )
+    step_params.setdefault("indexer", calibrate.has_indexer(anchor))
+    setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
     sim = TokenClock(cfg, setup, requests, opened.counters)
@@ -128,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peaks", default=str(PEAKS), help="published peak output tok/s and median ITL per id")
     ap.add_argument("--detail", type=int, default=0, help="per row, N requests' times and N running counts")
     ap.add_argument("--source-settings", action="store_true", help="as bench/calibrate.py --source-settings")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="as bench/calibrate.py --set")
     args = ap.parse_args(argv)
+    try:
+        settings = calibrate.settings_of(args.set)
+    except DsakvError as exc:
+        print(f"burst_phases: {exc}", file=sys.stderr)
+        return 2
     path = Path(args.anchors)
     with path.open(newline="") as f:
         anchors = [a for a in csv.DictReader(f) if {"tpot_ms", "ttft_ms"} <= json.loads(a["published"]).keys()]
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'id':<22} {head}")
     ratios = []
     for anchor in anchors:
-        ours = phases(anchor, path.parent / "traces")
+        ours = phases(anchor, path.parent / "traces", settings)
         pub = published_phases(anchor, ours["outputs"], peaks.get(anchor["id"]))
         print(
             f"{anchor['id']:<22} {ours['queued']:6.1f} {ours['prefill']:7.2f} {ours['ttft']:6.1f}"

@@ -226,6 +226,11 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("tiny-sgl-c2 ") and "(    100)" in out[1]
     assert out[-1].startswith("peak output tok/s dsakv / published: geometric mean ")
+    assert phases.main(["--anchors", path, "--peaks", str(peaks), "--set", "frontend_s=2"]) == 0
+    later = capsys.readouterr().out.splitlines()[1].split()
+    assert float(later[3]) > float(out[1].split()[3]) + 1.5  # TTFT: the front-end's 2 s instead of 0.25 s
+    assert phases.main(["--anchors", path, "--peaks", str(peaks), "--set", "nope=1"]) == 2
+    assert "--set" in capsys.readouterr().err
     assert phases.main(["--anchors", path, "--peaks", str(peaks), "--detail", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2].startswith("    request     0: admitted ") and out[4].startswith("    running at 0.0 s: ")
