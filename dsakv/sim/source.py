@@ -88,3 +88,9 @@ def open_source(source: Source) -> OpenedSource:
         notes += (f"trace {source.trace!r} holds no request: nothing to simulate",)
     counters = Counters(skipped_lines=trace.skipped, reordered_lines=trace.out_of_order)
     return OpenedSource(trace, len(trace), counters, notes, trace.last_timestamp_ms, trace.last_line)
+
+
+def source_requests(source: Source) -> Iterable[TraceRequest]:
+    """The requests of ``source`` (opened again: a sharded run's worker calls it through a
+    ``functools.partial``, a picklable request factory; ``dsakv.sim.shards``)."""
+    return open_source(source).requests
