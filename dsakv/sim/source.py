@@ -63,12 +63,13 @@ class OpenedSource:
 
 
 def check_rereadable(source: Source) -> None:
-    """``DsakvError`` unless ``source`` can be opened more than once (each sweep point opens it again): a trace
-    must then be a regular file, not a pipe or FIFO, whose lines the first reader would take."""
+    """``DsakvError`` unless ``source`` can be opened more than once (each sweep point, and each worker of a
+    sharded run, opens it again): a trace must then be a regular file, not a pipe or FIFO, whose lines the
+    first reader would take."""
     if source.trace is not None and not is_regular_file(source.trace):
         raise DsakvError(
-            f"trace {source.trace!r}: a pipe or FIFO can be read only once and every sweep point reads the "
-            "trace again: save it to a file first"
+            f"trace {source.trace!r}: a pipe or FIFO can be read only once and every sweep point (or worker) "
+            "reads the trace again: save it to a file first"
         )
 
 

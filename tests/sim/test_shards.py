@@ -17,6 +17,7 @@ from dsakv.sim.report import RecordTable, SimResult
 from dsakv.sim.routing import Affinity, RoundRobin
 from dsakv.sim.shards import ShardStream, run_sharded
 from dsakv.sim.source import Source, source_requests
+from dsakv.sim.sweep import run_sweep
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import TraceRequest
 
@@ -89,6 +90,15 @@ def test_progress_and_record_sink_see_every_request_of_every_worker():
     assert ticks == sorted(ticks) and ticks[-1] == len(result.records) > 0
     assert [r.id for r in sunk] == list(range(len(result.records)))
     assert sunk == list(result.records)
+
+
+def test_a_sweep_point_runs_its_workers():
+    source = Source(scenario="chat", scale=0.05)
+    points = [{}, {"router": "affinity"}]
+    split = run_sweep(SimConfig(instances=2, workers=2), points, source, workers=1)
+    whole = run_sweep(SimConfig(instances=2), points, source, workers=1)
+    assert [r.summary for r in split] == [r.summary for r in whole]
+    assert [r.config.workers for r in split] == [2, 2]
 
 
 def test_an_error_in_a_worker_is_raised_in_the_parent_as_one_line():
