@@ -259,10 +259,12 @@ def _collect(
                 procs[k].join()
                 code = procs[k].exitcode
                 how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
+                hint = {
+                    -signal.SIGKILL: " (out of memory?)",
+                    1: " (a script that starts workers must run under `if __name__ == '__main__':`)",
+                }
                 raise DsakvError(
-                    f"workers: worker {k} of {len(conns)} {how} before sending its figures"
-                    + (" (out of memory?)" if code == -signal.SIGKILL else "")
-                    + "; a script that starts workers must run its work under `if __name__ == '__main__':`"
+                    f"workers: worker {k} of {len(conns)} {how} before sending its figures{hint.get(code, '')}"
                 ) from None
             if message[0] == "progress":
                 done[k] = message[1]

@@ -3,6 +3,7 @@ worker holds only its instances' requests, and the runs it cannot split are refu
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from functools import partial
 
@@ -105,6 +106,11 @@ def test_an_error_in_a_worker_is_raised_in_the_parent_as_one_line():
     late = TraceRequest(1e20, 600, 4, (0, 1), line=7)
     with pytest.raises(DsakvError, match="trace line 7: timestamp"):
         run_sharded(SimConfig(instances=2, workers=2), partial(list, [late]))
+
+
+def test_a_worker_that_dies_is_an_error_naming_its_exit():
+    with pytest.raises(DsakvError, match=r"worker [01] of 2 exited \(3\) before sending its figures"):
+        run_sharded(SimConfig(instances=2, workers=2), partial(os._exit, 3))
 
 
 @pytest.mark.parametrize(
