@@ -26,6 +26,7 @@ each worker's pipe; a record sink gets the merged records, in id order, once the
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
 import resource
@@ -179,15 +180,20 @@ def _work(job: ShardJob, conn: Connection) -> None:
             cluster = ShardCluster(cfg, setup, stream, job.analytic_decode)
             progress = (lambda done: conn.send(("progress", done))) if job.progress else None
             data = pickle.dumps(cluster.run(progress, job.check_every), protocol=pickle.HIGHEST_PROTOCOL)
-        del cluster, stream
         conn.send(("done", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))  # KiB on Linux
         conn.send_bytes(data)
     except DsakvError as exc:
-        conn.send(("error", str(exc), ""))
-    except BaseException:  # noqa: BLE001 - a bug: the parent raises it with this traceback
-        conn.send(("error", None, traceback.format_exc()))
+        _send_error(conn, ("error", str(exc), ""))
+    except BaseException:  # a bug (or Ctrl-C): the parent raises it with this traceback
+        _send_error(conn, ("error", None, traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _send_error(conn: Connection, message: tuple) -> None:
+    """Send a worker's error unless the parent has gone (it stopped on another worker's error, or Ctrl-C)."""
+    with contextlib.suppress(OSError):
+        conn.send(message)
 
 
 def run_sharded(
