@@ -10,10 +10,12 @@ request factory) and keeps its instances' requests.
 Prints one summary line with units (``--json``: ``requests``, ``wall_s``, ``cpu_s``, ``requests_per_s``,
 ``peak_rss_bytes``, ``hit_tokens`` and the run's other figures). ``wall_s`` covers reading the trace, the
 simulation and the summary (with workers: their start, and the merge); ``cpu_s`` is the CPU time of this
-process and its workers (user + system). ``peak_rss_bytes`` is this process's peak resident set
-(``getrusage``) plus, with workers, the sum of each worker's own peak (each measures itself: spawned
-workers share no page with this process, so the sum does not count a page twice; it is an upper bound of
-the run's peak, as the workers' peaks need not coincide).
+process and its workers (user + system), ``worker_cpu_s`` each worker's, and ``critical_path_s`` this
+process's CPU plus the slowest worker's: the run's wall time on W free cores (the 2 shared cores of a
+loaded machine stretch ``wall_s``). ``peak_rss_bytes`` is this process's peak resident set (``getrusage``)
+plus, with workers, the sum of each worker's own peak (each measures itself: spawned workers share no page
+with this process, so the sum counts no page twice; an upper bound of the run's peak, as the workers'
+peaks need not coincide).
 
     python bench/cluster.py --scale K [--instances N] [--router R] [--workers W] [--trace PATH] [--no-analytic]
         [--page-keys {digest,tokens}] [--json]
@@ -102,10 +104,14 @@ def main() -> None:
     s = run.result.summary
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + sum(run.worker_peak_rss_bytes)  # KiB
     what = requests.what
+    workers_cpu = run.worker_cpu_s
+    critical = cpu - sum(workers_cpu) + max(workers_cpu, default=0.0)  # this process's CPU + the slowest worker's
     figures = {
         "requests": s["requests"],
         "wall_s": wall,
         "cpu_s": cpu,
+        "worker_cpu_s": list(run.worker_cpu_s),
+        "critical_path_s": critical,
         "requests_per_s": s["requests"] / wall,
         "peak_rss_bytes": peak_rss,
         "workers": args.workers,
@@ -130,6 +136,7 @@ def main() -> None:
     print(
         f"cluster x{args.scale} of {what}, {instances} instances ({args.router}): {s['requests']:,} requests in "
         f"{wall:.1f} s wall, {cpu:.1f} s CPU on {args.workers} worker{'s' * (args.workers > 1)} "
+        f"(critical path {critical:.1f} s CPU) "
         f"({s['requests'] / wall:,.0f} simulated requests/s), peak RSS {peak_rss / 2**20:,.0f} MiB; "
         f"hit rate {s['hit_rate_tokens']:.1%} by tokens ({s['hit_tokens']:,} hit tokens)"
     )

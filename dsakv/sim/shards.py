@@ -59,10 +59,12 @@ RequestFactory = Callable[[], Iterable[TraceRequest]]  # picklable: each worker 
 
 @dataclass(frozen=True)
 class ShardedRun:
-    """A run's ``SimResult`` and each worker's peak resident set in bytes (empty: it ran in this process)."""
+    """A run's ``SimResult``, and each worker's peak resident set in bytes and CPU seconds (user + system,
+    its whole life: start, reading, simulating, pickling); both empty when the run was in this process."""
 
     result: SimResult
     worker_peak_rss_bytes: tuple[int, ...] = ()
+    worker_cpu_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ class ShardJob:
 
 def _work(job: ShardJob, conn: Connection) -> None:
     """A worker: simulate the job's instances and send ``("progress", n)`` messages, then ``("done", peak
-    RSS bytes)`` and the pickled ``ShardParts``, or ``("error", DsakvError message or None, traceback)``."""
+    RSS bytes, CPU seconds)`` and the pickled ``ShardParts``, or ``("error", DsakvError message or None,
+    traceback)``."""
     try:
         cfg, setup = job.cfg, job.setup
         router = make_router(cfg.router, setup.cell, setup.page_tokens, cfg.instances, cfg.mtp > 0)
@@ -180,7 +183,8 @@ def _work(job: ShardJob, conn: Connection) -> None:
             cluster = ShardCluster(cfg, setup, stream, job.analytic_decode)
             progress = (lambda done: conn.send(("progress", done))) if job.progress else None
             data = pickle.dumps(cluster.run(progress, job.check_every), protocol=pickle.HIGHEST_PROTOCOL)
-        conn.send(("done", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))  # KiB on Linux
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        conn.send(("done", usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime))  # maxrss in KiB on Linux
         conn.send_bytes(data)
     except DsakvError as exc:
         _send_error(conn, ("error", str(exc), ""))
@@ -232,7 +236,7 @@ def run_sharded(
             writer.close()  # the worker's end: its death then reads as EOF here
             procs.append(proc)
             conns.append(reader)
-        parts, peaks = _collect(procs, conns, progress)
+        parts, peaks, cpu = _collect(procs, conns, progress)
     finally:
         for proc in procs:
             if proc.is_alive():  # an error in another worker, or Ctrl-C: stop this one
@@ -246,15 +250,15 @@ def run_sharded(
     if record_sink is not None:
         for record in result.records:
             record_sink(record)
-    return ShardedRun(result, tuple(peaks))
+    return ShardedRun(result, tuple(peaks), tuple(cpu))
 
 
 def _collect(
     procs: list[multiprocessing.Process], conns: list[Connection], progress: Callable[[int], None] | None
-) -> tuple[list[ShardParts], list[int]]:
-    """Every worker's parts and peak RSS, forwarding progress meanwhile; the first error is raised."""
+) -> tuple[list[ShardParts], list[int], list[float]]:
+    """Every worker's parts, peak RSS and CPU seconds, forwarding progress meanwhile; the first error is raised."""
     parts: list[ShardParts | None] = [None] * len(conns)
-    peaks, done = [0] * len(conns), [0] * len(conns)
+    peaks, cpu, done = [0] * len(conns), [0.0] * len(conns), [0] * len(conns)
     waiting = {conn: k for k, conn in enumerate(conns)}
     while waiting:
         for conn in wait(list(waiting)):
@@ -277,7 +281,7 @@ def _collect(
                 if progress is not None:
                     progress(sum(done))
             elif message[0] == "done":
-                peaks[k] = message[1]
+                _, peaks[k], cpu[k] = message
                 parts[k] = pickle.loads(conn.recv_bytes())
                 del waiting[conn]
             else:
@@ -285,7 +289,7 @@ def _collect(
                 if error is not None:
                     raise DsakvError(error)
                 raise RuntimeError(f"worker {k} of {len(conns)} failed:\n{trace}")
-    return parts, peaks  # type: ignore[return-value]
+    return parts, peaks, cpu  # type: ignore[return-value]
 
 
 def merge_shards(cfg: SimConfig, setup: SimSetup, base: Counters, parts: list[ShardParts]) -> SimResult:

@@ -58,6 +58,7 @@ def test_workers_give_the_one_process_result_exactly(one_process, router, worker
     run = run_sharded(replace(BASE, router=router, workers=workers), CHAT)
     _assert_same_run(run.result, want)
     assert len(run.worker_peak_rss_bytes) == workers and min(run.worker_peak_rss_bytes) > 0
+    assert len(run.worker_cpu_s) == workers and min(run.worker_cpu_s) > 0
 
 
 def test_a_worker_keeps_only_its_instances_requests_as_it_reads():
