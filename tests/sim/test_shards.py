@@ -22,8 +22,8 @@ from dsakv.sim.sweep import run_sweep
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import TraceRequest
 
-CHAT = partial(source_requests, Source(scenario="chat", scale=0.5))  # a picklable request factory
-# 5 instances of 2 DP groups, small pools (evictions, a preemption under affinity) with a host tier
+CHAT = partial(source_requests, Source(scenario="chat", scale=0.3))  # a picklable request factory
+# 5 instances of 2 DP groups, small pools (evictions) with a host tier (write-backs, load-backs)
 BASE = SimConfig(gpu=GpuSetting(dp_attention=2), instances=5, pool_tokens=12_000, host_tokens=30_000)
 
 
