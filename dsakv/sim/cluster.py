@@ -30,7 +30,9 @@ With one instance of one group this is exactly ``dsakv.sim.loop.simulate`` (same
 test pins it). The result is a ``SimResult`` for the whole cluster (records of every group, pool figures
 over every group's pool, the pool timeline summed over the instances) whose summary adds ``instances``,
 ``router``, ``load_imbalance`` and ``per_instance`` (each instance's summary: hit rate, queue, pool use of both
-caches, TTFT / TPOT); ``docs/routing.md`` defines them.
+caches, TTFT / TPOT); ``docs/routing.md`` defines them. Under a router that reads no instance state the
+instances can be split among processes with the same result (``dsakv.sim.shards``: ``_assign`` is its hook,
+``merge_groups`` and ``add_cluster_figures`` the merge both share).
 """
 
 from __future__ import annotations
