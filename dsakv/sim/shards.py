@@ -244,7 +244,8 @@ def run_sharded(
             proc.join()
         for conn in conns:
             conn.close()
-    result = merge_shards(cfg, setup, counters or Counters(), parts)
+    with rare_collections():  # as one process merges its instances (inside run_simulation)
+        result = merge_shards(cfg, setup, counters or Counters(), parts)
     if progress is not None:
         progress(len(result.records))
     if record_sink is not None:
