@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import pickle
 import resource
 import signal
+import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -174,6 +176,7 @@ def _work(job: ShardJob, conn: Connection) -> None:
     """A worker: simulate the job's instances and send ``("progress", n)`` messages, then ``("done", peak
     RSS bytes, CPU seconds)`` and the pickled ``ShardParts``, or ``("error", DsakvError message or None,
     traceback)``."""
+    _exit_with_parent()
     try:
         cfg, setup = job.cfg, job.setup
         router = make_router(cfg.router, setup.cell, setup.page_tokens, cfg.instances, cfg.mtp > 0)
@@ -192,6 +195,14 @@ def _work(job: ShardJob, conn: Connection) -> None:
         _send_error(conn, ("error", None, traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _exit_with_parent() -> None:
+    """End this worker when its parent ends (killed, say): its figures would have nowhere to go. A thread
+    waits on the parent's sentinel (blocked in the kernel, it costs the simulation nothing)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), name="dsakv-parent-watch", daemon=True).start()
 
 
 def _send_error(conn: Connection, message: tuple) -> None:
