@@ -21,7 +21,8 @@ records and timeline array for array (tests/sim/test_shards.py).
 Workers are spawned, not forked: they inherit no thread of the parent (a progress bar's) and share no page
 with it, so each worker's peak resident set (``getrusage``, measured by the worker after pickling its parts)
 adds to the parent's honestly (``ShardedRun.worker_peak_rss_bytes``). Progress counts reach the parent over
-each worker's pipe; a record sink gets the merged records, in id order, once the run is over.
+each worker's pipe; a record sink gets the merged records, in id order, once the run is over. An error in a
+worker stops the others; a worker whose parent ends (killed) ends too.
 """
 
 from __future__ import annotations
