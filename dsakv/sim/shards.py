@@ -233,6 +233,13 @@ def run_sharded(
         return ShardedRun(
             run_simulation(cfg, requests(), setup=setup, counters=counters, record_sink=record_sink, **run)
         )
+    try:
+        pickle.dumps(requests)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise DsakvError(
+            f"workers = {cfg.workers}: each worker calls the request factory, which must pickle (a module-level "
+            f"function or class, or a functools.partial of one): {exc}"
+        ) from None
     ctx = multiprocessing.get_context("spawn")
     w, n = cfg.workers, cfg.instances
     bounds = [n * k // w for k in range(w + 1)]

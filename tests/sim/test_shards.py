@@ -109,6 +109,11 @@ def test_an_error_in_a_worker_is_raised_in_the_parent_as_one_line():
         run_sharded(SimConfig(instances=2, workers=2), partial(list, [late]))
 
 
+def test_a_request_factory_that_cannot_pickle_is_one_error():
+    with pytest.raises(DsakvError, match="workers = 2: each worker calls the request factory, which must pickle"):
+        run_sharded(SimConfig(instances=2, workers=2), lambda: [])
+
+
 def test_a_worker_that_dies_is_an_error_naming_its_exit():
     with pytest.raises(DsakvError, match=r"worker [01] of 2 exited \(3\) before sending its figures"):
         run_sharded(SimConfig(instances=2, workers=2), partial(os._exit, 3))
