@@ -61,6 +61,13 @@ def test_workers_give_the_one_process_result_exactly(one_process, router, worker
     assert len(run.worker_cpu_s) == workers and min(run.worker_cpu_s) > 0
 
 
+@pytest.mark.parametrize("count", [0, 2])
+def test_workers_whose_instances_get_no_request_merge_exactly(count):
+    requests = partial(list, [TraceRequest(float(i), 600 + 100 * i, 4, (0, i + 1)) for i in range(count)])
+    cfg = SimConfig(instances=4, step_model="constant")
+    _assert_same_run(run_sharded(replace(cfg, workers=3), requests).result, run_sharded(cfg, requests).result)
+
+
 def test_a_worker_keeps_only_its_instances_requests_as_it_reads():
     requests = generate_scenario("chat", seed=0, scale=0.2)
     read = []
