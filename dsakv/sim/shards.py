@@ -115,14 +115,15 @@ class ShardStream:
 @dataclass
 class ShardParts:
     """What a worker sends back for its instances ``first ..``: rows and timelines per instance (in order),
-    counters and tier counters per DP group (local target order: group x instances + instance), records."""
+    counters, tier counters and records per DP group (local target order: group x instances + instance; the
+    groups' own record tables, not a concatenated copy: the parent concatenates every worker's at once)."""
 
     first: int
     rows: list[dict]
     timelines: list[Timeline]
     counters: list[Counters]
     tiers: list[TierCounters] | None
-    records: RecordTable
+    records: list[RecordTable]
     steps: int
 
 
@@ -154,7 +155,7 @@ class ShardCluster(Cluster):
             timelines=timelines,
             counters=[sim.counters for sim in sims],
             tiers=None if sims[0].transfers is None else [sim.transfers.counters for sim in sims],
-            records=RecordTable.concatenated([sim.records for sim in sims]),
+            records=[sim.records for sim in sims],
             steps=sum(inst.steps for inst in self.instances),
         )
 
@@ -332,7 +333,7 @@ def merge_shards(cfg: SimConfig, setup: SimSetup, base: Counters, parts: list[Sh
     timeline = sum_timelines(timelines)
     del timelines
     steps = sum(part.steps for part in parts)
-    records = [part.records for part in parts]
+    records = [table for part in parts for table in part.records]
     result = merge_groups(cfg, setup, base, counters, records, tiers, timeline, steps)  # type: ignore[arg-type]
     add_cluster_figures(result.summary, cfg, cfg.router, rows)
     return result
