@@ -135,10 +135,10 @@ def main() -> None:
         return
     print(
         f"cluster x{args.scale} of {what}, {instances} instances ({args.router}): {s['requests']:,} requests in "
-        f"{wall:.1f} s wall, {cpu:.1f} s CPU on {args.workers} worker{'s' * (args.workers > 1)} "
-        f"(critical path {critical:.1f} s CPU) "
-        f"({s['requests'] / wall:,.0f} simulated requests/s), peak RSS {peak_rss / 2**20:,.0f} MiB; "
-        f"hit rate {s['hit_rate_tokens']:.1%} by tokens ({s['hit_tokens']:,} hit tokens)"
+        f"{wall:.1f} s wall, {cpu:.1f} s CPU"
+        + (f" on {args.workers} workers (critical path {critical:.1f} s)" if args.workers > 1 else "")
+        + f" ({s['requests'] / wall:,.0f} simulated requests/s), peak RSS {peak_rss / 2**20:,.0f} MiB; "
+        + f"hit rate {s['hit_rate_tokens']:.1%} by tokens ({s['hit_tokens']:,} hit tokens)"
     )
 
 
