@@ -18,27 +18,17 @@ and the parent merges the parts as ``Cluster.result`` does (``merge_groups``, ``
 ``add_cluster_figures``, in target order): the ``SimResult`` equals one process's, summary key for key,
 records and timeline array for array (tests/sim/test_shards.py).
 
-Workers are spawned, not forked: they inherit no thread of the parent (a progress bar's) and share no page
-with it, so each worker's peak resident set (``getrusage``, measured by the worker after pickling its parts)
-adds to the parent's honestly (``ShardedRun.worker_peak_rss_bytes``). Progress counts reach the parent over
-each worker's pipe; a record sink gets the merged records, in id order, once the run is over. An error in a
-worker stops the others; a worker whose parent ends (killed) ends too.
+The workers are ``dsakv.sim.workers`` processes (spawned: each worker's own peak memory and CPU time are
+reported, ``ShardedRun``; progress counts reach the parent as they come; an error in one stops the others); a
+record sink gets the merged records, in id order, once the run is over.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import os
 import pickle
-import resource
-import signal
-import threading
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection, wait
 
 from dsakv.errors import DsakvError
 from dsakv.sim.cluster import (
@@ -55,6 +45,7 @@ from dsakv.sim.loop import arrival_seconds
 from dsakv.sim.report import Counters, RecordTable, RequestRecord, SimResult, Timeline
 from dsakv.sim.routing import Router, make_router
 from dsakv.sim.transfers import TierCounters
+from dsakv.sim.workers import run_in_workers
 from dsakv.workloads.traces import TraceRequest
 
 RequestFactory = Callable[[], Iterable[TraceRequest]]  # picklable: each worker makes the stream itself
@@ -161,8 +152,10 @@ class ShardCluster(Cluster):
 
 
 @dataclass(frozen=True)
-class ShardJob:
-    """A worker's task: the whole run's config and setup, the request factory, its instances."""
+class ShardTask:
+    """A worker's share of the run (``dsakv.sim.workers`` task): the whole run's config and setup, the
+    request factory, its instances ``first .. first + count - 1``; called in the worker, it returns the
+    ``ShardParts``."""
 
     cfg: SimConfig
     setup: SimSetup
@@ -171,46 +164,18 @@ class ShardJob:
     count: int
     check_every: int
     analytic_decode: bool
-    progress: bool
 
-
-def _work(job: ShardJob, conn: Connection) -> None:
-    """A worker: simulate the job's instances and send ``("progress", n)`` messages, then ``("done", peak
-    RSS bytes, CPU seconds)`` and the pickled ``ShardParts``, or ``("error", DsakvError message or None,
-    traceback)``."""
-    _exit_with_parent()
-    try:
-        cfg, setup = job.cfg, job.setup
+    def __call__(self, progress: Callable[[int], None] | None) -> ShardParts:
+        cfg, setup = self.cfg, self.setup
         router = make_router(cfg.router, setup.cell, setup.page_tokens, cfg.instances, cfg.mtp > 0)
         dp = setup.setting.dp_attention
-        stream = ShardStream(job.requests(), router, cfg.instances, dp, job.first, job.count, cfg.time_scale)
+        stream = ShardStream(self.requests(), router, cfg.instances, dp, self.first, self.count, cfg.time_scale)
         with rare_collections():
-            cluster = ShardCluster(cfg, setup, stream, job.analytic_decode)
-            progress = (lambda done: conn.send(("progress", done))) if job.progress else None
-            data = pickle.dumps(cluster.run(progress, job.check_every), protocol=pickle.HIGHEST_PROTOCOL)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        conn.send(("done", usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime))  # maxrss in KiB on Linux
-        conn.send_bytes(data)
-    except DsakvError as exc:
-        _send_error(conn, ("error", str(exc), ""))
-    except BaseException:  # a bug (or Ctrl-C): the parent raises it with this traceback
-        _send_error(conn, ("error", None, traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-def _exit_with_parent() -> None:
-    """End this worker when its parent ends (killed, say): its figures would have nowhere to go. A thread
-    waits on the parent's sentinel (blocked in the kernel, it costs the simulation nothing)."""
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=lambda: (parent.join(), os._exit(1)), name="dsakv-parent-watch", daemon=True).start()
-
-
-def _send_error(conn: Connection, message: tuple) -> None:
-    """Send a worker's error unless the parent has gone (it stopped on another worker's error, or Ctrl-C)."""
-    with contextlib.suppress(OSError):
-        conn.send(message)
+            cluster = ShardCluster(cfg, setup, stream, self.analytic_decode)
+            try:
+                return cluster.run(progress, self.check_every)
+            finally:
+                cluster.close()
 
 
 def run_sharded(
@@ -241,29 +206,14 @@ def run_sharded(
             f"workers = {cfg.workers}: each worker calls the request factory, which must pickle (a module-level "
             f"function or class, or a functools.partial of one): {exc}"
         ) from None
-    ctx = multiprocessing.get_context("spawn")
     w, n = cfg.workers, cfg.instances
     bounds = [n * k // w for k in range(w + 1)]
-    procs, conns = [], []
-    try:
-        for k in range(w):
-            job = ShardJob(
-                cfg, setup, requests, bounds[k], bounds[k + 1] - bounds[k], check_every, analytic_decode, bool(progress)
-            )
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work, args=(job, writer), name=f"dsakv-shard-{k}")
-            proc.start()
-            writer.close()  # the worker's end: its death then reads as EOF here
-            procs.append(proc)
-            conns.append(reader)
-        parts, peaks, cpu = _collect(procs, conns, progress)
-    finally:
-        for proc in procs:
-            if proc.is_alive():  # an error in another worker, or Ctrl-C: stop this one
-                proc.terminate()
-            proc.join()
-        for conn in conns:
-            conn.close()
+    tasks = [
+        ShardTask(cfg, setup, requests, bounds[k], bounds[k + 1] - bounds[k], check_every, analytic_decode)
+        for k in range(w)
+    ]
+    workers = run_in_workers(tasks, progress)
+    parts = workers.results
     with rare_collections():  # as one process merges its instances (inside run_simulation)
         result = merge_shards(cfg, setup, counters or Counters(), parts)
     if progress is not None:
@@ -271,46 +221,7 @@ def run_sharded(
     if record_sink is not None:
         for record in result.records:
             record_sink(record)
-    return ShardedRun(result, tuple(peaks), tuple(cpu))
-
-
-def _collect(
-    procs: list[multiprocessing.Process], conns: list[Connection], progress: Callable[[int], None] | None
-) -> tuple[list[ShardParts], list[int], list[float]]:
-    """Every worker's parts, peak RSS and CPU seconds, forwarding progress meanwhile; the first error is raised."""
-    parts: list[ShardParts | None] = [None] * len(conns)
-    peaks, cpu, done = [0] * len(conns), [0.0] * len(conns), [0] * len(conns)
-    waiting = {conn: k for k, conn in enumerate(conns)}
-    while waiting:
-        for conn in wait(list(waiting)):
-            k = waiting[conn]
-            try:
-                message = conn.recv()
-            except EOFError:
-                procs[k].join()
-                code = procs[k].exitcode
-                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
-                hint = {
-                    -signal.SIGKILL: " (out of memory?)",
-                    1: " (a script that starts workers must run under `if __name__ == '__main__':`)",
-                }
-                raise DsakvError(
-                    f"workers: worker {k} of {len(conns)} {how} before sending its figures{hint.get(code, '')}"
-                ) from None
-            if message[0] == "progress":
-                done[k] = message[1]
-                if progress is not None:
-                    progress(sum(done))
-            elif message[0] == "done":
-                _, peaks[k], cpu[k] = message
-                parts[k] = pickle.loads(conn.recv_bytes())
-                del waiting[conn]
-            else:
-                _, error, trace = message
-                if error is not None:
-                    raise DsakvError(error)
-                raise RuntimeError(f"worker {k} of {len(conns)} failed:\n{trace}")
-    return parts, peaks, cpu  # type: ignore[return-value]
+    return ShardedRun(result, workers.peak_rss_bytes, workers.cpu_s)
 
 
 def merge_shards(cfg: SimConfig, setup: SimSetup, base: Counters, parts: list[ShardParts]) -> SimResult:
