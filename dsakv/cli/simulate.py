@@ -5,8 +5,9 @@ allocator and radix tree at the planner's pool capacity; print the summary (``--
 record per request in id order, appended as requests leave the run: ``dsakv.sim.rowstream``), ``metrics.csv`` (the metrics as time series, ``dsakv.sim.timeseries``) and the PNG
 plots, all or nothing (``dsakv.cli.output.OutputDir``: checked before the run, renamed into place when
 complete). ``--sweep`` runs several configurations in worker processes and
-prints one comparison table; a sweep whose every point fails exits 1. Figures are defined in
-``docs/metrics.md``.
+prints one comparison table; a sweep whose every point fails exits 1. Without a sweep, ``--workers W``
+splits one cluster run's instances among W processes (``dsakv.sim.shards``: round-robin or affinity; the
+same figures). Figures are defined in ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from functools import partial
 
 from rich.console import Console
 
@@ -44,7 +46,8 @@ from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
 from dsakv.sim.rowstream import RowStream
-from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source
+from dsakv.sim.shards import run_sharded
+from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source, source_requests
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import SweepRow, run_sweep
 from dsakv.sim.timeseries import write_metrics_csv
@@ -179,7 +182,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
     )
-    o.add_argument("--workers", help="sweep worker processes (default: CPU count)")
+    o.add_argument(
+        "--workers",
+        help="worker processes: a sweep's points run on them (default: CPU count); one cluster run under the "
+        "round-robin or affinity router splits its instances among them (default 1; the same figures; "
+        "docs/routing.md, Workers)",
+    )
     o.add_argument("--ray", action="store_true", help="run sweep points (or compared routers) on a local Ray")
     o.add_argument("--ray-address", help="run sweep points on the Ray cluster at this address (pip install dsakv[ray])")
     o.add_argument("--out", help="directory for config.json, summary.json, requests.jsonl and PNG plots")
@@ -277,6 +285,8 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         router=routers[0],
         kv_events=args.kv_events,
         kv_events_replay=args.kv_events_replay,
+        # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)
+        workers=1 if args.sweep or len(routers) > 1 or args.workers is None else parse_int("--workers", args.workers),
     )
     source = Source(
         trace=args.trace,
@@ -324,6 +334,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep:
         return _run_sweep(args, cfg, source, show_bar)
     # a bad --out is reported here, before the run; its requests.jsonl is written as requests leave
+    if cfg.workers > 1:
+        check_rereadable(source)  # every worker reads the source again: a pipe could be read only once
     with _output_dir(args.out) as out, contextlib.ExitStack() as files:
         opened = _open(source, cfg.time_scale)
         rows = None if out is None else _row_stream(out, files)
@@ -331,16 +343,18 @@ def run(args: argparse.Namespace) -> int:
         bar, tick = _progress(show_bar and total >= 200, total, "requests")
         if bar:
             bar.start()
+        run = dict(
+            setup=setup,
+            counters=opened.counters,
+            progress=tick,
+            analytic_decode=not args.no_analytic_decode,
+            record_sink=None if rows is None else rows.add,
+        )
         try:
-            result = run_simulation(
-                cfg,
-                opened.requests,
-                setup=setup,
-                counters=opened.counters,
-                progress=tick,
-                analytic_decode=not args.no_analytic_decode,
-                record_sink=None if rows is None else rows.add,
-            )
+            if cfg.workers > 1:  # each worker reads the source again
+                result = run_sharded(cfg, partial(source_requests, source), **run).result
+            else:
+                result = run_simulation(cfg, opened.requests, **run)
         finally:
             if bar:
                 bar.stop()

@@ -30,7 +30,9 @@ With one instance of one group this is exactly ``dsakv.sim.loop.simulate`` (same
 test pins it). The result is a ``SimResult`` for the whole cluster (records of every group, pool figures
 over every group's pool, the pool timeline summed over the instances) whose summary adds ``instances``,
 ``router``, ``load_imbalance`` and ``per_instance`` (each instance's summary: hit rate, queue, pool use of both
-caches, TTFT / TPOT); ``docs/routing.md`` defines them.
+caches, TTFT / TPOT); ``docs/routing.md`` defines them. Under a router that reads no instance state the
+instances can be split among processes with the same result (``dsakv.sim.shards``: ``_assign`` is its hook,
+``merge_groups`` and ``add_cluster_figures`` the merge both share).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsakv.cache.key import RadixKey
+from dsakv.errors import DsakvError
 from dsakv.sim.collector import rare_collections
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.sim.frontend import FrontEnd
@@ -52,7 +55,7 @@ from dsakv.sim.loads import TargetLoads
 from dsakv.sim.loop import PROGRESS_EVERY_STEPS, Simulation, arrival_seconds, simulate
 from dsakv.sim.report import Counters, RecordTable, RequestRecord, SimResult, Timeline, summarize
 from dsakv.sim.routing import KvAware, Oracle, Router, make_router
-from dsakv.sim.transfers import TierCounters, TierSetup
+from dsakv.sim.transfers import TierCounters
 from dsakv.workloads.traces import TraceRequest
 
 
@@ -159,7 +162,7 @@ class Cluster:
         """Route a request the client sent at ``arrival_s``; it reaches its group through the front-end."""
         queued_s = self.frontend.take(arrival_s, req.input_length)
         self._clock(queued_s)
-        target = self.router.choose(req, self)
+        target, rid = self._assign(req)
         inst, sim = self.targets[target]
         if inst.run is not None:
             self._cut_run(inst, queued_s)
@@ -167,13 +170,18 @@ class Cluster:
         self._load.add(target, tokens)
         inst.routed_tokens += tokens
         inst.routed_requests += 1
-        rid = self._serial
-        self._serial += 1
         self._held[rid] = (target, tokens)
         before = len(sim.records)
         sim.add(req, arrival_s, rid)
         self._settle(sim, before)
         return inst
+
+    def _assign(self, req: TraceRequest) -> tuple[int, int]:
+        """The target the router picks for ``req`` and the request's id (its serial in the stream). A hook:
+        a worker of a sharded run (``dsakv.sim.shards``) takes both from the stream it filtered."""
+        rid = self._serial
+        self._serial += 1
+        return self.router.choose(req, self), rid
 
     def _settle(self, sim: Simulation, before: int) -> None:
         """Requests that left ``sim`` since it held ``before`` records no longer load their target."""
@@ -347,30 +355,10 @@ class Cluster:
 
     # ----- figures --------------------------------------------------------------------------------
     def _merge(self, sims: list[Simulation], timeline: Timeline, steps: int) -> SimResult:
-        setup = self.setup
-        counters = replace(self._base_counters, dp_attention=self.dp)
-        for sim in sims:
-            c = sim.counters
-            counters.evicted_tokens += c.evicted_tokens
-            counters.eviction_steps += c.eviction_steps
-            counters.preemptions += c.preemptions
-            counters.offloaded_pages += c.offloaded_pages
-        counters.steps = steps
-        records = RecordTable.concatenated([sim.records for sim in sims])
-        records.sort_by_id()
-        result = SimResult(
-            config=self.cfg.to_dict(),
-            layout=setup.layout,
-            cell=setup.cell,
-            capacity=setup.capacity,
-            capacity_pages=setup.pages * len(sims),
-            records=records,
-            timeline=timeline,
-            counters=counters,
-            tiers=_tier_totals(sims),
-        )
-        summarize(result)
-        return result
+        tiers = None if sims[0].transfers is None else [sim.transfers.counters for sim in sims]
+        counters = [sim.counters for sim in sims]
+        records = [sim.records for sim in sims]
+        return merge_groups(self.cfg, self.setup, self._base_counters, counters, records, tiers, timeline, steps)
 
     def _instance_result(self, inst: Instance) -> SimResult:
         groups = inst.groups
@@ -390,13 +378,56 @@ class Cluster:
                 timelines.append(r.timeline)
             timeline = sum_timelines(timelines)
             cluster = self._merge([sim for _, sim in self.targets], timeline, sum(i.steps for i in self.instances))
-        routed = np.array([inst.routed_tokens for inst in self.instances], dtype=np.float64)
-        cluster.summary["instances"] = self.cfg.instances
-        cluster.summary["router"] = self.router.name
-        cluster.summary["load_imbalance"] = float(routed.max() / routed.mean()) if routed.sum() else 1.0
-        if self.cfg.instances > 1 or self.dp > 1:
-            cluster.summary["per_instance"] = rows
+        add_cluster_figures(cluster.summary, self.cfg, self.router.name, rows)
         return cluster
+
+
+def merge_groups(
+    cfg: SimConfig,
+    setup: SimSetup,
+    base: Counters,
+    counters: list[Counters],
+    records: list[RecordTable],
+    tiers: list[TierCounters] | None,
+    timeline: Timeline,
+    steps: int,
+) -> SimResult:
+    """The ``SimResult`` of DP groups (an instance's, or a whole cluster's) from each group's counters and
+    tier counters (in target order), their records (any split: they are sorted by id) and their summed
+    timeline; ``base`` seeds the counts (the trace reader's)."""
+    total = replace(base, dp_attention=setup.setting.dp_attention)
+    for c in counters:
+        total.evicted_tokens += c.evicted_tokens
+        total.eviction_steps += c.eviction_steps
+        total.preemptions += c.preemptions
+        total.offloaded_pages += c.offloaded_pages
+    total.steps = steps
+    table = RecordTable.concatenated(records)
+    table.sort_by_id()
+    result = SimResult(
+        config=cfg.to_dict(),
+        layout=setup.layout,
+        cell=setup.cell,
+        capacity=setup.capacity,
+        capacity_pages=setup.pages * len(counters),
+        records=table,
+        timeline=timeline,
+        counters=total,
+        tiers=None if tiers is None else (setup.tiers, TierCounters.total(tiers)),
+    )
+    summarize(result)
+    return result
+
+
+def add_cluster_figures(summary: dict, cfg: SimConfig, router: str, rows: list[dict]) -> None:
+    """The cluster's keys of ``summary``: ``instances``, ``router``, ``load_imbalance`` (from the rows'
+    routed tokens) and, with several groups, ``per_instance`` (``rows``, one per instance in order)."""
+    routed = np.array([row["routed_tokens"] for row in rows], dtype=np.float64)
+    summary["instances"] = cfg.instances
+    summary["router"] = router
+    summary["load_imbalance"] = float(routed.max() / routed.mean()) if routed.sum() else 1.0
+    if cfg.instances > 1 or cfg.gpu.dp_attention > 1:
+        summary["per_instance"] = rows
 
 
 def instance_figures(inst: Instance, s: dict) -> dict:
@@ -444,13 +475,6 @@ def sum_timelines(timelines: list[Timeline]) -> Timeline:
     return out
 
 
-def _tier_totals(sims: list[Simulation]) -> tuple[TierSetup, TierCounters] | None:
-    """The groups' lower-tier traffic summed (None without tiers), as ``SimResult.tiers`` carries it."""
-    if sims[0].transfers is None:
-        return None
-    return sims[0].setup.tiers, TierCounters.total(sim.transfers.counters for sim in sims)
-
-
 def simulate_cluster(
     cfg: SimConfig,
     requests: Iterable[TraceRequest],
@@ -486,7 +510,13 @@ def run_simulation(
 ) -> SimResult:
     """The run ``cfg`` asks for: a cluster when it has several instances or DP groups (every group simulated)
     or publishes KV events, else the single loop (``dsakv.sim.loop.simulate``, which a one-group cluster equals).
-    Python's young garbage collections are made rare meanwhile (``dsakv.sim.collector``)."""
+    Python's young garbage collections are made rare meanwhile (``dsakv.sim.collector``). In this process only:
+    ``cfg.workers > 1`` is ``dsakv.sim.shards.run_sharded``'s (it takes a request factory each worker calls)."""
+    if cfg.workers > 1:
+        raise DsakvError(
+            f"workers = {cfg.workers}: run_simulation runs one stream in this process; split a run among workers "
+            "with dsakv.sim.shards.run_sharded, which takes a request factory"
+        )
     setup = setup or build_setup(cfg)
     run = dict(
         setup=setup,

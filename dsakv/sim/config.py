@@ -32,7 +32,7 @@ from dsakv.planner.tiers import tier_capacity
 from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
-from dsakv.sim.routing import ROUTERS
+from dsakv.sim.routing import ROUTERS, SHARDABLE_ROUTERS
 from dsakv.sim.steptime import (
     MOE_A2A,
     ConstantStepTime,
@@ -77,7 +77,10 @@ class SimConfig:
     trees key a page on (``RadixCache``): ``"digest"`` (the default), a 16-byte digest of its tokens, so a
     cached page costs 16 bytes of key instead of ``4 x page_size`` and a thousand instances' trees fit in
     memory; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
-    with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``)."""
+    with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the
+    processes a cluster's instances are split among (``dsakv.sim.shards``; the same figures as one process):
+    more than 1 only for a router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and
+    at least as many instances."""
 
     model: str | None = None
     config: str | None = None
@@ -121,6 +124,7 @@ class SimConfig:
     kv_events: str | None = None
     kv_events_replay: str | None = None
     page_keys: str = "digest"
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -152,6 +156,7 @@ class SimConfig:
             raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
         check_choice("router", self.router, ROUTERS)
         self._check_kv_events()
+        self._check_workers()
         if self.instances > 1 and (self.frontend_request_s or self.frontend_token_s):
             raise DsakvError(
                 f"frontend_request_s / frontend_token_s with instances = {self.instances}: the front-end queue is "
@@ -194,6 +199,30 @@ class SimConfig:
                 "reads no events"
             )
         check_instance_endpoints("kv_events", self.kv_events, "kv_events_replay", self.kv_events_replay, self.instances)
+
+    def _check_workers(self) -> None:
+        """Several workers each route the whole stream and keep their instances' requests: exact only when no
+        instance's history depends on another's (docs/routing.md, Workers)."""
+        w = self.workers
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise DsakvError(f"workers = {w!r}: must be a positive integer")
+        if w == 1:
+            return
+        if self.router not in SHARDABLE_ROUTERS:
+            raise DsakvError(
+                f"workers = {w} with router = {self.router!r}: that router reads the instances' state, so one "
+                f"process must route; use workers = 1 or a router that reads none ({', '.join(SHARDABLE_ROUTERS)})"
+            )
+        if self.max_concurrency is not None:
+            raise DsakvError(
+                f"workers = {w} with max_concurrency = {self.max_concurrency}: the closed loop ties every "
+                "instance's arrivals to the others' finishes; use workers = 1 or the open loop"
+            )
+        if self.instances < w:
+            raise DsakvError(
+                f"workers = {w} with instances = {self.instances}: each worker simulates at least one instance; "
+                "use workers <= instances"
+            )
 
     @property
     def radix_page_keys(self) -> str:

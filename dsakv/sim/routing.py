@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from dsakv.kvevents.zmq_feed import ZmqEventFeed
 
 ROUTERS = ("round-robin", "least-loaded", "affinity", "kv-aware", "oracle")
+# routers whose choice reads no instance state (only the request and the target count): a run under them can
+# be split among worker processes by instance (dsakv.sim.shards)
+SHARDABLE_ROUTERS = ("round-robin", "affinity")
 AFFINITY_BLOCKS = 2  # trace blocks naming a session: a shared system prompt, then the conversation's first turn
 HASH_NAME = "xxh3_64"  # the radix caches' event hash (RadixCache's default)
 

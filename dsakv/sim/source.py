@@ -63,12 +63,13 @@ class OpenedSource:
 
 
 def check_rereadable(source: Source) -> None:
-    """``DsakvError`` unless ``source`` can be opened more than once (each sweep point opens it again): a trace
-    must then be a regular file, not a pipe or FIFO, whose lines the first reader would take."""
+    """``DsakvError`` unless ``source`` can be opened more than once (each sweep point, and each worker of a
+    sharded run, opens it again): a trace must then be a regular file, not a pipe or FIFO, whose lines the
+    first reader would take."""
     if source.trace is not None and not is_regular_file(source.trace):
         raise DsakvError(
-            f"trace {source.trace!r}: a pipe or FIFO can be read only once and every sweep point reads the "
-            "trace again: save it to a file first"
+            f"trace {source.trace!r}: a pipe or FIFO can be read only once and every sweep point (or worker) "
+            "reads the trace again: save it to a file first"
         )
 
 
@@ -88,3 +89,9 @@ def open_source(source: Source) -> OpenedSource:
         notes += (f"trace {source.trace!r} holds no request: nothing to simulate",)
     counters = Counters(skipped_lines=trace.skipped, reordered_lines=trace.out_of_order)
     return OpenedSource(trace, len(trace), counters, notes, trace.last_timestamp_ms, trace.last_line)
+
+
+def source_requests(source: Source) -> Iterable[TraceRequest]:
+    """The requests of ``source`` (opened again: a sharded run's worker calls it through a
+    ``functools.partial``, a picklable request factory; ``dsakv.sim.shards``)."""
+    return open_source(source).requests

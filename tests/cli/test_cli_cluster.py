@@ -1,6 +1,6 @@
 """``dsakv simulate --instances N --router R``: the router comparison's JSON, the per-instance report, bad
-input as one line, sweeps on a local Ray giving the same rows (and table) as local processes, and the
-KV-aware router over ZMQ printing the in-process figures."""
+input as one line, sweeps on a local Ray giving the same rows (and table) as local processes, the
+KV-aware router over ZMQ printing the in-process figures, and ``--workers`` splitting one run (same output)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,34 @@ def test_kv_events_over_zmq_print_the_in_process_figures(capsys):
 def test_bad_cluster_flags_are_one_line_errors(capsys, flags, needle):
     code = main([*SMALL, *flags])
     assert_one_line_error(code, capsys.readouterr().err, needle)
+
+
+def test_workers_split_one_run_and_print_its_figures(tmp_path, capsys):
+    runs = {}
+    for workers in ("1", "2"):
+        out = tmp_path / workers
+        argv = [*SMALL, "--instances", "3", "--dp-attention", "2", "--workers", workers, "--json"]
+        assert main([*argv, "--out", str(out), "--no-plots"]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary.pop("config")["config"]["workers"] == int(workers)
+        runs[workers] = summary, (out / "requests.jsonl").read_text(), (out / "metrics.csv").read_text()
+    assert runs["2"] == runs["1"]
+    assert len(runs["1"][0]["per_instance"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (
+            ["--instances", "4", "--workers", "2", "--router", "least-loaded"],
+            "workers = 2 with router = 'least-loaded'",
+        ),
+        (["--instances", "2", "--workers", "3"], "workers = 3 with instances = 2"),
+        (["--workers", "x"], "--workers"),
+    ],
+)
+def test_workers_a_run_cannot_use_are_one_line_errors(capsys, flags, needle):
+    assert_one_line_error(main([*SMALL, *flags]), capsys.readouterr().err, needle)
 
 
 def test_sweep_on_a_local_ray_gives_the_rows_of_local_processes():

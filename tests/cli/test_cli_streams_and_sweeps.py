@@ -38,6 +38,12 @@ def test_a_sweep_refuses_a_piped_trace_it_would_read_again():
     assert_one_line_error(done.returncode, done.stderr, "pipe or FIFO")
 
 
+def test_workers_refuse_a_piped_trace_each_would_read_again():
+    argv = [*SIM, "--trace", "/dev/stdin", "--instances", "2", "--workers", "2"]
+    done = dsakv_child(*argv, stdin=TRACE)
+    assert_one_line_error(done.returncode, done.stderr, "pipe or FIFO", "(or worker)")
+
+
 def test_an_impossible_point_is_a_row_with_its_error():
     # 10^11 tokens of pool: once a MemoryError that took the whole sweep down; now the simulator's limit.
     argv = [*SIM, "--scenario", "chat", "--scale", "0.05", "--sweep", "pool=100000000000,20000", "--workers", "1"]
