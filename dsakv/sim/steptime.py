@@ -29,7 +29,8 @@ context_before)`` per chunk; ``decode``: the context length, including the new t
 step of a run of decode steps, every context one longer per step, optionally with one prefill chunk a step:
 equal to ``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
 ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
-Models hold no state between steps; ``step_seconds`` does not change the model.
+Models hold no state between steps; ``step_seconds`` does not change the model (the roofline keeps a cache of
+the seconds of decode steps that see their whole top-k, ``_saturated_decodes``: the same bits, read back).
 """
 
 from __future__ import annotations
@@ -257,6 +258,8 @@ class RooflineStepTime:
             raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
         # Derived per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
         object.__setattr__(self, "_const", self._constants())
+        # seconds of decode steps that see their whole top-k, by (decodes, dp) and context sum (a cache)
+        object.__setattr__(self, "_saturated", {})
 
     def _constants(self) -> dict[str, float]:
         spec, lay = self.layout.spec, self.layout
@@ -477,6 +480,13 @@ class RooflineStepTime:
         ``chunk = (new tokens, [context before, per step])``: as arrays, or step by step when that is cheaper
         (fewer than ``ARRAY_STRETCH_STEPS``; the same bits either way)."""
         decode = [c + first_step for c in contexts]
+        if (
+            not chunk
+            and steps >= ARRAY_STRETCH_STEPS
+            and decode
+            and min(decode) >= (1 + self.mtp_draft) * self._const["topk"]
+        ):
+            return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
             return np.array(
                 [
@@ -484,6 +494,17 @@ class RooflineStepTime:
                     for j in range(steps)
                 ]
             )
+        return self._price_decodes(decode, steps, dp, chunk)
+
+    def _price_decodes(
+        self,
+        decode: list[int],
+        steps: int,
+        dp: tuple[int | None, int | None],
+        chunk: tuple[int, list[int]] | tuple[()] = (),
+    ) -> np.ndarray:
+        """``price`` over arrays of ``steps`` steps: step ``j`` decodes ``c + j`` for each ``c`` in ``decode``
+        and prefills ``(chunk[0], chunk[1][j])`` (none without ``chunk``)."""
         topk = self._const["topk"]
         first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
@@ -500,6 +521,29 @@ class RooflineStepTime:
             prefill = (0, 0, 0, 0, 0, 0)
         run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
         return self.price(run, *dp).total_seconds
+
+    def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
+        """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
+        least ``(1 + mtp_draft) * topk``): such a step's price depends only on the decode count, the context
+        sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the context sum, NaN
+        until priced; no price is NaN) and only a stretch with an entry missing is priced, whole, and stored.
+        The same bits as pricing every stretch: each entry is one step's ``price``. The tables hold 8 bytes
+        per context sum up to the largest seen (≈ 17 MiB for the x1 cluster bench, shared by every instance)."""
+        n, first = len(decode), sum(decode)
+        last = first + n * (steps - 1)  # the context sum of the stretch's last step
+        key = (n, *dp)
+        table = self._saturated.get(key)
+        if table is None or table.size <= last:
+            grown = np.full(max(last + 1, table.size * 5 // 4 if table is not None else 0), np.nan)
+            if table is not None:
+                grown[: table.size] = table
+            table = self._saturated[key] = grown
+        known = table[first : last + 1 : n]  # a view: step j's context sum is first + n * j
+        if not np.isnan(known).any():
+            return known.copy()
+        seconds = self._price_decodes(decode, steps, dp)
+        known[:] = seconds
+        return seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
         """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the

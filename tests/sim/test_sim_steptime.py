@@ -123,6 +123,26 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
     assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
 
 
+@pytest.mark.parametrize("options", [{}, {"mtp_draft": 1}, {"dp_attention": 2}])
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 300), min_size=1, max_size=3), st.integers(1, 60), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, options, runs):
+    # Runs whose decodes all see their whole top-k share one model, so later runs read steps an earlier one
+    # priced (and the tables grow past them): bit for bit the steps either way; dp passed or not.
+    model = RooflineStepTime(glm.layout, **options)
+    least = (1 + model.mtp_draft) * model.layout.spec.index_topk
+    for offsets, steps, with_dp in runs:
+        contexts = [least + o for o in offsets]
+        dp = (2 * len(contexts), 2 * len(contexts)) if with_dp else (None, None)
+        run = model.run_seconds(contexts, steps, (), *dp)
+        assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts], *dp) for j in range(steps)]
+
+
 @pytest.mark.parametrize("options", [{}, {"mla_mixed_batch": True}, {"mla_padded_topk": True, "dp_attention": 2}])
 @given(
     st.lists(st.integers(1, 6000), max_size=8),
