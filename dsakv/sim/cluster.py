@@ -38,7 +38,6 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
-import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -213,7 +212,9 @@ class Cluster:
         seconds = functools.reduce(
             np.maximum, (sim.run_seconds(run, steps, dp_tokens, dp_decodes) for sim, run in busy)
         )
-        ends = list(itertools.accumulate(seconds.tolist(), initial=now))
+        # each step's end: now + the seconds, added one after the other (``accumulate`` adds in order, as a
+        # loop of float additions does; one C pass, then Python floats)
+        ends = np.add.accumulate(np.concatenate(([now], seconds))).tolist()
         finishes = any(run.finishes and run.steps == steps for _, run in busy)
         inst.run = (ends, [sim for sim, _ in busy], finishes)
         return ends[-2] if finishes else ends[-1]
