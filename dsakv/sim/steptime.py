@@ -378,6 +378,13 @@ class RooflineStepTime:
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
         operations in the same order as for one step (``run_seconds``)."""
+        return self._price(s, dp_tokens, dp_decodes, breakdown=True)
+
+    def _price(
+        self, s: StepSums, dp_tokens: int | None, dp_decodes: int | None, breakdown: bool
+    ) -> StepCost | float | np.ndarray:
+        """``price``; without ``breakdown`` only its ``total_seconds``, by the same operations (the per-component
+        dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
@@ -393,7 +400,6 @@ class RooflineStepTime:
         rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
-        lin_bytes = c["lin_bytes"]
         lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
         moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
         moe_flops = moe_tokens * c["expert_flops_per_token"]
@@ -413,35 +419,39 @@ class RooflineStepTime:
         mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
-        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
         mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
+        linear_s = larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"])
+        moe_s = larger(moe_flops / c["moe_rate"], moe_bytes / bw)
+        mla_s = larger(mla_compute_s, mla_bytes / bw)
+        idx_s = larger(idx_flops / c["idx_rate"], idx_bytes / bw)
+        write_s = write_bytes / bw
+        coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
+        draft_s = 0.0
+        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
+            draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+            draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+        # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
+        components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = components - draft_s  # the draft passes are forwards of their own
+            floor_s = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
+        else:
+            floor_s = 0.0
+        overhead_s = self.overhead_s if tokens else 0.0
+        total = components + floor_s + overhead_s
+        if not breakdown:
+            return total
+        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        nbytes = {"linear": c["lin_bytes"], "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
-        secs = {
-            "linear": larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"]),
-            "moe": larger(moe_flops / c["moe_rate"], moe_bytes / bw),
-            "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
-            "indexer": larger(idx_flops / c["idx_rate"], idx_bytes / bw),
-            "cache_write": write_bytes / bw,
-            "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
-        }
-        draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
-        secs["mtp_draft"] = 0.0
-        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
-            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
-        components = sum(secs.values())  # left to right, as total_seconds adds them: its partial sum
-        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = components - secs["mtp_draft"]  # the draft passes are forwards of their own
-            secs["floor"] = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
-        else:
-            secs["floor"] = 0.0
-        secs["overhead"] = self.overhead_s if tokens else 0.0
-        return StepCost(flops, nbytes, secs, components + secs["floor"] + secs["overhead"])
+        secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
+        secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
+        return StepCost(flops, nbytes, secs, total)
 
     def run_seconds(
         self,
@@ -520,7 +530,7 @@ class RooflineStepTime:
         else:
             prefill = (0, 0, 0, 0, 0, 0)
         run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
-        return self.price(run, *dp).total_seconds
+        return self._price(run, *dp, breakdown=False)
 
     def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
         """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
@@ -602,7 +612,7 @@ class RooflineStepTime:
         dp_tokens: int | None = None,
         dp_decodes: int | None = None,
     ) -> float:
-        return self.cost(prefill, decode, dp_tokens, dp_decodes).total_seconds
+        return self._price(self.sums(prefill, decode), dp_tokens, dp_decodes, breakdown=False)
 
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
