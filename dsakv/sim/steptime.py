@@ -258,7 +258,7 @@ class RooflineStepTime:
             raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
         # Derived per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
         object.__setattr__(self, "_const", self._constants())
-        # seconds of decode steps that see their whole top-k, by (decodes, dp) and context sum (a cache)
+        # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
         object.__setattr__(self, "_saturated", {})
 
     def _constants(self) -> dict[str, float]:
@@ -494,7 +494,7 @@ class RooflineStepTime:
             not chunk
             and steps >= ARRAY_STRETCH_STEPS
             and decode
-            and min(decode) >= (1 + self.mtp_draft) * self._const["topk"]
+            and (len(decode) == 1 or min(decode) >= (1 + self.mtp_draft) * self._const["topk"])
         ):
             return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
@@ -534,9 +534,10 @@ class RooflineStepTime:
 
     def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
         """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
-        least ``(1 + mtp_draft) * topk``): such a step's price depends only on the decode count, the context
-        sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the context sum, NaN
-        until priced; no price is NaN) and only a stretch with an entry missing is priced, whole, and stored.
+        least ``(1 + mtp_draft) * topk``), or of a single decode: such a step's price depends only on the decode
+        count, the context sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the
+        context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
+        whole, and stored.
         The same bits as pricing every stretch: each entry is one step's ``price``. The tables hold 8 bytes
         per context sum up to the largest seen (≈ 17 MiB for the x1 cluster bench, shared by every instance)."""
         n, first = len(decode), sum(decode)
