@@ -156,3 +156,16 @@ def test_the_scheduler_forgets_the_requests_that_left_the_simulation():
     result = sim.run()
     assert result.summary["finished"] == len(result.records) > 0
     assert sim.scheduler.done == {} and sim.scheduler.stats.finished == len(result.records)
+
+
+def test_cluster_bench_copies_shift_hash_ids_by_the_top_id_and_keep_every_other_field(load_file_module, repo_dir):
+    bench = load_file_module(repo_dir / "bench" / "cluster.py")
+    base = [
+        TraceRequest(0.0, 700, 5, (0, 3), line=1),
+        TraceRequest(2.5, 10, 1, (3,), line=2, tenant="t", cache_salt=7),
+        TraceRequest(4.0, 1, 2, (), line=3),
+    ]
+    copies = list(bench.scaled(base, 3))
+    assert [c.line for c in copies] == [1, 1, 1, 2, 2, 2, 3, 3, 3] and copies[::3] == base
+    assert [c.hash_ids for c in copies[:6]] == [(0, 3), (4, 7), (8, 11), (3,), (7,), (11,)]
+    assert all(replace(c, hash_ids=r.hash_ids) == r for c, r in zip(copies, [r for r in base for _ in range(3)]))
