@@ -71,7 +71,7 @@ def main() -> None:
     cfg = SimConfig(instances=instances, router=args.router, page_keys=args.page_keys)
     t0 = time.perf_counter()
     if args.trace:
-        base, what = list(MooncakeTrace(args.trace)), f"trace {Path(args.trace).name}"
+        base, what = list(MooncakeTrace(args.trace, hold=True)), f"trace {Path(args.trace).name}"
     else:
         base, what = generate_scenario("chat", seed=0), "generated chat scenario (shared trace absent)"
     analytic = not args.no_analytic
