@@ -76,6 +76,9 @@ from dsakv.spec.layout import ceil_div
 
 INSERT_MODES = ("finish", "allocate")
 PAGE_KEYS = ("tokens", "digest")
+# Evicting more pages than this clears their in-tree flags in one NumPy scatter, fewer one by one (the
+# scatter's fixed cost passes the loop's at about this many pages)
+FLAGS_IN_ONE_PASS = 32
 
 
 class RadixCache(RadixState):
@@ -403,8 +406,12 @@ class RadixCache(RadixState):
             self._drop_root_if_empty(root)
         self._nodes -= removed
         in_tree = self._in_tree
-        for p in freed:
-            in_tree[p] = 0
+        if len(freed) > FLAGS_IN_ONE_PASS:  # one scatter over the flags (a NumPy view of each buffer)
+            np.frombuffer(in_tree, np.uint8)[np.frombuffer(freed, np.int64)] = 0
+        else:
+            for p in freed:
+                in_tree[p] = 0
+        freed = freed.tolist()
         tokens = len(freed) * self.page_size
         self._evictable -= tokens
         self.metrics.evicted_tokens += tokens
