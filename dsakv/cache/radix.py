@@ -41,7 +41,7 @@ from numbers import Integral
 import numpy as np
 
 from dsakv.cache import lookup
-from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.allocator import FLAGS_IN_ONE_PASS, PageAllocator
 from dsakv.cache.check import check_radix, claim_pages
 from dsakv.cache.events import (
     AllCleared,
@@ -76,9 +76,6 @@ from dsakv.spec.layout import ceil_div
 
 INSERT_MODES = ("finish", "allocate")
 PAGE_KEYS = ("tokens", "digest")
-# Evicting more pages than this clears their in-tree flags in one NumPy scatter, fewer one by one (the
-# scatter's fixed cost passes the loop's at about this many pages)
-FLAGS_IN_ONE_PASS = 32
 
 
 class RadixCache(RadixState):
