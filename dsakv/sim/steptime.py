@@ -378,13 +378,14 @@ class RooflineStepTime:
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
         operations in the same order as for one step (``run_seconds``)."""
-        return self._price(s, dp_tokens, dp_decodes, breakdown=True)
+        return self._price(s, dp_tokens, dp_decodes, breakdown=True, arrays=np.ndarray in map(type, s))
 
     def _price(
-        self, s: StepSums, dp_tokens: int | None, dp_decodes: int | None, breakdown: bool
+        self, s: StepSums, dp_tokens: int | None, dp_decodes: int | None, breakdown: bool, arrays: bool
     ) -> StepCost | float | np.ndarray:
         """``price``; without ``breakdown`` only its ``total_seconds``, by the same operations (the per-component
-        dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step)."""
+        dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
+        ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
@@ -392,7 +393,7 @@ class RooflineStepTime:
         )  # fmt: skip
         n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
-        larger = np.maximum if np.ndarray in map(type, s) else max
+        larger = np.maximum if arrays else max
         topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         # every DP group's tokens go through the MoE / dense MLP
@@ -530,7 +531,7 @@ class RooflineStepTime:
         else:
             prefill = (0, 0, 0, 0, 0, 0)
         run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
-        return self._price(run, *dp, breakdown=False)
+        return self._price(run, *dp, breakdown=False, arrays=True)  # dec_sum: an array
 
     def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
         """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
@@ -613,7 +614,7 @@ class RooflineStepTime:
         dp_tokens: int | None = None,
         dp_decodes: int | None = None,
     ) -> float:
-        return self._price(self.sums(prefill, decode), dp_tokens, dp_decodes, breakdown=False)
+        return self._price(self.sums(prefill, decode), dp_tokens, dp_decodes, breakdown=False, arrays=False)
 
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
