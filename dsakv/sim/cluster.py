@@ -302,11 +302,12 @@ class Cluster:
     def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
         self._check_every = check_every
         heap = self._heap
+        frontend = self.frontend
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
+        # when the pending request reaches the engine (the front-end changes only when a request passes it)
+        queued_s = frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
         while pending is not None or heap:
-            # when the request reaches the engine
-            queued_s = self.frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
             if pending is not None and (not heap or queued_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
@@ -315,6 +316,7 @@ class Cluster:
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
+                    queued_s = frontend.queued_s(pending_s, pending.input_length)
                 continue
             now, i, version = heapq.heappop(heap)
             inst = self.instances[i]
