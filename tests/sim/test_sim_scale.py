@@ -93,6 +93,15 @@ def test_a_table_reads_back_every_record_it_was_given_also_sorted_by_id(records)
     assert [r.to_dict() for r in table] == [r.to_dict() for r in expected]
 
 
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(record_strategy, min_size=2, max_size=8), big=st.integers(2**63, 2**70))
+def test_a_table_whose_ids_outgrow_64_bits_still_sorts_by_id(records, big):
+    records = [replace(r, id=big + 5 - i if i % 2 else i) for i, r in enumerate(records)]  # the id column: a list
+    table = RecordTable(records)
+    table.sort_by_id()
+    assert [r.to_dict() for r in table] == [r.to_dict() for r in sorted(records, key=lambda r: r.id)]
+
+
 def test_records_cost_a_few_hundred_bytes_each():
     """The columns of 1,000 records: 27 numeric fields of 8 bytes, an outcome byte, no per-record object."""
     record = RequestRecord(**{f.name: 10**12 + i for i, f in enumerate(fields(RequestRecord))} | {
