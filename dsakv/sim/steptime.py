@@ -491,13 +491,10 @@ class RooflineStepTime:
         ``chunk = (new tokens, [context before, per step])``: as arrays, or step by step when that is cheaper
         (fewer than ``ARRAY_STRETCH_STEPS``; the same bits either way)."""
         decode = [c + first_step for c in contexts]
-        if (
-            not chunk
-            and steps >= ARRAY_STRETCH_STEPS
-            and decode
-            and (len(decode) == 1 or min(decode) >= (1 + self.mtp_draft) * self._const["topk"])
-        ):
-            return self._saturated_decodes(decode, steps, dp)
+        if not chunk and steps >= ARRAY_STRETCH_STEPS and decode:
+            low = min(decode)  # the tables are indexed by the context sum: never below 0
+            if low >= 0 and (len(decode) == 1 or low >= (1 + self.mtp_draft) * self._const["topk"]):
+                return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
             return np.array(
                 [
