@@ -150,6 +150,10 @@ INDEXER_KERNELS = 9
 # Runs of steps shorter than this are priced step by step, longer ones as arrays: numpy's fixed cost per operation
 # passes a scalar step's price at about four steps (measured on the x1 cluster bench's batches).
 ARRAY_STRETCH_STEPS = 4
+# The most entries (8 bytes each) the tables of decode steps that see their whole top-k hold, all together
+# (``RooflineStepTime._saturated_decodes``): 64 MiB; the x1 cluster bench's take ~17 MiB. Past it a stretch is
+# priced and not kept (long contexts with many decodes run sums up into the millions).
+SATURATED_TABLE_ENTRIES = 2**23
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -537,15 +541,20 @@ class RooflineStepTime:
         context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
         whole, and stored.
         The same bits as pricing every stretch: each entry is one step's ``price``. The tables hold 8 bytes
-        per context sum up to the largest seen (≈ 17 MiB for the x1 cluster bench, shared by every instance)."""
+        per context sum up to the largest seen (≈ 17 MiB for the x1 cluster bench, shared by every instance),
+        ``SATURATED_TABLE_ENTRIES`` at most in all: a stretch that would grow them past it is priced only."""
         n, first = len(decode), sum(decode)
         last = first + n * (steps - 1)  # the context sum of the stretch's last step
         key = (n, *dp)
         table = self._saturated.get(key)
         if table is None or table.size <= last:
-            grown = np.full(max(last + 1, table.size * 5 // 4 if table is not None else 0), np.nan)
+            held = table.size if table is not None else 0
+            size = max(last + 1, held * 5 // 4)
+            if sum(t.size for t in self._saturated.values()) - held + size > SATURATED_TABLE_ENTRIES:
+                return self._price_decodes(decode, steps, dp)
+            grown = np.full(size, np.nan)
             if table is not None:
-                grown[: table.size] = table
+                grown[:held] = table
             table = self._saturated[key] = grown
         known = table[first : last + 1 : n]  # a view: step j's context sum is first + n * j
         if not np.isnan(known).any():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS, gpu_kind
+from dsakv.sim import steptime
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _clipped_sum, _sparse_pairs
 from dsakv.spec.layout import CacheLayout
@@ -143,6 +144,18 @@ def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, opti
         dp = (2 * len(contexts), 2 * len(contexts)) if with_dp else (None, None)
         run = model.run_seconds(contexts, steps, (), *dp)
         assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts], *dp) for j in range(steps)]
+
+
+def test_saturated_decode_tables_stay_within_their_budget_and_price_past_it(glm, monkeypatch):
+    # Contexts of a million tokens would need tables of millions of entries: past the budget a stretch is
+    # priced, the same bits, and nothing is kept.
+    monkeypatch.setattr(steptime, "SATURATED_TABLE_ENTRIES", 50_000)
+    model, topk = RooflineStepTime(glm.layout), glm.layout.spec.index_topk
+    for contexts in ([topk] * 4, [topk + 3] * 4, [1_000_000] * 2, [topk] * 4):
+        run = model.run_seconds(contexts, 20)
+        assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(20)]
+        assert sum(t.size for t in model._saturated.values()) <= 50_000
+    assert set(model._saturated) == {(4, None, None)}
 
 
 def test_decodes_below_top_k_are_priced_as_they_are_after_saturated_ones_of_the_same_context_sum(glm):
