@@ -22,7 +22,13 @@ from collections.abc import Iterable
 from numbers import Integral
 from operator import length_hint
 
+import numpy as np
+
 from dsakv.errors import DsakvError, OutOfPagesError
+
+# More page ids than this get their flag bytes (the allocator's, the radix tree's in-tree flags) set in one
+# NumPy scatter, fewer one by one: the scatter's fixed cost passes the loop's at about this many
+FLAGS_IN_ONE_PASS = 32
 
 
 class PageAllocator:
@@ -92,16 +98,21 @@ class PageAllocator:
                 raise DsakvError(f"page count = {n}: must be >= 0")
             return []
         reused = min(n, len(freed))
-        pages = freed[len(freed) - reused :].tolist()
+        top = freed[len(freed) - reused :]
         del freed[len(freed) - reused :]
+        allocated = self._allocated
+        if reused > FLAGS_IN_ONE_PASS:  # one scatter over the flags (a NumPy view of each buffer)
+            np.frombuffer(allocated, np.uint8)[np.frombuffer(top, np.int64)] = 1
+        else:
+            for p in top:
+                allocated[p] = 1
+        pages = top.tolist()
         pages.reverse()
         if reused < n:  # the rest from the fresh range, lowest id first
             fresh = self._next_fresh
             self._next_fresh = fresh + n - reused
             pages.extend(range(fresh, self._next_fresh))
-        allocated = self._allocated
-        for p in pages:
-            allocated[p] = 1
+            allocated[fresh : self._next_fresh] = b"\x01" * (n - reused)
         return pages
 
     def free(self, pages: Iterable[int]) -> None:

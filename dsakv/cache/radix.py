@@ -41,7 +41,7 @@ from numbers import Integral
 import numpy as np
 
 from dsakv.cache import lookup
-from dsakv.cache.allocator import PageAllocator
+from dsakv.cache.allocator import FLAGS_IN_ONE_PASS, PageAllocator
 from dsakv.cache.check import check_radix, claim_pages
 from dsakv.cache.events import (
     AllCleared,
@@ -403,8 +403,12 @@ class RadixCache(RadixState):
             self._drop_root_if_empty(root)
         self._nodes -= removed
         in_tree = self._in_tree
-        for p in freed:
-            in_tree[p] = 0
+        if len(freed) > FLAGS_IN_ONE_PASS:  # one scatter over the flags (a NumPy view of each buffer)
+            np.frombuffer(in_tree, np.uint8)[np.frombuffer(freed, np.int64)] = 0
+        else:
+            for p in freed:
+                in_tree[p] = 0
+        freed = freed.tolist()
         tokens = len(freed) * self.page_size
         self._evictable -= tokens
         self.metrics.evicted_tokens += tokens

@@ -241,18 +241,19 @@ def evictable_leaf(node: Node) -> bool:
 
 def trim_leaves(
     heap: LeafHeap[Node], needs: Sequence[int], page_key_bytes: int, key_overhang: int
-) -> tuple[list[int], list[bytes], list[int], int, list[Node]]:
+) -> tuple[array, list[bytes], list[int], int, list[Node]]:
     """Cut ``needs[0]`` pages off unlocked leaves in heap (policy) order, then ``needs[1]`` more, ...: whole
     leaves, then the tail pages of the last one if fewer are needed; a parent that becomes an unlocked leaf
     joins the heap. Each need is met as a call of its own would meet it: a leaf cut short is the heap's next
     pop (its key is unchanged and every smaller entry was discarded), so it is kept for the next need rather
     than pushed back and popped again, and pushed back once at the end.
 
-    Returns (freed page ids, their hashes when kept, the count freed after each need, nodes removed, roots
-    left with no child and no lock); stops short when no evictable leaf is left. Updates no size counter,
-    flag, root registry or allocator: the caller does.
+    Returns (freed page ids, an ``array`` of ``PAGE_ID_CODE``: copied from the nodes' arrays without a Python
+    int each, their hashes when kept, the count freed after each need, nodes removed, roots left with no
+    child and no lock); stops short when no evictable leaf is left. Updates no size counter, flag, root
+    registry or allocator: the caller does.
     """
-    freed: list[int] = []
+    freed = array(PAGE_ID_CODE)
     hashes: list[bytes] = []
     ends: list[int] = []
     emptied: list[Node] = []

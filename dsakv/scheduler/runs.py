@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 from dsakv.errors import DsakvError
 from dsakv.scheduler.batch import work_end
-from dsakv.scheduler.pages import pages_for
 from dsakv.scheduler.request import Request, Status
 from dsakv.scheduler.state import SchedulerState
 
@@ -140,14 +139,14 @@ def plan_run(
     if prefill is not None:
         held = len(prefill.pages)
         for j, (n, start) in enumerate(plan_chunks):
-            need = pages_for(start + n, ps) - held
+            need = -(-(start + n) // ps) - held  # pages_for(start + n) - held
             if need > 0:
                 takes.append((j, last, need))
                 held += need
         if joining is not None:  # its decodes: a page at each page boundary from step len(chunks) on
             first = max(held * ps + 1 - (joining + len(plan_chunks)), 0) + len(plan_chunks)
-            takes.extend((j, last, 1) for j in range(first, steps, ps))
-        takes.sort()
+            takes += [(j, last, 1) for j in range(first, steps, ps)]
+    takes.sort()
     available = state.allocator.num_free
     if evict and state.radix is not None:
         available += state.radix.evictable_tokens // ps
@@ -224,13 +223,13 @@ def _chunks(req: Request, budget: int, config, page_size: int, limit: int | None
 
 
 def _decode_takes(decoding: Sequence[Request], steps: int, page_size: int) -> list[tuple[int, int, int]]:
-    """``(step, running index, 1)`` of each page the decodes take in ``steps`` steps, in ``step``'s order."""
+    """``(step, running index, 1)`` of each page the decodes take in ``steps`` steps, request by request (the
+    caller sorts them, with the prefilling request's, into ``step``'s order)."""
     out = []
     for i, req in enumerate(decoding):
         total = req.prompt_len + len(req.outputs)  # the context of its decode in the run's first step
         first = max(len(req.pages) * page_size + 1 - total, 0)  # the first step whose token needs a new page
-        out.extend((j, i, 1) for j in range(first, steps, page_size))
-    out.sort()
+        out += [(j, i, 1) for j in range(first, steps, page_size)]
     return out
 
 

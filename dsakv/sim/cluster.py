@@ -40,7 +40,6 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
-import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -221,7 +220,9 @@ class Cluster:
         seconds = functools.reduce(
             np.maximum, (sim.run_seconds(run, steps, dp_tokens, dp_decodes) for sim, run in busy)
         )
-        ends = list(itertools.accumulate(seconds.tolist(), initial=now))
+        # each step's end: now + the seconds, added one after the other (``accumulate`` adds in order, as a
+        # loop of float additions does; one C pass, then Python floats)
+        ends = np.add.accumulate(np.concatenate(([now], seconds))).tolist()
         finishes = any(run.finishes and run.steps == steps for _, run in busy)
         inst.run = (ends, [sim for sim, _ in busy], finishes)
         return ends[-2] if finishes else ends[-1]
@@ -309,11 +310,12 @@ class Cluster:
     def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
         self._check_every = check_every
         heap = self._heap
+        frontend = self.frontend
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
+        # when the pending request reaches the engine (the front-end changes only when a request passes it)
+        queued_s = frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
         while pending is not None or heap:
-            # when the request reaches the engine
-            queued_s = self.frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
             if pending is not None and (not heap or queued_s <= heap[0][0]):
                 inst = self._route(pending, pending_s)
                 if not inst.scheduled:
@@ -322,6 +324,7 @@ class Cluster:
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
+                    queued_s = frontend.queued_s(pending_s, pending.input_length)
                 continue
             now, i, version = heapq.heappop(heap)
             inst = self.instances[i]

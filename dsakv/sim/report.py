@@ -263,12 +263,17 @@ class RecordTable(Sequence):
         if self._size < 2:
             return
         ids = self._columns["id"]
-        order = sorted(range(self._size), key=ids.__getitem__)
+        if isinstance(ids, array):  # one stable argsort; then each typed column is gathered in C
+            order = np.argsort(np.frombuffer(ids, ids.typecode), kind="stable")
+        else:
+            order = np.array(sorted(range(self._size), key=ids.__getitem__), dtype=np.intp)
         for name, column in self._columns.items():
-            moved = map(column.__getitem__, order)
-            self._columns[name] = array(column.typecode, moved) if isinstance(column, array) else list(moved)
-        self._outcomes = array("B", map(self._outcomes.__getitem__, order))
-        position = {row: new for new, row in enumerate(order)}
+            if isinstance(column, array):
+                self._columns[name] = array(column.typecode, np.frombuffer(column, column.typecode)[order].tobytes())
+            else:
+                self._columns[name] = [column[row] for row in order.tolist()]
+        self._outcomes = array("B", np.frombuffer(self._outcomes, np.uint8)[order].tobytes())
+        position = {row: new for new, row in enumerate(order.tolist())}
         self._reasons = {position[row]: reason for row, reason in self._reasons.items()}
 
 

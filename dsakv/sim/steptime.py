@@ -29,7 +29,8 @@ context_before)`` per chunk; ``decode``: the context length, including the new t
 step of a run of decode steps, every context one longer per step, optionally with one prefill chunk a step:
 equal to ``step_seconds`` step by step, bit for bit) and ``to_dict()``. The roofline reduces a batch to integer aggregates (``sums`` ->
 ``StepSums``) and prices those (``price``), so a run is priced as arrays in one pass.
-Models hold no state between steps; ``step_seconds`` does not change the model.
+Models hold no state between steps; ``step_seconds`` does not change the model (the roofline keeps a cache of
+the seconds of decode steps that see their whole top-k, ``_saturated_decodes``: the same bits, read back).
 """
 
 from __future__ import annotations
@@ -157,6 +158,10 @@ INDEXER_KERNELS = 9
 # Runs of steps shorter than this are priced step by step, longer ones as arrays: numpy's fixed cost per operation
 # passes a scalar step's price at about four steps (measured on the x1 cluster bench's batches).
 ARRAY_STRETCH_STEPS = 4
+# The most entries (8 bytes each) the tables of decode steps that see their whole top-k hold, all together
+# (``RooflineStepTime._saturated_decodes``): 64 MiB; the x1 cluster bench's take ~17 MiB. Past it a stretch is
+# priced and not kept (long contexts with many decodes run sums up into the millions).
+SATURATED_TABLE_ENTRIES = 2**23
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
@@ -278,6 +283,8 @@ class RooflineStepTime:
             raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
         # Derived per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
         object.__setattr__(self, "_const", self._constants())
+        # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
+        object.__setattr__(self, "_saturated", {})
 
     def _constants(self) -> dict[str, float]:
         spec, lay = self.layout.spec, self.layout
@@ -402,6 +409,14 @@ class RooflineStepTime:
         ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
         step of a run of the same batch shape: every figure is then an array, each entry computed by the same
         operations in the same order as for one step (``run_seconds``)."""
+        return self._price(s, dp_tokens, dp_decodes, breakdown=True, arrays=np.ndarray in map(type, s))
+
+    def _price(
+        self, s: StepSums, dp_tokens: int | None, dp_decodes: int | None, breakdown: bool, arrays: bool
+    ) -> StepCost | float | np.ndarray:
+        """``price``; without ``breakdown`` only its ``total_seconds``, by the same operations (the per-component
+        dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
+        ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
@@ -409,7 +424,7 @@ class RooflineStepTime:
         )  # fmt: skip
         n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
-        larger = np.maximum if np.ndarray in map(type, s) else max
+        larger = np.maximum if arrays else max
         topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         # every DP group's tokens go through the MoE / dense MLP
@@ -417,7 +432,6 @@ class RooflineStepTime:
         rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
         layers, idx_layers = c["attn_layers"], c["idx_layers"]
         # Linear layers: weights once per step; each routed expert read if at least one token picked it.
-        lin_bytes = c["lin_bytes"]
         lin_flops = tokens * c["attn_flops"] + moe_tokens * c["mlp_flops"] + rows * c["lm_head_flops_per_row"]
         moe_bytes = c["expert_bytes"] * self._touched(moe_tokens)
         moe_flops = moe_tokens * c["expert_flops_per_token"]
@@ -437,21 +451,23 @@ class RooflineStepTime:
         mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
-        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
+        mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
         if self.mla_dense_short_prefill and pf_tokens:
             # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
             # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
             dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
             pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
-            mha_flops = layers * (
-                pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]
-            )
             mha_s = layers * (
                 pf_idx_pairs * c["mha_flops_per_pair"] / c["mha_rate"]
                 + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"] / c["gemm_rate"]
             )
+            if breakdown:
+                mha_flops = pick(
+                    dense,
+                    layers * (pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]),
+                    0,
+                )
             pf_pairs = pick(dense, 0, pf_pairs)
-            mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"] + pick(dense, mha_flops, 0)
             mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
             mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
         else:
@@ -459,30 +475,37 @@ class RooflineStepTime:
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
+        linear_s = larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"])
+        moe_s = larger(moe_flops / c["moe_rate"], moe_bytes / bw)
+        mla_s = larger(mla_compute_s, mla_bytes / bw)
+        idx_s = larger(idx_flops / c["idx_rate"], idx_bytes / bw)
+        write_s = write_bytes / bw
+        coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
+        draft_s = 0.0
+        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
+            draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+            draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+        # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
+        components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = components - draft_s  # the draft passes are forwards of their own
+            floor_s = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
+        else:
+            floor_s = 0.0
+        overhead_s = self.overhead_s if tokens else 0.0
+        total = components + floor_s + overhead_s
+        if not breakdown:
+            return total
+        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
+        if mha_flops is not None:
+            mla_flops = mla_flops + mha_flops
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {"linear": lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        nbytes = {"linear": c["lin_bytes"], "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
-        secs = {
-            "linear": larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"]),
-            "moe": larger(moe_flops / c["moe_rate"], moe_bytes / bw),
-            "sparse_mla": larger(mla_compute_s, mla_bytes / bw),
-            "indexer": larger(idx_flops / c["idx_rate"], idx_bytes / bw),
-            "cache_write": write_bytes / bw,
-            "collectives": coll_bytes / c["link_bw"] + coll_count * g.link_latency_s,
-        }
-        draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
-        secs["mtp_draft"] = 0.0
-        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
-            secs["mtp_draft"] = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
-        components = sum(secs.values())  # left to right, as total_seconds adds them: its partial sum
-        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = components - secs["mtp_draft"]  # the draft passes are forwards of their own
-            secs["floor"] = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
-        else:
-            secs["floor"] = 0.0
-        secs["overhead"] = self.overhead_s if tokens else 0.0
-        return StepCost(flops, nbytes, secs, components + secs["floor"] + secs["overhead"])
+        secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
+        secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
+        return StepCost(flops, nbytes, secs, total)
 
     def run_seconds(
         self,
@@ -521,6 +544,10 @@ class RooflineStepTime:
         ``chunk = (new tokens, [context before, per step])``: as arrays, or step by step when that is cheaper
         (fewer than ``ARRAY_STRETCH_STEPS``; the same bits either way)."""
         decode = [c + first_step for c in contexts]
+        if not chunk and steps >= ARRAY_STRETCH_STEPS and decode:
+            low = min(decode)  # the tables are indexed by the context sum: never below 0
+            if low >= 0 and (len(decode) == 1 or low >= (1 + self.mtp_draft) * self._const["topk"]):
+                return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
             return np.array(
                 [
@@ -528,6 +555,17 @@ class RooflineStepTime:
                     for j in range(steps)
                 ]
             )
+        return self._price_decodes(decode, steps, dp, chunk)
+
+    def _price_decodes(
+        self,
+        decode: list[int],
+        steps: int,
+        dp: tuple[int | None, int | None],
+        chunk: tuple[int, list[int]] | tuple[()] = (),
+    ) -> np.ndarray:
+        """``price`` over arrays of ``steps`` steps: step ``j`` decodes ``c + j`` for each ``c`` in ``decode``
+        and prefills ``(chunk[0], chunk[1][j])`` (none without ``chunk``)."""
         topk = self._const["topk"]
         first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
@@ -543,7 +581,36 @@ class RooflineStepTime:
         else:
             prefill = (0, 0, 0, 0, 0, 0)
         run = StepSums(*prefill, first.n_dec, dec_sum, dec_topk, dec_rows)
-        return self.price(run, *dp).total_seconds
+        return self._price(run, *dp, breakdown=False, arrays=True)  # dec_sum: an array
+
+    def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
+        """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
+        least ``(1 + mtp_draft) * topk``), or of a single decode: such a step's price depends only on the decode
+        count, the context sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the
+        context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
+        whole, and stored.
+        The same bits as pricing every stretch: each entry is one step's ``price``. The tables hold 8 bytes
+        per context sum up to the largest seen (≈ 17 MiB for the x1 cluster bench, shared by every instance),
+        ``SATURATED_TABLE_ENTRIES`` at most in all: a stretch that would grow them past it is priced only."""
+        n, first = len(decode), sum(decode)
+        last = first + n * (steps - 1)  # the context sum of the stretch's last step
+        key = (n, *dp)
+        table = self._saturated.get(key)
+        if table is None or table.size <= last:
+            held = table.size if table is not None else 0
+            size = max(last + 1, held * 5 // 4)
+            if sum(t.size for t in self._saturated.values()) - held + size > SATURATED_TABLE_ENTRIES:
+                return self._price_decodes(decode, steps, dp)
+            grown = np.full(size, np.nan)
+            if table is not None:
+                grown[:held] = table
+            table = self._saturated[key] = grown
+        known = table[first : last + 1 : n]  # a view: step j's context sum is first + n * j
+        if not np.isnan(known).any():
+            return known.copy()
+        seconds = self._price_decodes(decode, steps, dp)
+        known[:] = seconds
+        return seconds
 
     def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
         """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
@@ -602,7 +669,7 @@ class RooflineStepTime:
         dp_tokens: int | None = None,
         dp_decodes: int | None = None,
     ) -> float:
-        return self.cost(prefill, decode, dp_tokens, dp_decodes).total_seconds
+        return self._price(self.sums(prefill, decode), dp_tokens, dp_decodes, breakdown=False, arrays=False)
 
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}

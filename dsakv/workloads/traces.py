@@ -291,13 +291,17 @@ class MooncakeTrace:
     """A validated Mooncake trace file; iterate it for ``TraceRequest`` in timestamp order.
 
     Construction reads the file once (validation, counts, order check) and keeps only counts, unless
-    the timestamps are out of order, in which case the sorted records are kept. With ``skip_bad`` a bad
+    the timestamps are out of order, in which case the sorted records are kept, or ``hold`` is set (for a
+    caller that holds the whole list anyway: the records of that first reading are kept, so iterating reads
+    and parses nothing again). With ``skip_bad`` a bad
     line is counted in ``skipped`` (its first message in ``first_error``) instead of raising.
     Iterating is repeatable and does not change the object. A pipe or FIFO is read once, into an anonymous
     temporary file that lives as long as the object (``spooled`` is then True).
     """
 
-    def __init__(self, path: str | Path, *, skip_bad: bool = False, block: int = MOONCAKE_BLOCK) -> None:
+    def __init__(
+        self, path: str | Path, *, skip_bad: bool = False, block: int = MOONCAKE_BLOCK, hold: bool = False
+    ) -> None:
         self.path = Path(path)
         self.skip_bad = skip_bad
         self.block = block
@@ -309,11 +313,14 @@ class MooncakeTrace:
         self.out_of_order = 0  # lines whose timestamp lies below an earlier line's
         self.last_timestamp_ms: float = 0  # the latest timestamp, on line ``last_line`` (0: no request)
         self.last_line = 0
-        self._sorted: list[TraceRequest] | None = None
+        self._records: list[TraceRequest] | None = None  # the records kept (in timestamp order), if any
         self._spool: IO[bytes] | None = None if is_regular_file(self.path) else tempfile.TemporaryFile()
         self._spool_size = 0
         prev = -math.inf
+        held: list[TraceRequest] | None = [] if hold else None
         for req in self._scan(first=True):
+            if held is not None:
+                held.append(req)
             self.num_requests += 1
             self.input_tokens += req.input_length
             self.output_tokens += req.output_length
@@ -323,12 +330,14 @@ class MooncakeTrace:
                 prev = req.timestamp_ms
                 self.last_timestamp_ms, self.last_line = prev, req.line
         if self.out_of_order:
-            self._sorted = sorted(self._scan(first=False), key=lambda r: r.timestamp_ms)
+            self._records = sorted(self._scan(first=False) if held is None else held, key=lambda r: r.timestamp_ms)
             warnings.warn(
                 f"trace {str(self.path)!r}: {self.out_of_order} lines have timestamps out of order; sorted by timestamp",
                 TraceOrderWarning,
                 stacklevel=2,
             )
+        elif held is not None:
+            self._records = held
 
     @property
     def spooled(self) -> bool:
@@ -374,8 +383,8 @@ class MooncakeTrace:
                     self.first_error = self.first_error or str(exc)
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        if self._sorted is not None:
-            return iter(self._sorted)
+        if self._records is not None:
+            return iter(self._records)
         return self._scan(first=False)
 
     def __len__(self) -> int:

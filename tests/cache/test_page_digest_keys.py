@@ -139,7 +139,13 @@ def test_a_page_of_zero_token_ids_is_digested_with_all_its_bytes():
 def test_extended_and_prefix_digest_keys_equal_a_key_built_at_once(head, tail):
     whole = RadixKey(head + tail, page_digest=4)
     grown = RadixKey(head, page_digest=4).extended(tail)
-    assert (grown.data, grown.token_data) == (whole.data, whole.token_data)
+    assert (grown.data, grown.num_tokens, grown.token_data) == (whole.data, whole.num_tokens, whole.token_data)
+    twice = RadixKey(head, page_digest=4).extended(tail[:3]).extended(tail[3:])  # extends a key not yet joined
+    assert (twice.prefix(len(head)).data, twice.data, twice.token_data) == (
+        whole.prefix(len(head)).data,
+        whole.data,
+        whole.token_data,
+    )
     for n in range(1, len(head) + len(tail) + 1):
         cut, fresh = whole.prefix(n), RadixKey((head + tail)[:n], page_digest=4)
         assert (cut.data, cut.token_data, cut.num_tokens) == (fresh.data, fresh.token_data, n)

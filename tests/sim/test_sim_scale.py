@@ -93,6 +93,15 @@ def test_a_table_reads_back_every_record_it_was_given_also_sorted_by_id(records)
     assert [r.to_dict() for r in table] == [r.to_dict() for r in expected]
 
 
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(record_strategy, min_size=2, max_size=8), big=st.integers(2**63, 2**70))
+def test_a_table_whose_ids_outgrow_64_bits_still_sorts_by_id(records, big):
+    records = [replace(r, id=big + 5 - i if i % 2 else i) for i, r in enumerate(records)]  # the id column: a list
+    table = RecordTable(records)
+    table.sort_by_id()
+    assert [r.to_dict() for r in table] == [r.to_dict() for r in sorted(records, key=lambda r: r.id)]
+
+
 def test_records_cost_a_few_hundred_bytes_each():
     """The columns of 1,000 records: 27 numeric fields of 8 bytes, an outcome byte, no per-record object."""
     record = RequestRecord(**{f.name: 10**12 + i for i, f in enumerate(fields(RequestRecord))} | {
@@ -156,3 +165,16 @@ def test_the_scheduler_forgets_the_requests_that_left_the_simulation():
     result = sim.run()
     assert result.summary["finished"] == len(result.records) > 0
     assert sim.scheduler.done == {} and sim.scheduler.stats.finished == len(result.records)
+
+
+def test_cluster_bench_copies_shift_hash_ids_by_the_top_id_and_keep_every_other_field(load_file_module, repo_dir):
+    bench = load_file_module(repo_dir / "bench" / "cluster.py")
+    base = [
+        TraceRequest(0.0, 700, 5, (0, 3), line=1),
+        TraceRequest(2.5, 10, 1, (3,), line=2, tenant="t", cache_salt=7),
+        TraceRequest(4.0, 1, 2, (), line=3),
+    ]
+    copies = list(bench.scaled(base, 3))
+    assert [c.line for c in copies] == [1, 1, 1, 2, 2, 2, 3, 3, 3] and copies[::3] == base
+    assert [c.hash_ids for c in copies[:6]] == [(0, 3), (4, 7), (8, 11), (3,), (7,), (11,)]
+    assert all(replace(c, hash_ids=r.hash_ids) == r for c, r in zip(copies, [r for r in base for _ in range(3)]))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS, gpu_kind
+from dsakv.sim import steptime
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _clipped_sum, _sparse_pairs
 from dsakv.spec.layout import CacheLayout
@@ -121,6 +122,51 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
     assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]
     constant = ConstantStepTime(0.01, 0.001)
     assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
+
+
+@pytest.mark.parametrize("options", [{}, {"mtp_draft": 1}, {"dp_attention": 2}])
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(-150, 300), min_size=1, max_size=3), st.integers(1, 60), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, options, runs):
+    # Runs of decodes around top-k share one model, so later runs read steps an earlier one priced (and the
+    # tables grow past them): those whose decodes all see their whole top-k, or of one decode (from below
+    # top-k too), are read back; the others, whose context sums say less, never touch the tables. Bit for bit
+    # the steps either way; dp passed or not.
+    model = RooflineStepTime(glm.layout, **options)
+    least = (1 + model.mtp_draft) * model.layout.spec.index_topk
+    for offsets, steps, with_dp in runs:
+        contexts = [least + o for o in offsets] if len(offsets) > 1 else [1 + 10 * (offsets[0] + 150)]
+        dp = (2 * len(contexts), 2 * len(contexts)) if with_dp else (None, None)
+        run = model.run_seconds(contexts, steps, (), *dp)
+        assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts], *dp) for j in range(steps)]
+
+
+def test_saturated_decode_tables_stay_within_their_budget_and_price_past_it(glm, monkeypatch):
+    # Contexts of a million tokens would need tables of millions of entries: past the budget a stretch is
+    # priced, the same bits, and nothing is kept.
+    monkeypatch.setattr(steptime, "SATURATED_TABLE_ENTRIES", 50_000)
+    model, topk = RooflineStepTime(glm.layout), glm.layout.spec.index_topk
+    for contexts in ([topk] * 4, [topk + 3] * 4, [1_000_000] * 2, [topk] * 4):
+        run = model.run_seconds(contexts, 20)
+        assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(20)]
+        assert sum(t.size for t in model._saturated.values()) <= 50_000
+    assert set(model._saturated) == {(4, None, None)}
+
+
+def test_decodes_below_top_k_are_priced_as_they_are_after_saturated_ones_of_the_same_context_sum(glm):
+    # The same count and context sums as a run already read into the tables, but half the decodes below top-k
+    # (fewer sparse-MLA rows): priced as they are, not read back.
+    model, topk = RooflineStepTime(glm.layout), glm.layout.spec.index_topk
+    saturated, below = [topk] * 64, [topk - 500] * 32 + [topk + 500] * 32
+    for contexts in (saturated, below):
+        run = model.run_seconds(contexts, 40)
+        assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(40)]
+    assert model.run_seconds(below, 40)[0] != model.run_seconds(saturated, 40)[0]
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,17 @@ def test_out_of_order_timestamps_are_sorted_with_warning(tmp_path):
     assert [r.line for r in trace if r.timestamp_ms == 5] == [1, 3]  # stable
 
 
+@pytest.mark.filterwarnings("ignore::dsakv.workloads.traces.TraceOrderWarning")
+@pytest.mark.parametrize("stamps", [[0, 2, 2, 7], [5, 1, 5, 3]])
+def test_a_held_trace_gives_the_streamed_requests_without_reading_the_file_again(tmp_path, stamps):
+    rows = [_row(ts=t, ids=[2 * i, 2 * i + 1]) for i, t in enumerate(stamps)] + ["not json"]
+    path = _write(tmp_path / "t.jsonl", rows)
+    streamed = list(MooncakeTrace(path, skip_bad=True))
+    held = MooncakeTrace(path, skip_bad=True, hold=True)
+    path.unlink()  # iterating a held trace reads nothing
+    assert list(held) == list(held) == streamed and (held.skipped, len(held)) == (1, 4)
+
+
 def test_ordered_trace_gives_no_warning(tmp_path):
     path = _write(tmp_path / "t.jsonl", [_row(ts=0), _row(ts=0), _row(ts=2)])
     with warnings.catch_warnings():
