@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +36,16 @@ def _load(path: Path, name: str | None = None) -> ModuleType:
         pytest.skip(f"file absent: {path}")
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    # registered while it runs: a dataclass resolves its annotations through sys.modules[its module]
+    before = sys.modules.get(spec.name)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if before is None:
+            del sys.modules[spec.name]
+        else:
+            sys.modules[spec.name] = before
     return mod
 
 
