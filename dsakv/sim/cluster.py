@@ -100,7 +100,8 @@ class Cluster:
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
         group_cfg = replace(cfg, max_concurrency=None)
-        sink_of = self.router.sink if isinstance(self.router, KvAware) else None
+        # the KV-aware router indexes the trees' events through its feed, the oracle directly
+        sink_of = self.router.sink if isinstance(self.router, KvAware | Oracle) else None
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
@@ -113,9 +114,6 @@ class Cluster:
         if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
             for _, sim in self.targets:
                 sim.timeline.merge_equal = True
-        if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
-            for _, sim in self.targets:
-                sim.evict_in_runs = False
         if self.dp > 1:  # a group's chunk sizes would change every group's step time (the MoE's dp_tokens)
             for _, sim in self.targets:
                 sim.chunks_in_runs = False

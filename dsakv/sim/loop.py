@@ -131,8 +131,8 @@ class Simulation:
         self.cfg, self.setup = cfg, setup
         self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
         self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
-        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
-        # a router peeking at it: the cluster clears this then)
+        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink: a
+        # cluster's KV-aware or oracle router)
         self.evict_in_runs = event_sink is None
         # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
         # groups' chunks (a cluster of DP-attention groups clears this)
@@ -148,7 +148,7 @@ class Simulation:
                 eviction_policy=cfg.eviction_policy,
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
-                event_sink=event_sink,  # a cluster's KV-aware router indexes the tree's events
+                event_sink=event_sink,  # a cluster's KV-aware or oracle router indexes the tree's events
                 page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
             )
         self.transfers, tiers = None, None
