@@ -99,7 +99,12 @@ class Cluster:
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
-        group_cfg = replace(cfg, max_concurrency=None)
+        group_cfg = replace(cfg, max_concurrency=None)  # the client is the cluster's, below
+        # closed loop: one client of C concurrent requests for the whole cluster (a benchmark client against a
+        # load balancer): the heap of the times its slots are free again, which a request leaving any group
+        # pushes to (``Simulation.leave``); None: open loop
+        c = cfg.max_concurrency
+        self._slots: list[float] | None = None if c is None else [0.0] * c
         # the KV-aware router indexes the trees' events through its feed, the oracle directly
         sink_of = self.router.sink if isinstance(self.router, KvAware | Oracle) else None
         for _group in range(self.dp):
@@ -107,7 +112,13 @@ class Cluster:
                 t = len(self.targets)
                 sink = sink_of(t) if sink_of else None
                 sim = Simulation(
-                    group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode, record_sink=record_sink
+                    group_cfg,
+                    setup,
+                    (),
+                    event_sink=sink,
+                    analytic_decode=analytic_decode,
+                    record_sink=record_sink,
+                    client_slots=self._slots,
                 )
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
@@ -153,6 +164,17 @@ class Cluster:
             self.router.clock_s = now
 
     # ----- arrivals -----------------------------------------------------------------------------------
+    def _send_s(self, pending: TraceRequest | None, pending_s: float) -> float | None:
+        """When the client sends ``pending`` (trace time ``pending_s``): then, or in a closed loop when a slot
+        is free again, if later. None: nothing to send, or every slot is held by a request still in the
+        cluster (its leaving will free one)."""
+        if pending is None:
+            return None
+        slots = self._slots
+        if slots is None:
+            return pending_s
+        return max(pending_s, slots[0]) if slots else None
+
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
         """Route a request the client sent at ``arrival_s``; it reaches its group through the front-end."""
         queued_s = self.frontend.take(arrival_s, req.input_length)
@@ -301,11 +323,15 @@ class Cluster:
         heap = self._heap
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
+        slots = self._slots
         while pending is not None or heap:
+            sent_s = self._send_s(pending, pending_s)
             # when the request reaches the engine
-            queued_s = self.frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
-            if pending is not None and (not heap or queued_s <= heap[0][0]):
-                inst = self._route(pending, pending_s)
+            queued_s = self.frontend.queued_s(sent_s, pending.input_length) if sent_s is not None else 0.0
+            if sent_s is not None and (not heap or queued_s <= heap[0][0]):
+                if slots is not None:
+                    heapq.heappop(slots)  # the slot the request takes (the earliest free)
+                inst = self._route(pending, sent_s)
                 if not inst.scheduled:
                     inst.scheduled = True
                     heapq.heappush(heap, (queued_s, inst.index, inst.version))
@@ -313,6 +339,8 @@ class Cluster:
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
                 continue
+            if not heap:
+                break  # closed loop: every slot is held by a request that can no longer run (left unfinished below)
             now, i, version = heapq.heappop(heap)
             inst = self.instances[i]
             if version != inst.version:

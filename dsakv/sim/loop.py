@@ -127,6 +127,7 @@ class Simulation:
         event_sink: Callable[[CacheEvent], None] | None = None,
         analytic_decode: bool = True,
         record_sink: Callable[[RequestRecord], None] | None = None,
+        client_slots: list[float] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
@@ -174,8 +175,11 @@ class Simulation:
         self._serial = 0
         self._wide_ids_checked = False  # pages vetted for wide hash ids (at the first request that has one)
         conc = cfg.max_concurrency
-        # closed loop: a heap of the times each client slot is free again (None: open loop)
-        self._slots = None if conc is None else [0.0] * math.ceil(conc / self.counters.dp_attention)
+        # closed loop: a heap of the times each client slot is free again (None: open loop); a cluster's groups
+        # share its one client's heap (``client_slots``): a request leaving any group frees a slot
+        if client_slots is None and conc is not None:
+            client_slots = [0.0] * math.ceil(conc / self.counters.dp_attention)
+        self._slots = client_slots
 
     # ----- arrivals -------------------------------------------------------------------------------
     def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:

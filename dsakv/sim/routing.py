@@ -42,7 +42,7 @@ from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
-from dsakv.sim.holders import PageHolders, targets_of
+from dsakv.sim.holders import PageHolders
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 if TYPE_CHECKING:
@@ -271,18 +271,17 @@ class Oracle:
         key = request_key(req)  # token keys: the hashes chain over tokens, and a peek takes either kind
         ps = self.page_tokens
         seed = chain_seed(self._hash, *key.namespace)
-        depth, mask, above = self.holders.match(seed, key.token_data, 4 * ps, (key.num_tokens - 1) // ps)
+        depth, holding, above = self.holders.match(seed, key.token_data, 4 * ps, (key.num_tokens - 1) // ps)
         if not self.speculative:
-            return view.least_loaded_target() if depth == 0 else least_loaded(view, list(targets_of(mask)))
+            return view.least_loaded_target() if depth == 0 else least_loaded(view, holding)
         # speculative: a match gives its last page back, so a target holding d pages by hash hits d - 2 or d - 1
         if depth <= 1:
             return view.least_loaded_target()  # every target hits 0
         peek_key = request_key(req, self.page_digest) if self.page_digest else key
-        for candidates, hit in ((mask, depth - 1), (above, depth - 2)):
+        for candidates, hit in ((holding, depth - 1), (above, depth - 2)):
             if hit == 0:
                 return view.least_loaded_target()
-            hit *= ps
-            winners = [t for t in targets_of(candidates) if view.peek_hit_tokens(t, peek_key) == hit]
+            winners = [t for t in candidates if view.peek_hit_tokens(t, peek_key) == hit * ps]
             if winners:
                 return least_loaded(view, winners)
         raise AssertionError("the targets holding depth - 1 pages by hash include one hitting depth - 2")

@@ -120,6 +120,7 @@ def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp,
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
     for t, (_, sim) in enumerate(cluster.targets):  # the index holds exactly what every tree holds
         assert router.holders.hashes_of(t) == sim.radix.page_hashes()
+        assert router.holders.first_pages_of(t) <= router.holders.hashes_of(t)
 
 
 def test_target_loads_track_the_least_loaded_through_random_changes():
