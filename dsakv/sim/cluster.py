@@ -14,13 +14,18 @@ classes as a single run), stepped from here; the cluster adds what lies between 
 * **Events.** An event-driven loop over the instances: the next arrival (ties first, so requests that arrive
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
+* **Closed loop** (``max_concurrency = C``): one client of ``C`` concurrent requests for the whole cluster, as a
+  benchmark client against a load balancer. Request ``k`` is sent when a slot is free (a request leaving any
+  group frees one, at its finish), or at its trace time if later; the router places it as any other arrival.
+  The groups push the free times into the cluster's one heap of slots (``Simulation``'s ``client_slots``),
+  the single loop's own mechanism, so one instance of one group gives the single loop's figures.
 
 * **Runs.** An instance whose groups all decode plainly (or idle; with one group per instance, the newest
   request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next
   woken at its last end; a request routed to it before then cuts the run after the step in flight at its
   arrival (the steps starting before it are applied, as step by step). Nothing a router sees changes inside a
-  run (no request leaves before its last step; with a router that watches the trees, KV-aware or oracle, no
-  page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
+  run (no request leaves before its last step; with a router that reads the trees' events, KV-aware or
+  oracle, no page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
   grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
   step by step loop plans it and its requests leave, and the instance is woken again at its end. With several
   groups in all, each group's timeline keeps one sample per stretch of equal values

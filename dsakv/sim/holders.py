@@ -50,7 +50,17 @@ class PageHolders:
         held, first, copies, bit = self._held[target], self._first, self._copies, 1 << target
 
         def apply(event: CacheEvent) -> None:
-            if isinstance(event, PagesStored):
+            if isinstance(event, PagesRemoved):  # the most frequent: a decode's page boundary evicts a page
+                if event.medium != MEDIUM_GPU:
+                    return
+                hashes = event.hashes
+                if copies:
+                    hashes = [h for h in hashes if not self._drop_copy(h, target)]
+                held.difference_update(hashes)
+                if not first.keys().isdisjoint(hashes):  # a first page left (rare)
+                    for h in first.keys() & hashes:
+                        self._unmark_first(h, bit)
+            elif isinstance(event, PagesStored):
                 if event.medium != MEDIUM_GPU:
                     return
                 hashes = event.hashes
@@ -64,15 +74,6 @@ class PageHolders:
                             held.add(h)
                 if event.first_page == 0 and hashes:
                     first[hashes[0]] = first.get(hashes[0], 0) | bit
-            elif isinstance(event, PagesRemoved):
-                if event.medium != MEDIUM_GPU:
-                    return
-                hashes = event.hashes
-                if copies:
-                    hashes = [h for h in hashes if not self._drop_copy(h, target)]
-                held.difference_update(hashes)
-                for h in first.keys() & hashes:  # a first page left: rare, and one C pass to find it
-                    self._unmark_first(h, bit)
             elif isinstance(event, AllCleared):
                 for h in first.keys() & held:
                     self._unmark_first(h, bit)

@@ -31,7 +31,9 @@ loop simulates group 0 with every ``d``-th request and every figure is that grou
 
 Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurrency): request ``k`` starts
 when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
-measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
+measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots. A cluster
+(``dsakv.sim.cluster``, which ``run_simulation`` runs for DP attention) gives every group one shared heap of
+the client's slots (``client_slots``), so a request leaving any group frees a slot for the next request.
 
 Front-end (``dsakv.sim.frontend``): a request the client sends at ``t`` passes one serial front-end process
 (``SimConfig.frontend_request_s`` + ``frontend_token_s`` per prompt token, in send order; under DP attention every

@@ -15,8 +15,10 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
   the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
   wins.
-* ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
-  upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
+* ``oracle``: the longest hit of any radix tree, ignoring load (ties: least loaded); the upper bound of a
+  per-request prefix match (not of a run's total hit: docs/routing.md shows why). It reads the trees' own
+  events synchronously into an exact global index (``dsakv.sim.holders.PageHolders``), so its choice costs
+  the request's hit pages, not a peek at every tree (``Oracle.choose_by_scan``, the reference it equals).
 
 KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
 
