@@ -102,8 +102,12 @@ def test_kv_aware_scoring_only_hit_targets_chooses_as_the_full_scan(chat, dp, lo
         assert router.choices.count(0) > len(chat) // 2  # load-blind: no hit, the lowest target
 
 
-@pytest.mark.parametrize(("dp", "mtp", "page_keys"), [(1, 0, "digest"), (2, 0, "tokens"), (2, 1, "digest")])
-def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp, mtp, page_keys):
+@pytest.mark.parametrize(
+    ("dp", "mtp", "page_keys", "host_tokens"),
+    [(1, 0, "digest", None), (2, 0, "tokens", None), (2, 1, "digest", None), (1, 1, "digest", 40_000)],
+    ids=["digest", "dp2-tokens", "dp2-mtp", "mtp-host-tier"],
+)
+def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp, mtp, page_keys, host_tokens):
     cfg = SimConfig(
         instances=3,
         router="oracle",
@@ -112,6 +116,7 @@ def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp,
         gpu=GpuSetting(dp_attention=dp),
         mtp=mtp,
         page_keys=page_keys,
+        host_tokens=host_tokens,  # load-backs from the host tier store pages in the device trees too
     )
     setup = build_setup(cfg)
     router = CheckedOracle(setup.page_tokens, mtp > 0, setup.page_tokens if cfg.radix_page_keys == "digest" else 0)

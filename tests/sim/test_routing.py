@@ -169,8 +169,15 @@ def test_speculative_oracle_settles_the_bigram_page_by_peeking():
     view.trees[1].evict(PAGE)  # now page 15 leaves too: 0 and 1 both hit 14 pages, 0 is less loaded
     assert oracle.holders.hashes_of(1) == view.trees[1].page_hashes()
     assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 0
+    # a target holding one page less by hash may hit as much: a tie the least loaded wins
+    oracle = Oracle(speculative=True)
+    view = HandBuiltCluster([5, 0], sinks=[oracle.sink(t) for t in range(2)], speculative=True)
+    view.cache(0, fork, 2047)  # pages 0-15 by hash, page 15 followed by fork's token: a bigram hit of 14
+    view.cache(1, req, 961)  # pages 0-14 by hash, page 14 followed by req's token: a bigram hit of 14 too
+    assert [view.peek_hit_tokens(t, request_key(req)) for t in range(2)] == [14 * PAGE, 14 * PAGE]
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
     short = TraceRequest(0.0, 130, 1, (0,))  # two pages by hash at most: every bigram hit is 0
-    assert oracle.choose(short, view) == oracle.choose_by_scan(short, view) == 0
+    assert oracle.choose(short, view) == oracle.choose_by_scan(short, view) == 1  # the least loaded
 
 
 def test_kv_aware_learns_each_workers_page_bytes_from_its_events(cell):
