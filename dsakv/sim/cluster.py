@@ -25,8 +25,8 @@ classes as a single run), stepped from here; the cluster adds what lies between 
   woken at its last end; a request routed to it before then cuts the run after the step in flight at its
   arrival (the steps starting before it are applied, as step by step). Nothing a router sees changes inside a
   run (no request leaves before its last step; with a router that reads the trees' events, KV-aware or
-  oracle, no page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
-  grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
+  oracle, no page enters or leaves them), so an arrival touches one instance's run only: the cost per
+  request does not grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
   step by step loop plans it and its requests leave, and the instance is woken again at its end. With several
   groups in all, each group's timeline keeps one sample per stretch of equal values
   (``Timeline.merge_equal``): bounded by events, not steps.
