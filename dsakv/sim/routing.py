@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
-from dsakv.cache.key import RadixKey
+from dsakv.cache.key import TOKEN_BYTES, RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
@@ -270,10 +270,10 @@ class Oracle:
         return least_loaded(view, [t for t, h in enumerate(hits) if h == best])
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
-        key = request_key(req)  # token keys: the hashes chain over tokens, and a peek takes either kind
+        key = request_key(req)  # token keys: the hashes chain over tokens (a peek takes the trees' kind, below)
         ps = self.page_tokens
         seed = chain_seed(self._hash, *key.namespace)
-        depth, holding, above = self.holders.match(seed, key.token_data, 4 * ps, (key.num_tokens - 1) // ps)
+        depth, holding, above = self.holders.match(seed, key.token_data, TOKEN_BYTES * ps, (key.num_tokens - 1) // ps)
         if not self.speculative:
             return view.least_loaded_target() if depth == 0 else least_loaded(view, holding)
         # speculative: a match gives its last page back, so a target holding d pages by hash hits d - 2 or d - 1
@@ -303,8 +303,8 @@ def make_router(
     page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle
-    peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
+    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
+    in speculative mode, peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
