@@ -89,9 +89,10 @@ def chain_hashes(hash_fn: HashFn, parent: bytes, data: bytes, page_bytes: int, s
     """Hashes of ``npages`` pages whose tokens start every ``stride`` bytes of ``data``, chained from ``parent``."""
     out = []
     h = parent
+    view = memoryview(data)  # a page is copied once, into the hashed bytes, not sliced out first
     for i in range(npages):
         start = i * stride
-        h = hash_fn(h + data[start : start + page_bytes])
+        h = hash_fn(h + view[start : start + page_bytes])
         out.append(h)
     return out
 
@@ -117,8 +118,10 @@ class PagesStored:
       page's, or the namespace seed when ``first_page == 0``.
     * ``first_page``: the position in its key of the run's first page (page ``first_page + i`` of the key is
       ``pages[i]``), so a consumer can tell a run that starts the key from one that extends a cached prefix.
-    * ``token_ids``: the run's tokens, ``page_size`` per page, in order (``len == len(pages) * page_size``; in
-      speculative mode each page's own tokens, not the bigram overhang).
+    * ``token_data``: the run's tokens in the fixed encoding, ``page_size`` per page, in order (in speculative
+      mode each page's own tokens, not the bigram overhang); ``token_ids`` decodes them on demand
+      (``len == len(pages) * page_size``), so a consumer that needs only the hashes (the simulator's oracle
+      router) never pays for a tuple of ints.
     * ``extra_key``, ``cache_salt``: the namespace every page of the run belongs to (the seed hashes them).
     * ``medium``: the tier that holds the pages (``MEDIUM_GPU`` for the device pool).
 
@@ -132,11 +135,16 @@ class PagesStored:
     parent_hash: bytes
     pages: tuple[int, ...]
     page_size: int
-    token_ids: tuple[int, ...]
+    token_data: bytes
     first_page: int
     extra_key: NamespacePart
     cache_salt: NamespacePart
     medium: str = MEDIUM_GPU
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The run's token ids (``token_data`` decoded)."""
+        return token_ids(self.token_data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,6 @@ from dsakv.cache.events import (
     PagesStored,
     chain_hashes,
     get_hash,
-    token_ids,
 )
 from dsakv.cache.eviction import POLICIES, get_policy
 from dsakv.cache.key import TOKEN_BYTES, RadixKey, Tokens, as_key
@@ -348,9 +347,8 @@ class RadixCache(RadixState):
                 parent_hash, page_bytes = node.hashes[-1], ps * TOKEN_BYTES
                 data = key.token_data[matched * page_bytes : npages * page_bytes]
                 child.hashes = chain_hashes(self._hash_fn, parent_hash, data, page_bytes, page_bytes, len(new))
-                tokens = token_ids(data)
                 event = PagesStored(
-                    tuple(child.hashes), parent_hash, tuple(new), ps, tokens, matched, key.extra_key, key.cache_salt
+                    tuple(child.hashes), parent_hash, tuple(new), ps, data, matched, key.extra_key, key.cache_salt
                 )
             node = child
         if node.parent is not None and not node.children and not node.lock_ref:

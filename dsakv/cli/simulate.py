@@ -121,7 +121,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=DEFAULT.schedule_policy,
         help=f"scheduling: {', '.join(SCHEDULE_POLICIES)} (mixed = vLLM-like, prefill_first = SGLang-like)",
     )
-    e.add_argument("--max-concurrency", help="closed loop: request k starts when request k - C finishes")
+    e.add_argument(
+        "--max-concurrency",
+        help="closed loop: request k starts when request k - C finishes (one client of C requests in flight "
+        "across every instance and DP group; a finish anywhere starts the next)",
+    )
     e.add_argument(
         "--frontend-s", help="seconds from a client's send to the scheduler's queue (HTTP, tokenizer), in TTFT"
     )

@@ -14,14 +14,19 @@ classes as a single run), stepped from here; the cluster adds what lies between 
 * **Events.** An event-driven loop over the instances: the next arrival (ties first, so requests that arrive
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it.
+* **Closed loop** (``max_concurrency = C``): one client of ``C`` concurrent requests for the whole cluster, as a
+  benchmark client against a load balancer. Request ``k`` is sent when a slot is free (a request leaving any
+  group frees one, at its finish), or at its trace time if later; the router places it as any other arrival.
+  The groups push the free times into the cluster's one heap of slots (``Simulation``'s ``client_slots``),
+  the single loop's own mechanism, so one instance of one group gives the single loop's figures.
 
 * **Runs.** An instance whose groups all decode plainly (or idle; with one group per instance, the newest
   request may be prefilling a chunk a step) starts a run of such steps (``Simulation.plan_run``) and is next
   woken at its last end; a request routed to it before then cuts the run after the step in flight at its
   arrival (the steps starting before it are applied, as step by step). Nothing a router sees changes inside a
-  run (no request leaves before its last step; with a router that watches the trees, KV-aware or oracle, no
-  page enters or leaves them), so an arrival touches one instance's run only: the cost per request does not
-  grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
+  run (no request leaves before its last step; with a router that reads the trees' events, KV-aware or
+  oracle, no page enters or leaves them), so an arrival touches one instance's run only: the cost per
+  request does not grow with the instances. A run whose last step finishes requests is applied at that step's start, when a
   step by step loop plans it and its requests leave, and the instance is woken again at its end. With several
   groups in all, each group's timeline keeps one sample per stretch of equal values
   (``Timeline.merge_equal``): bounded by events, not steps.
@@ -101,23 +106,32 @@ class Cluster:
         self._base_counters = counters or Counters()
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Simulation]] = []  # target t = group x instances + instance
-        group_cfg = replace(cfg, max_concurrency=None)
-        sink_of = self.router.sink if isinstance(self.router, KvAware) else None
+        group_cfg = replace(cfg, max_concurrency=None)  # the client is the cluster's, below
+        # closed loop: one client of C concurrent requests for the whole cluster (a benchmark client against a
+        # load balancer): the heap of the times its slots are free again, which a request leaving any group
+        # pushes to (``Simulation.leave``); None: open loop
+        c = cfg.max_concurrency
+        self._slots: list[float] | None = None if c is None else [0.0] * c
+        # the KV-aware router indexes the trees' events through its feed, the oracle directly
+        sink_of = self.router.sink if isinstance(self.router, KvAware | Oracle) else None
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
                 sink = sink_of(t) if sink_of else None
                 sim = Simulation(
-                    group_cfg, setup, (), event_sink=sink, analytic_decode=analytic_decode, record_sink=record_sink
+                    group_cfg,
+                    setup,
+                    (),
+                    event_sink=sink,
+                    analytic_decode=analytic_decode,
+                    record_sink=record_sink,
+                    client_slots=self._slots,
                 )
                 inst.groups.append(sim)
                 self.targets.append((inst, sim))
         if len(self.targets) > 1:  # timelines bounded by events, not steps (one group: the single loop's)
             for _, sim in self.targets:
                 sim.timeline.merge_equal = True
-        if isinstance(self.router, Oracle):  # it peeks at the trees between steps: evictions happen step by step
-            for _, sim in self.targets:
-                sim.evict_in_runs = False
         if self.dp > 1:  # a group's chunk sizes would change every group's step time (the MoE's dp_tokens)
             for _, sim in self.targets:
                 sim.chunks_in_runs = False
@@ -157,6 +171,17 @@ class Cluster:
             self.router.clock_s = now
 
     # ----- arrivals -----------------------------------------------------------------------------------
+    def _send_s(self, pending: TraceRequest | None, pending_s: float) -> float | None:
+        """When the client sends ``pending`` (trace time ``pending_s``): then, or in a closed loop when a slot
+        is free again, if later. None: nothing to send, or every slot is held by a request still in the
+        cluster (its leaving will free one)."""
+        if pending is None:
+            return None
+        slots = self._slots
+        if slots is None:
+            return pending_s
+        return max(pending_s, slots[0]) if slots else None
+
     def _route(self, req: TraceRequest, arrival_s: float) -> Instance:
         """Route a request the client sent at ``arrival_s``; it reaches its group through the front-end."""
         queued_s = self.frontend.take(arrival_s, req.input_length)
@@ -313,19 +338,30 @@ class Cluster:
         frontend = self.frontend
         pending = next(self._requests, None)
         pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line) if pending else 0.0
-        # when the pending request reaches the engine (the front-end changes only when a request passes it)
-        queued_s = frontend.queued_s(pending_s, pending.input_length) if pending is not None else 0.0
+        slots = self._slots
+        # when the pending request is sent and reaches the engine: in the open loop these change only when a
+        # request passes the front-end; in the closed loop also when a slot frees (recomputed every event)
+        sent_s = self._send_s(pending, pending_s)
+        queued_s = frontend.queued_s(sent_s, pending.input_length) if sent_s is not None else 0.0
         while pending is not None or heap:
-            if pending is not None and (not heap or queued_s <= heap[0][0]):
-                inst = self._route(pending, pending_s)
+            if slots is not None:
+                sent_s = self._send_s(pending, pending_s)
+                queued_s = frontend.queued_s(sent_s, pending.input_length) if sent_s is not None else 0.0
+            if sent_s is not None and (not heap or queued_s <= heap[0][0]):
+                if slots is not None:
+                    heapq.heappop(slots)  # the slot the request takes (the earliest free)
+                inst = self._route(pending, sent_s)
                 if not inst.scheduled:
                     inst.scheduled = True
                     heapq.heappush(heap, (queued_s, inst.index, inst.version))
                 pending = next(self._requests, None)
                 if pending is not None:
                     pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
-                    queued_s = frontend.queued_s(pending_s, pending.input_length)
+                sent_s = self._send_s(pending, pending_s)
+                queued_s = frontend.queued_s(sent_s, pending.input_length) if sent_s is not None else 0.0
                 continue
+            if not heap:
+                break  # closed loop: every slot is held by a request that can no longer run (left unfinished below)
             now, i, version = heapq.heappop(heap)
             inst = self.instances[i]
             if version != inst.version:

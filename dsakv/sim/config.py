@@ -63,10 +63,11 @@ class SimConfig:
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps). ``frontend_s``: seconds from a client sending a request to
-    the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to the scheduler):
-    the request's arrival is the client's send time, so its TTFT and the makespan include it (default 0: the
-    engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` / ``frontend_token_s``: the
+    finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
+    and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a client
+    sending a request to the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to
+    the scheduler): the request's arrival is the client's send time, so its TTFT and the makespan include it
+    (default 0: the engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` / ``frontend_token_s``: the
     service time of the one front-end process every request passes first, in send order (per request and per
     prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only). ``instances``: engine instances of the cluster, each of
     ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
@@ -161,11 +162,6 @@ class SimConfig:
             raise DsakvError(
                 f"frontend_request_s / frontend_token_s with instances = {self.instances}: the front-end queue is "
                 "modelled for one instance (its one API process); use instances = 1 or no front-end service time"
-            )
-        if c is not None and (self.instances > 1 or self.gpu.dp_attention > 1):
-            raise DsakvError(
-                f"max_concurrency = {c}: the closed loop replays into one DP group; with instances = "
-                f"{self.instances} and dp_attention = {self.gpu.dp_attention} use the open loop (trace timestamps)"
             )
         if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
             raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")

@@ -31,7 +31,9 @@ loop simulates group 0 with every ``d``-th request and every figure is that grou
 
 Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurrency): request ``k`` starts
 when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
-measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots.
+measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots. A cluster
+(``dsakv.sim.cluster``, which ``run_simulation`` runs for DP attention) gives every group one shared heap of
+the client's slots (``client_slots``), so a request leaving any group frees a slot for the next request.
 
 Front-end (``dsakv.sim.frontend``): a request the client sends at ``t`` passes one serial front-end process
 (``SimConfig.frontend_request_s`` + ``frontend_token_s`` per prompt token, in send order; under DP attention every
@@ -127,12 +129,13 @@ class Simulation:
         event_sink: Callable[[CacheEvent], None] | None = None,
         analytic_decode: bool = True,
         record_sink: Callable[[RequestRecord], None] | None = None,
+        client_slots: list[float] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
         self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
-        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink, or
-        # a router peeking at it: the cluster clears this then)
+        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink: a
+        # cluster's KV-aware or oracle router)
         self.evict_in_runs = event_sink is None
         # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
         # groups' chunks (a cluster of DP-attention groups clears this)
@@ -148,7 +151,7 @@ class Simulation:
                 eviction_policy=cfg.eviction_policy,
                 insert_mode=cfg.insert_mode,
                 speculative=cfg.mtp > 0,
-                event_sink=event_sink,  # a cluster's KV-aware router indexes the tree's events
+                event_sink=event_sink,  # a cluster's KV-aware or oracle router indexes the tree's events
                 page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
             )
         self.transfers, tiers = None, None
@@ -174,8 +177,11 @@ class Simulation:
         self._serial = 0
         self._wide_ids_checked = False  # pages vetted for wide hash ids (at the first request that has one)
         conc = cfg.max_concurrency
-        # closed loop: a heap of the times each client slot is free again (None: open loop)
-        self._slots = None if conc is None else [0.0] * math.ceil(conc / self.counters.dp_attention)
+        # closed loop: a heap of the times each client slot is free again (None: open loop); a cluster's groups
+        # share its one client's heap (``client_slots``): a request leaving any group frees a slot
+        if client_slots is None and conc is not None:
+            client_slots = [0.0] * math.ceil(conc / self.counters.dp_attention)
+        self._slots = client_slots
 
     # ----- arrivals -------------------------------------------------------------------------------
     def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:

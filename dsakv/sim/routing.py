@@ -15,8 +15,10 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
   the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
   wins.
-* ``oracle``: peeks at every radix tree and takes the longest hit, ignoring load (ties: least loaded); the
-  upper bound of a per-request prefix match (not of a run's total hit: docs/routing.md shows why).
+* ``oracle``: the longest hit of any radix tree, ignoring load (ties: least loaded); the upper bound of a
+  per-request prefix match (not of a run's total hit: docs/routing.md shows why). It reads the trees' own
+  events synchronously into an exact global index (``dsakv.sim.holders.PageHolders``), so its choice costs
+  the request's hit pages, not a peek at every tree (``Oracle.choose_by_scan``, the reference it equals).
 
 KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
 
@@ -38,10 +40,11 @@ import numpy as np
 import xxhash
 
 from dsakv.cache.events import CacheEvent, chain_hashes, chain_seed, get_hash
-from dsakv.cache.key import RadixKey
+from dsakv.cache.key import TOKEN_BYTES, RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
+from dsakv.sim.holders import PageHolders
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 if TYPE_CHECKING:
@@ -238,14 +241,55 @@ class KvAware:
 
 @dataclass
 class Oracle:
-    name: str = "oracle"
-    page_digest: int = 0  # the trees' kind of key (RadixCache.page_digest)
+    """The longest hit of any target's radix tree, ignoring load; ties to the least loaded (ties of load to the
+    lowest target).
 
-    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+    It reads the trees' own events, synchronously (``sink(target)`` for each target's tree), into a global
+    ``PageHolders`` index: a request's choice hashes its pages only while some target holds every page so
+    far, then takes the least loaded of the targets holding the most, so it costs the request's hit pages +
+    the targets holding its first page, not a tree walk per target (``choose_by_scan``, the peek at every
+    tree it equals). In speculative mode a page matches only when the token after it does too (bigram keys),
+    which the hashes do not cover: a target holding ``d`` leading pages by hash matches ``d`` or ``d - 1`` of
+    them, so the oracle peeks at the trees of the targets holding the most, or one page less, to settle it."""
+
+    page_tokens: int = 64
+    speculative: bool = False
+    page_digest: int = 0  # the trees' kind of key (RadixCache.page_digest), for the peeks
+    name: str = "oracle"
+
+    def __post_init__(self) -> None:
+        self._hash = get_hash(HASH_NAME)
+        self.holders = PageHolders(self._hash)
+
+    def sink(self, target: int) -> Callable[[CacheEvent], None]:
+        """The event sink to give target ``target``'s radix tree."""
+        return self.holders.sink(target)
+
+    def choose_by_scan(self, req: TraceRequest, view: ClusterView) -> int:
+        """Peek at every tree, take the longest hit, ties to the least loaded: the reference ``choose`` equals."""
         key = request_key(req, self.page_digest)
         hits = [view.peek_hit_tokens(t, key) for t in range(view.num_targets)]
         best = max(hits)
         return least_loaded(view, [t for t, h in enumerate(hits) if h == best])
+
+    def choose(self, req: TraceRequest, view: ClusterView) -> int:
+        key = request_key(req)  # token keys: the hashes chain over tokens (a peek takes the trees' kind, below)
+        ps = self.page_tokens
+        seed = chain_seed(self._hash, *key.namespace)
+        depth, holding, above = self.holders.match(seed, key.token_data, TOKEN_BYTES * ps, (key.num_tokens - 1) // ps)
+        if not self.speculative:
+            return view.least_loaded_target() if depth == 0 else least_loaded(view, holding)
+        # speculative: a match gives its last page back, so a target holding d pages by hash hits d - 2 or d - 1
+        if depth <= 1:
+            return view.least_loaded_target()  # every target hits 0
+        peek_key = request_key(req, self.page_digest) if self.page_digest else key
+        for candidates, hit in ((holding, depth - 1), (above, depth - 2)):
+            if hit == 0:
+                return view.least_loaded_target()
+            winners = [t for t in candidates if view.peek_hit_tokens(t, peek_key) == hit * ps]
+            if winners:
+                return least_loaded(view, winners)
+        raise AssertionError("the targets holding depth - 1 pages by hash include one hitting depth - 2")
 
 
 Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
@@ -262,13 +306,13 @@ def make_router(
     page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle
-    peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
+    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
+    in speculative mode, peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
             cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
         )
     if name == "oracle":
-        return Oracle(page_digest=page_digest)
+        return Oracle(page_tokens, speculative, page_digest)
     return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity}[name]()

@@ -59,13 +59,20 @@ def test_kv_events_over_zmq_print_the_in_process_figures(capsys):
     assert over_zmq == in_process and in_process["hit_tokens"] > 0
 
 
+def test_a_closed_loop_over_a_cluster_runs_every_request(capsys):
+    argv = [*SMALL, "--instances", "2", "--dp-attention", "2", "--max-concurrency", "3", "--json"]
+    assert main([*argv, "--router", "least-loaded"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["finished"] == out["requests"] > 3 and out["config"]["config"]["max_concurrency"] == 3
+    assert out["instances"] == 2 and len(out["per_instance"]) == 2
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
         (["--router", "random"], "--router = 'random': must be one of round-robin, least-loaded"),
         (["--router", "oracle,oracle"], "names a router twice"),
         (["--instances", "0"], "--instances"),
-        (["--instances", "2", "--max-concurrency", "4"], "max_concurrency = 4: the closed loop"),
         (["--ray"], "--ray / --ray-address: run sweep points"),
         (["--router", "oracle,affinity", "--sweep", "policy=lru,lfu"], "give it without --sweep"),
         (["--router", "oracle,affinity", "--ray", "--ray-address", "x:1"], "not both"),

@@ -101,9 +101,9 @@ TestIndexMirrorsTrees.settings = settings(max_examples=60, stateful_step_count=3
 
 def test_match_counts_leading_pages_per_worker_and_stops_at_the_first_miss():
     index = PrefixIndex()
-    index.apply(1, PagesStored((b"p0", b"p1", b"p2"), b"seed", (0, 1, 2), 1, (1, 2, 3), 0, None, None))
-    index.apply(2, PagesStored((b"p0",), b"seed", (0,), 1, (1,), 0, None, None))
-    index.apply(3, PagesStored((b"p1",), b"p0", (5,), 1, (2,), 1, None, None))  # no first page: no prefix
+    index.apply(1, PagesStored((b"p0", b"p1", b"p2"), b"seed", (0, 1, 2), 1, token_bytes([1, 2, 3]), 0, None, None))
+    index.apply(2, PagesStored((b"p0",), b"seed", (0,), 1, token_bytes([1]), 0, None, None))
+    index.apply(3, PagesStored((b"p1",), b"p0", (5,), 1, token_bytes([2]), 1, None, None))  # no first page: no prefix
     assert index.match([b"p0", b"p1", b"p2", b"p3"]) == {1: 3, 2: 1}
     assert index.match([b"q0", b"p1"]) == {}
     index.apply(1, PagesRemoved((b"p2",), (2,)))
@@ -116,18 +116,18 @@ def test_match_counts_leading_pages_per_worker_and_stops_at_the_first_miss():
 
 def test_other_media_are_skipped_and_lost_events_are_counted_not_fatal():
     index = PrefixIndex()
-    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, (1,), 0, None, None, medium="CPU"))
+    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, token_bytes([1]), 0, None, None, medium="CPU"))
     assert index.events_skipped == 1 and index.num_entries == 0
     index.apply(1, PagesRemoved((b"never",), (0,)))
-    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, (1,), 0, None, None))
-    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, (1,), 0, None, None))
+    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, token_bytes([1]), 0, None, None))
+    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, token_bytes([1]), 0, None, None))
     assert index.anomalies == 2 and index.num_entries == 1
     index.check_integrity()
 
 
 def test_integrity_check_catches_maps_out_of_step():
     index = PrefixIndex()
-    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, (1,), 0, None, None))
+    index.apply(1, PagesStored((b"p0",), b"s", (0,), 1, token_bytes([1]), 0, None, None))
     index._holders[b"p0"].add(9)  # corrupt on purpose: a holder the worker map does not know
     with pytest.raises(AssertionError, match="disagree"):
         index.check_integrity()

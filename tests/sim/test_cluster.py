@@ -156,11 +156,6 @@ def test_kv_aware_index_equals_the_trees_page_for_page(chat):
     assert set(router.index.page_bytes.values()) == {cluster.setup.cell.page_bytes}  # both caches, from events
 
 
-def test_closed_loop_needs_one_group():
-    with pytest.raises(DsakvError, match="max_concurrency = 4: the closed loop replays into one DP group"):
-        SimConfig(instances=2, max_concurrency=4)
-
-
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [({"instances": 0}, "instances = 0: must be a positive integer"), ({"router": "random"}, "router")],

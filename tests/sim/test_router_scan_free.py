@@ -1,7 +1,8 @@
 """Routers that do not scan every target choose exactly what the full scan chooses: the least-loaded target
 from ``TargetLoads`` (a segment tree) against a scan of the loads, the KV-aware choice over the targets with a
-hit plus the best of the rest against every target's score, on whole cluster runs (several instances, two DP
-groups, evictions) and on random load changes."""
+hit plus the best of the rest against every target's score, the oracle's choice from its event-fed index
+against a peek at every tree, on whole cluster runs (several instances, two DP groups, evictions) and on
+random load changes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.loads import TargetLoads
-from dsakv.sim.routing import KvAware, LeastLoaded, least_loaded
+from dsakv.sim.routing import KvAware, LeastLoaded, Oracle, least_loaded
 from dsakv.workloads.scenarios import generate_scenario
 
 
@@ -34,6 +35,22 @@ class CheckedLeastLoaded(LeastLoaded):
 @dataclass
 class CheckedKvAware(KvAware):
     """KV-aware, checking each choice against the full scan of every target's score."""
+
+    choices: list[int] = field(default_factory=list)
+    won_by_hit: int = 0  # choices of a target holding a hit while another target was less loaded
+
+    def choose(self, req, view) -> int:
+        target = super().choose(req, view)
+        assert target == self.choose_by_scan(req, view)
+        if view.load_tokens(target) > view.load_tokens(view.least_loaded_target()):
+            self.won_by_hit += 1
+        self.choices.append(target)
+        return target
+
+
+@dataclass
+class CheckedOracle(Oracle):
+    """The oracle, checking each choice against the peek at every tree."""
 
     choices: list[int] = field(default_factory=list)
     won_by_hit: int = 0  # choices of a target holding a hit while another target was less loaded
@@ -83,6 +100,32 @@ def test_kv_aware_scoring_only_hit_targets_chooses_as_the_full_scan(chat, dp, lo
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
     if load_weight == 0:
         assert router.choices.count(0) > len(chat) // 2  # load-blind: no hit, the lowest target
+
+
+@pytest.mark.parametrize(
+    ("dp", "mtp", "page_keys", "host_tokens"),
+    [(1, 0, "digest", None), (2, 0, "tokens", None), (2, 1, "digest", None), (1, 1, "digest", 40_000)],
+    ids=["digest", "dp2-tokens", "dp2-mtp", "mtp-host-tier"],
+)
+def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp, mtp, page_keys, host_tokens):
+    cfg = SimConfig(
+        instances=3,
+        router="oracle",
+        pool_tokens=12_800,
+        step_model="constant",
+        gpu=GpuSetting(dp_attention=dp),
+        mtp=mtp,
+        page_keys=page_keys,
+        host_tokens=host_tokens,  # load-backs from the host tier store pages in the device trees too
+    )
+    setup = build_setup(cfg)
+    router = CheckedOracle(setup.page_tokens, mtp > 0, setup.page_tokens if cfg.radix_page_keys == "digest" else 0)
+    cluster = _run(cfg, chat, router)
+    assert len(router.choices) == len(chat) and sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0
+    assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
+    for t, (_, sim) in enumerate(cluster.targets):  # the index holds exactly what every tree holds
+        assert router.holders.hashes_of(t) == sim.radix.page_hashes()
+        assert router.holders.first_pages_of(t) <= router.holders.hashes_of(t)
 
 
 def test_target_loads_track_the_least_loaded_through_random_changes():

@@ -31,17 +31,18 @@ PAGE = 64
 
 @dataclass
 class HandBuiltCluster:
-    """Targets with a load each and a real radix tree each (the oracle peeks at them; their events go to
-    ``sinks``, the KV-aware router's index)."""
+    """Targets with a load each and a real radix tree each (the oracle's reference peeks at them; their
+    events go to ``sinks``, the KV-aware router's or the oracle's index)."""
 
     loads: list[int]
     sinks: list = field(default_factory=list)
+    speculative: bool = False  # bigram keys (MTP drafts)
 
     def __post_init__(self) -> None:
         self.trees = []
         for t in range(len(self.loads)):
             sink = self.sinks[t] if self.sinks else None
-            self.trees.append(RadixCache(PageAllocator(4096, PAGE), event_sink=sink))
+            self.trees.append(RadixCache(PageAllocator(4096, PAGE), event_sink=sink, speculative=self.speculative))
 
     @property
     def num_targets(self) -> int:
@@ -60,7 +61,7 @@ class HandBuiltCluster:
         """Target ``target`` holds the first ``tokens`` tokens (whole pages) of ``req``'s prompt."""
         tree = self.trees[target]
         key = request_key(req).prefix(tokens)
-        tree.insert(key, tree.allocator.alloc(tokens // PAGE))
+        tree.insert(key, tree.allocator.alloc(tree.full_pages(tokens)))
 
 
 @pytest.fixture(scope="module")
@@ -130,12 +131,53 @@ def test_kv_aware_forgets_evicted_pages_and_cleared_trees(cell):
 
 
 def test_oracle_takes_the_longest_hit_ignoring_load():
-    view = HandBuiltCluster([10**9, 0, 0])
+    oracle = Oracle()
+    view = HandBuiltCluster([10**9, 0, 0], sinks=[oracle.sink(t) for t in range(3)])
     req = conversation(4)
     view.cache(0, req, 1536)
     view.cache(2, req, 512)
-    assert Oracle().choose(req, view) == 0
-    assert Oracle().choose(conversation(4, first=500), view) == 1  # no hit anywhere: the least loaded
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 0
+    other = conversation(4, first=500)
+    assert oracle.choose(other, view) == oracle.choose_by_scan(other, view) == 1  # no hit anywhere: least loaded
+    view.cache(1, req, 1536)  # an equal hit on a less loaded target wins the tie
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
+    view.trees[1].evict(1024)  # its tail goes (the index follows the tree's events): the longest hit is 0's again
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 0
+    assert oracle.holders.hashes_of(1) == view.trees[1].page_hashes()
+    view.trees[0].reset()  # a reset tree holds nothing
+    assert oracle.holders.hashes_of(0) == set()
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
+
+
+def test_speculative_oracle_settles_the_bigram_page_by_peeking():
+    """Bigram keys: a page matches only when the token after it does too, which its hash does not cover; a
+    target holding a page twice (equal tokens, different next tokens) keeps it until both copies leave."""
+    oracle = Oracle(speculative=True)
+    view = HandBuiltCluster([0, 5, 0, 0], sinks=[oracle.sink(t) for t in range(4)], speculative=True)
+    req = conversation(4)  # 2,048 tokens, hash ids 0..3
+    fork = TraceRequest(0.0, 2048, 100, (0, 1, 77, 78))  # the same first 1,024 tokens (16 pages), then others
+    view.cache(0, fork, 2047)  # req's pages 0-15 by hash, page 15 followed by fork's token: a bigram hit of 14
+    view.cache(1, fork, 2047)
+    view.cache(1, req, 1025)  # page 15 again, followed by req's token: a bigram hit of 15, though more loaded
+    assert [view.peek_hit_tokens(t, request_key(req)) for t in range(4)] == [14 * PAGE, 15 * PAGE, 0, 0]
+    for t in (0, 1):
+        assert oracle.holders.hashes_of(t) == view.trees[t].page_hashes()
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
+    view.trees[1].evict(16 * PAGE)  # fork's older tail (pages 15-30) leaves; req's copy of page 15 stays
+    assert oracle.holders.hashes_of(1) == view.trees[1].page_hashes()
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
+    view.trees[1].evict(PAGE)  # now page 15 leaves too: 0 and 1 both hit 14 pages, 0 is less loaded
+    assert oracle.holders.hashes_of(1) == view.trees[1].page_hashes()
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 0
+    # a target holding one page less by hash may hit as much: a tie the least loaded wins
+    oracle = Oracle(speculative=True)
+    view = HandBuiltCluster([5, 0], sinks=[oracle.sink(t) for t in range(2)], speculative=True)
+    view.cache(0, fork, 2047)  # pages 0-15 by hash, page 15 followed by fork's token: a bigram hit of 14
+    view.cache(1, req, 961)  # pages 0-14 by hash, page 14 followed by req's token: a bigram hit of 14 too
+    assert [view.peek_hit_tokens(t, request_key(req)) for t in range(2)] == [14 * PAGE, 14 * PAGE]
+    assert oracle.choose(req, view) == oracle.choose_by_scan(req, view) == 1
+    short = TraceRequest(0.0, 130, 1, (0,))  # two pages by hash at most: every bigram hit is 0
+    assert oracle.choose(short, view) == oracle.choose_by_scan(short, view) == 1  # the least loaded
 
 
 def test_kv_aware_learns_each_workers_page_bytes_from_its_events(cell):

@@ -1,15 +1,19 @@
-"""Closed-loop replay: with max concurrency C, request k arrives when request k - C leaves."""
+"""Closed-loop replay: with max concurrency C, request k arrives when request k - C leaves; on a cluster one
+client of C requests feeds every instance and DP group."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
+from dsakv.sim.cluster import simulate_cluster
 from dsakv.sim.config import SimConfig
 from dsakv.sim.loop import simulate
+from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import TraceRequest
 
 
@@ -54,3 +58,47 @@ def test_front_end_latency_delays_the_engine_and_counts_in_ttft():
 def test_front_end_latency_must_be_a_non_negative_number():
     with pytest.raises(DsakvError, match="frontend_s"):
         SimConfig(frontend_s=-1.0)
+
+
+def _peak_in_flight(records) -> int:
+    """The most requests between their arrival and their finish at any time (a finish frees its slot before an
+    arrival at the same time takes it)."""
+    changes = sorted([(r.arrival_s, 1) for r in records] + [(r.finish_s, -1) for r in records])
+    return max(itertools.accumulate(d for _, d in changes))
+
+
+@pytest.fixture(scope="module")
+def chat_burst():
+    """A small conversation scenario whose requests all arrive at once: the closed loop alone paces them."""
+    return [replace(r, timestamp_ms=0.0) for r in generate_scenario("chat", seed=0, scale=0.1)]
+
+
+def test_one_instance_closed_loop_cluster_is_the_single_loop_figure_for_figure(chat_burst):
+    cfg = SimConfig(pool_tokens=40_000, max_concurrency=3)
+    single = simulate(cfg, chat_burst, check_every=40)
+    cluster = simulate_cluster(cfg, chat_burst, check_every=40)
+    assert list(cluster.records) == list(single.records)
+    assert {k: v for k, v in cluster.summary.items() if k in single.summary} == single.summary
+    assert list(cluster.timeline.used_pages) == list(single.timeline.used_pages)
+    assert _peak_in_flight(single.records) == 3
+
+
+@pytest.mark.parametrize(
+    ("instances", "dp", "router"),
+    [(3, 1, "round-robin"), (2, 1, "oracle"), (1, 2, "least-loaded"), (2, 2, "kv-aware"), (2, 2, "affinity")],
+)
+def test_cluster_closed_loop_keeps_at_most_c_in_flight_and_runs_every_request(chat_burst, instances, dp, router):
+    c = 4
+    cfg = SimConfig(
+        instances=instances, router=router, gpu=GpuSetting(dp_attention=dp), pool_tokens=40_000, max_concurrency=c
+    )
+    result = simulate_cluster(cfg, chat_burst, check_every=40)
+    records = sorted(result.records, key=lambda r: r.arrival_s)
+    assert len(records) == len(chat_burst) and all(r.outcome == "finished" for r in records)
+    assert _peak_in_flight(records) == c  # never more than C, and the client keeps C going
+    # the first C start at once; each later one the moment a request leaves, wherever it ran
+    finishes = sorted(r.finish_s for r in records)
+    assert [r.arrival_s for r in records[:c]] == [0.0] * c
+    assert [r.arrival_s for r in records[c:]] == finishes[: len(records) - c]
+    groups = {(row["instance"], row["requests"]) for row in result.summary["per_instance"]}
+    assert len(groups) == instances and all(n > 0 for _, n in groups)  # the load balancer used every instance

@@ -1,6 +1,6 @@
 """The simulator's radix trees key pages on digests by default (``SimConfig.page_keys``): every figure and
 record is the one exact token keys give, on a generated workload, on a cluster whose routers read the trees
-(the oracle peeks, the KV-aware router indexes their events) and on the head of the Mooncake trace."""
+(the oracle and the KV-aware router index their events) and on the head of the Mooncake trace."""
 
 from __future__ import annotations
 
