@@ -32,36 +32,33 @@ class CheckedLeastLoaded(LeastLoaded):
         return target
 
 
+class ChecksEachChoice:
+    """A router mixin: each choice is checked against the router's own full scan (``choose_by_scan``), and
+    counted as won by a hit when a less loaded target was there."""
+
+    def choose(self, req, view) -> int:
+        target = super().choose(req, view)
+        assert target == self.choose_by_scan(req, view)
+        if view.load_tokens(target) > view.load_tokens(view.least_loaded_target()):
+            self.won_by_hit += 1
+        self.choices.append(target)
+        return target
+
+
 @dataclass
-class CheckedKvAware(KvAware):
+class CheckedKvAware(ChecksEachChoice, KvAware):
     """KV-aware, checking each choice against the full scan of every target's score."""
 
     choices: list[int] = field(default_factory=list)
     won_by_hit: int = 0  # choices of a target holding a hit while another target was less loaded
 
-    def choose(self, req, view) -> int:
-        target = super().choose(req, view)
-        assert target == self.choose_by_scan(req, view)
-        if view.load_tokens(target) > view.load_tokens(view.least_loaded_target()):
-            self.won_by_hit += 1
-        self.choices.append(target)
-        return target
-
 
 @dataclass
-class CheckedOracle(Oracle):
+class CheckedOracle(ChecksEachChoice, Oracle):
     """The oracle, checking each choice against the peek at every tree."""
 
     choices: list[int] = field(default_factory=list)
     won_by_hit: int = 0  # choices of a target holding a hit while another target was less loaded
-
-    def choose(self, req, view) -> int:
-        target = super().choose(req, view)
-        assert target == self.choose_by_scan(req, view)
-        if view.load_tokens(target) > view.load_tokens(view.least_loaded_target()):
-            self.won_by_hit += 1
-        self.choices.append(target)
-        return target
 
 
 @pytest.fixture(scope="module")
