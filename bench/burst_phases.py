@@ -3,7 +3,7 @@ rows as ``bench/calibrate.py`` does and print, per row, dsakv's mean phases agai
 imply, and the peak output throughput both ways (docs/steptime.md, "Burst rows: the phases"); then one summary line.
 
     python bench/burst_phases.py --anchors ../shared/data/calibration/anchors.csv [--only ID,ID]
-        [--peaks bench/calibration/peaks.csv] [--detail N] [--source-settings] [--set NAME=VALUE ...]
+        [--peaks bench/calibration/peaks.csv] [--detail N] [--set NAME=VALUE ...]
 
 Phases per request (means): queued (arrival -> admitted), prefill (admitted -> first token), decode span (first
 token -> last), as dsakv's records have them; published: TTFT and decode span = TPOT x (output - 1), the
@@ -15,8 +15,7 @@ anchors' published figures on the source page) gives it with the median ITL; the
 batch at the peak (tokens of one step), against dsakv's largest step (tokens emitted in one step, every DP group).
 
 ``--detail N``: under each row, N requests spread over the run (admitted, first token, finished, in s) and the
-requests running at N points of the run (the simulated DP group's). ``--source-settings``: the rows as their sources
-launched the engines (``calibrate.source_settings``). ``--set NAME=VALUE``: as ``bench/calibrate.py --set`` (a roofline
+requests running at N points of the run (the simulated DP group's). ``--set NAME=VALUE``: as ``bench/calibrate.py --set`` (a roofline
 field or ``frontend_s`` at that value).
 """
 
@@ -132,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated anchor ids (default: every row with a TPOT and a TTFT)")
     ap.add_argument("--peaks", default=str(PEAKS), help="published peak output tok/s and median ITL per id")
     ap.add_argument("--detail", type=int, default=0, help="per row, N requests' times and N running counts")
-    ap.add_argument("--source-settings", action="store_true", help="as bench/calibrate.py --source-settings")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="as bench/calibrate.py --set")
     args = ap.parse_args(argv)
     try:
@@ -143,8 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.anchors)
     with path.open(newline="") as f:
         anchors = [a for a in csv.DictReader(f) if {"tpot_ms", "ttft_ms"} <= json.loads(a["published"]).keys()]
-    if args.source_settings:
-        anchors = [calibrate.source_settings(a) for a in anchors]
     if args.only:
         keep = set(args.only.split(","))
         anchors = [a for a in anchors if a["id"] in keep]

@@ -1,7 +1,6 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
 
-    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--source-settings]
-        [--set NAME=VALUE ...]
+    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--set NAME=VALUE ...]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
@@ -17,8 +16,8 @@ row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the i
 (``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step. ``mem`` empty = the engine's
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
 ``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16).
-``--source-settings`` empties the cells a row's source leaves unset (``SOURCE_UNSET``: ``mem`` and ``kv`` of the
-gpustack rows) before the replay. ``--set NAME=VALUE`` (repeatable) replays with one of the roofline's numeric fields
+A cell is filled only where the row's source's launch command names the setting (the gpustack rows leave ``mem``
+and ``kv`` empty: their commands set neither). ``--set NAME=VALUE`` (repeatable) replays with one of the roofline's numeric fields
 (``SETTABLE``: efficiencies, floors, overheads) or ``frontend_s`` set, for experiments that docs/steptime.md reports
 without changing the defaults.
 
@@ -190,22 +189,6 @@ def engine_chunk_tokens(anchor: dict) -> int:
     if policy_of(anchor) == "mixed":
         return 8192
     return sglang_chunked_prefill_size(gpu_kind(anchor["gpu"]).memory_bytes / 2**20) // _int(anchor.get("dp"), 1)
-
-
-# Cells whose source's launch commands leave the setting unset, by a substring of the row's ``src``: gpustack's
-# DeepSeek-V3.2 H200 page prints `vllm serve deepseek-ai/DeepSeek-V3.2 -tp 8 --tokenizer-mode deepseek_v32
-# --reasoning-parser deepseek_v3` (vLLM v0.13.0) and an SGLang v0.5.6.post2 command with `--tp-size 8 --dp-size 8
-# --enable-dp-attention --context-length=32768 --attention-backend nsa ...`: neither sets the memory fraction nor the
-# KV-cache dtype (docs/steptime.md, facts 17 and 19), so the rows' `mem` and `kv` cells are not the runs' settings.
-SOURCE_UNSET = (("gpustack", ("mem", "kv")),)
-
-
-def source_settings(anchor: dict) -> dict:
-    """The row as its source launched the engine: the cells its source's command leaves unset (``SOURCE_UNSET``)
-    emptied, so the replay takes the engine's own defaults for them (``engine_mem_fraction``, ``engine_kv_dtype``)."""
-    src = (anchor.get("src") or "").lower()
-    unset = {column for key, columns in SOURCE_UNSET if key in src for column in columns}
-    return {k: ("" if k in unset else v) for k, v in anchor.items()}
 
 
 def engine_mem_fraction(anchor: dict) -> float:
@@ -427,11 +410,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
     ap.add_argument(
-        "--source-settings",
-        action="store_true",
-        help="empty the cells the rows' sources leave unset (SOURCE_UNSET): the engines' defaults replace them",
-    )
-    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -446,8 +424,6 @@ def main(argv: list[str] | None = None) -> int:
             raise DsakvError("--set: replays the rows at the given values; not with --fit / --refine")
         with path.open(newline="") as f:
             anchors = list(csv.DictReader(f))
-        if args.source_settings:
-            anchors = [source_settings(a) for a in anchors]
         if args.only:
             keep = set(args.only.split(","))
             anchors = [a for a in anchors if a["id"] in keep]
