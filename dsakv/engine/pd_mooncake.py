@@ -24,7 +24,7 @@ Needs the ``pd`` extra (``mooncake-transfer-engine-non-cuda``, ``pyzmq``) and De
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dsakv.engine.pd_pages import Acceptance, Export, ImportResult, PdImporter, PoolPages
@@ -73,19 +73,28 @@ class TeReceiver:
         self.rejected: list[str] = []  # messages refused (stale epochs among them), for the tests and the log
 
     def serve(self, until_results: int = 1, timeout_s: float = 30.0) -> list[ImportResult]:
-        """Answer control messages until ``until_results`` hand-offs have ended or ``timeout_s`` passes with no
-        message; a live hand-off past its deadline ends by its policy (``timeout``)."""
-        import zmq
-
+        """Answer control messages until ``until_results`` hand-offs have ended, or until ``timeout_s`` passes
+        with no message and no live hand-off; a live hand-off past its deadline ends by its policy (``timeout``)."""
         start = len(self.results)
         while len(self.results) - start < until_results:
-            if not self._sock.poll(int(min(timeout_s, self._next_deadline()) * 1000), zmq.POLLIN):
-                self.results += self.importer.expire()
-                if not self.importer.book.live:
-                    break
-                continue
-            self._sock.send(dumps(self.handle(loads(self._sock.recv()))))
+            if not self.poll_once(min(timeout_s, self._next_deadline())) and not self.importer.book.live:
+                break
         return self.results[start:]
+
+    def serve_while(self, keep_going: Callable[[], bool], poll_s: float = 0.02) -> None:
+        """Answer control messages while ``keep_going()`` (a test's or a server's loop)."""
+        while keep_going():
+            self.poll_once(poll_s)
+
+    def poll_once(self, wait_s: float) -> bool:
+        """Answer one message if one arrives within ``wait_s``; otherwise end expired hand-offs. True if answered."""
+        import zmq
+
+        if self._sock.poll(int(wait_s * 1000), zmq.POLLIN):
+            self._sock.send(dumps(self.handle(loads(self._sock.recv()))))
+            return True
+        self.results += self.importer.expire()
+        return False
 
     def _next_deadline(self) -> float:
         live = self.importer.book.live.values()
