@@ -175,6 +175,9 @@ class PdImporter:
         transfer by its policy, free its pages and unlock. Raises only for an unknown or ended epoch."""
         transfer = self.book.get(epoch)
         try:
+            gap = transfer.incomplete()
+            if gap is not None:
+                raise TransferError("missing", f"hand-off {transfer.handoff_id}: {gap}")
             for i, page in zip(transfer.pending, transfer.dest_pages):
                 transfer.verify(i, self.pool_pages.digest(i, transfer.count.valid_tokens(i), page))
             transfer.commit()

@@ -154,13 +154,14 @@ class Manifest:
         """Raise ``TransferError("manifest" | "components", ...)`` naming the first field that differs."""
         if not isinstance(other, Manifest):
             raise TransferError("manifest", f"manifest: got {type(other).__name__}; a peer must send a Manifest")
-        for f in fields(self):
-            if f.name == "components":
-                continue
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+        # the named fields first, so the message says what differs; the fingerprint (every other shape) last
+        names = [f.name for f in fields(self) if f.name not in ("components", "model_fingerprint")]
+        for name in names + ["model_fingerprint"]:
+            mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
-                raise TransferError("manifest", f"manifest field {f.name}: this side has {mine!r}, the peer {theirs!r}")
-        check_components(self.components, other.components)
+                raise TransferError("manifest", f"manifest field {name}: this side has {mine!r}, the peer {theirs!r}")
+            if name == names[-1]:
+                check_components(self.components, other.components)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -129,8 +129,8 @@ class Transfer:
             raise TransferError("digest", f"page {index}: digest of the received bytes does not match the sender's")
         self.verified.add(index)
 
-    def missing(self) -> str | None:
-        """The first thing that keeps the transfer from committing, or None when every page is complete."""
+    def incomplete(self) -> str | None:
+        """The first page (and its components) not fully reported, or None when every page arrived whole."""
         for index in self.pending:
             got = self.arrived.get(index)
             if got is None:
@@ -138,9 +138,15 @@ class Transfer:
             lacking = sorted(self.components - got)
             if lacking:
                 return f"page {index}: {', '.join(lacking)} never arrived"
-            if index not in self.verified:
-                return f"page {index}: not verified"
         return None
+
+    def missing(self) -> str | None:
+        """The first thing that keeps the transfer from committing, or None when every page is complete."""
+        gap = self.incomplete()
+        if gap is not None:
+            return gap
+        unverified = [i for i in self.pending if i not in self.verified]
+        return f"page {unverified[0]}: not verified" if unverified else None
 
     def commit(self) -> None:
         if self.state is not TransferState.RECEIVING:
