@@ -12,9 +12,11 @@ from dataclasses import fields
 
 from rich.console import Console
 
-from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_bytes, parse_int
+from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_bytes, parse_float, parse_int
 from dsakv.cli.output import dumps
 from dsakv.cli.plan_render import render
+from dsakv.errors import DsakvError
+from dsakv.planner.pd import PdPlan, pd_plan
 from dsakv.planner.plan import Plan, plan
 from dsakv.spec.layout import CUDA_PAGE_SIZE, KV_DTYPES, CacheLayout
 from dsakv.spec.model_spec import PRESETS, load_spec
@@ -56,6 +58,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     t = p.add_argument_group("lower tiers")
     t.add_argument("--host-bytes", help="host memory per node for the KV host tier (e.g. 2TB, 500GB, 1.5TiB)")
     t.add_argument("--store-bytes", help="shared store size (e.g. 20TB)")
+    h = p.add_argument_group("PD hand-off")
+    h.add_argument(
+        "--pd", action="store_true", help="bytes a prefill engine hands a decode engine, per cache, and seconds"
+    )
+    h.add_argument("--link-gbps", help="another link for the hand-off, Gb/s (besides IB 400G, NVLink, PCIe)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
     return p
 
@@ -90,11 +97,22 @@ def build_plan(args: argparse.Namespace) -> Plan:
     )
 
 
+def build_pd(args: argparse.Namespace, result: Plan) -> PdPlan | None:
+    if not args.pd:
+        if args.link_gbps is not None:
+            raise DsakvError("--link-gbps: needs --pd (it prices the PD hand-off)")
+        return None
+    gbps = parse_float("--link-gbps", args.link_gbps) if args.link_gbps is not None else None
+    return pd_plan(result.layout, result.setting.gpu, link_gbps=gbps, context=parse_int("--context", args.context))
+
+
 def run(args: argparse.Namespace) -> int:
     result = build_plan(args)
+    pd = build_pd(args, result)
     if args.json:
-        print(dumps(result.to_dict(), indent=2))  # Plan.to_json's text, with no NaN or Infinity
+        out = result.to_dict() | ({} if pd is None else {"pd": pd.to_dict()})
+        print(dumps(out, indent=2))  # Plan.to_json's text, with no NaN or Infinity
         return 0
     console = Console(width=None if sys.stdout.isatty() else 160)
-    render(result, console, CAPTION)
+    render(result, console, CAPTION, pd)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from dsakv.planner.pd import PdPlan
 from dsakv.planner.plan import Plan
 
 
@@ -196,7 +197,36 @@ def tiers_table(p: Plan) -> Table:
     return table
 
 
-def render(p: Plan, console: Console, caption: str) -> None:
+def pd_table(pd: PdPlan) -> Table:
+    links = list(pd.links)
+    mtp = any(r.pd_bytes_mtp for r in pd.rows)
+    t = _table(
+        "PD hand-off per request (both caches) and seconds over one GPU's link; without index-K the decode side "
+        "prefills the whole prompt again",
+        "context (tokens)",
+        "pages",
+        "main KV (B)",
+        "indexer K (B)",
+        *(["of which MTP (B)"] if mtp else []),
+        "total (B)",
+        *(f"{k} (s)" for k in links),
+        f"indexer alone, {links[0]} (s)",
+    )
+    for r in pd.rows:
+        t.add_row(
+            b(r.context),
+            b(r.pages),
+            b(r.pd_bytes_main),
+            b(r.pd_bytes_indexer),
+            *([b(r.pd_bytes_mtp)] if mtp else []),
+            b(r.pd_bytes_total),
+            *(f"{r.transfer_s[k]:.3f}" for k in links),
+            f"{r.skip_indexer_saves_s[links[0]]:.4f}",
+        )
+    return t
+
+
+def render(p: Plan, console: Console, caption: str, pd: PdPlan | None = None) -> None:
     console.print(cell_table(p))
     console.print(memory_table(p))
     console.print(context_table(p))
@@ -208,4 +238,6 @@ def render(p: Plan, console: Console, caption: str) -> None:
         console.print(explain_table(p))
     if p.tiers is not None:
         console.print(tiers_table(p))
+    if pd is not None:
+        console.print(pd_table(pd))
     console.print(caption)
