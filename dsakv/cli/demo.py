@@ -49,6 +49,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
     p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
     p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
+    d = p.add_argument_group("PD disaggregation (the pd extra)")
+    d.add_argument(
+        "--pd", action="store_true", help="prefill in this process, decode in another; hand-offs of both caches"
+    )
+    d.add_argument(
+        "--pd-transport", choices=("mooncake", "store"), default="mooncake", help="Mooncake TE + ZMQ, or --store"
+    )
     w = p.add_argument_group("KV events and metrics (the events / metrics extras)")
     w.add_argument("--kv-events", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here")
     w.add_argument("--kv-events-replay", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
@@ -146,6 +153,8 @@ def _engine_options(args) -> dict:
 
 def run(args) -> int:
     page_bytes = _check_limits(args)
+    if args.pd:
+        return _run_pd(args)
     host_bytes = parse_bytes("--host-bytes", args.host_bytes)
     if host_bytes is not None and host_bytes < page_bytes:
         raise DsakvError(f"--host-bytes = {args.host_bytes}: below one page of both caches ({page_bytes:,} B)")
@@ -205,6 +214,14 @@ def run(args) -> int:
     # An fp32 checkpoint model is not bit-invariant to chunk sizes, so its cache bytes may differ in the last
     # bit between the pressured and the reference run; its check is the generated tokens.
     return 0 if summary["outputs_match"] and (summary["caches_match"] or model is not None) else 1
+
+
+def _run_pd(args) -> int:
+    from dsakv.cli.demo_pd import run_pd
+
+    summary = run_pd(args)
+    print(dumps(summary, indent=2)) if args.json else print_table(summary)
+    return 0 if summary["outputs_match"] and summary["caches_match"] and summary["integrity_ok"] else 1
 
 
 def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
