@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from dsakv.cache.radix import RadixCache
 from dsakv.cache.tree import Node
 from dsakv.engine.pool import TwinPool
@@ -25,7 +27,11 @@ from dsakv.transfer.state import AbortAck, Transfer, TransferBook
 
 
 class PoolPages:
-    """Addresses and bytes of each named component of the pages of one ``TwinPool`` (CPU memory)."""
+    """Addresses and bytes of each named component of the pages of one ``TwinPool`` (CPU memory).
+
+    A page's bytes are read as *runs*: components that lie back to back in memory, in the manifest's order,
+    are one run (a packed pool's whole block is one), so digesting or copying a page costs one slice per run
+    rather than one tensor view per component."""
 
     def __init__(self, pool: TwinPool, manifest: Manifest) -> None:
         self.pool = pool
@@ -37,6 +43,20 @@ class PoolPages:
         for c, v in zip(self.components, self._views):
             if v[0].numel() != c.item_bytes:
                 raise AssertionError(f"pool: component {c.name} holds {v[0].numel()} B a page, manifest {c.item_bytes}")
+        self._buffers: dict[int, memoryview] = {}  # storage address -> a byte view of the whole storage
+        self._runs: list[list[int]] = []  # [storage address, offset of page 0, bytes between pages, length]
+        for c, v in zip(self.components, self._views):
+            storage = v.untyped_storage()
+            base = storage.data_ptr()
+            if base not in self._buffers:
+                whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+                self._buffers[base] = memoryview(whole.numpy()).cast("B")
+            off, stride = v.data_ptr() - base, v.stride(0)
+            last = self._runs[-1] if self._runs else None
+            if last and last[0] == base and last[2] == stride and last[1] + last[3] == off:
+                last[3] += c.item_bytes
+            else:
+                self._runs.append([base, off, stride, c.item_bytes])
 
     def regions(self) -> dict[str, tuple[int, int]]:
         """(address of page 0, bytes between pages) of every component, by name."""
@@ -44,17 +64,16 @@ class PoolPages:
 
     def buffers(self) -> list[tuple[int, int]]:
         """(address, bytes) of each distinct buffer behind the pool (what a transfer engine registers)."""
-        seen: dict[int, int] = {}
-        for v in self._views:
-            s = v.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-        return sorted(seen.items())
+        return sorted((base, mv.nbytes) for base, mv in self._buffers.items())
 
     def parts(self, page: int) -> list[memoryview]:
-        """The bytes of every component of ``page`` in the manifest's order (views: no copy)."""
-        return [memoryview(v[page].numpy()).cast("B") for v in self._views]
+        """The bytes of every component of ``page`` in the manifest's order, as runs (views: no copy)."""
+        if not 0 <= page < self.pool.num_physical_pages:
+            raise DsakvError(f"page {page}: the pool has pages 0..{self.pool.num_physical_pages - 1}")
+        return [self._buffers[b][o + page * s : o + page * s + n] for b, o, s, n in self._runs]
 
     def digest(self, index: int, valid: int, page: int) -> int:
+        """``page_digest`` of ``page`` as page ``index`` of a hand-off with ``valid`` tokens in it."""
         return page_digest(index, valid, self.parts(page))
 
     def read_block(self, page: int) -> bytes:
@@ -63,7 +82,7 @@ class PoolPages:
 
     def write_block(self, page: int, value: memoryview | bytes) -> None:
         """The inverse of ``read_block``; ``value`` must be one page long (checked by the caller)."""
-        view, off = memoryview(value), 0
+        view, off = memoryview(value).cast("B"), 0
         for part in self.parts(page):
             part[:] = view[off : off + len(part)]
             off += len(part)
@@ -144,7 +163,8 @@ class PdImporter:
 
     def offer(self, offer: Offer) -> tuple[Transfer, Acceptance]:
         """Check the offer's page count against this side's, match the prefix it caches (in the offer's
-        namespace), lock it and allocate the rest. Raises ``TransferError`` and holds nothing on refusal."""
+        namespace), lock it and allocate the rest (evicting unlocked cached pages when the free list is short).
+        Raises ``TransferError`` and holds nothing on refusal (``capacity`` when the pages cannot be found)."""
         if offer.count.page_size != self.pool.layout.page_size:
             raise TransferError(
                 "page_count", f"offer page_size {offer.count.page_size}: this side's is {self.pool.layout.page_size}"
@@ -155,8 +175,11 @@ class PdImporter:
         match = self.radix.match(key, leave_one=False)
         skip = min(len(match.pages), offer.count.pages)
         self.radix.lock(match.node)
+        need, alloc = offer.count.pages - skip, self.pool.allocator
+        if alloc.num_free < need:  # unlocked cached pages make room (both caches: an evicted page is one unit)
+            self.radix.evict((need - alloc.num_free) * self.pool.layout.page_size)
         try:
-            dest = self.pool.allocator.alloc(offer.count.pages - skip)
+            dest = alloc.alloc(need)
         except OutOfPagesError as exc:
             self.radix.unlock(match.node)
             raise TransferError("capacity", f"hand-off {offer.handoff_id}: {exc}") from None
