@@ -85,11 +85,11 @@ def format_value(key: str, value: object) -> str:
     return str(value)
 
 
-def print_table(summary: dict) -> None:
+def print_table(summary: dict, title: str = "dsakv demo: shared-prefix multi-turn chat (tiny DSA model, CPU)") -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="dsakv demo: shared-prefix multi-turn chat (tiny DSA model, CPU)")
+    table = Table(title=title)
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in summary.items():
@@ -220,7 +220,10 @@ def _run_pd(args) -> int:
     from dsakv.cli.demo_pd import run_pd
 
     summary = run_pd(args)
-    print(dumps(summary, indent=2)) if args.json else print_table(summary)
+    if args.json:
+        print(dumps(summary, indent=2))
+    else:
+        print_table(summary, "dsakv demo --pd: prefill here, decode in another process (tiny DSA model, CPU)")
     return 0 if summary["outputs_match"] and summary["caches_match"] and summary["integrity_ok"] else 1
 
 

@@ -40,8 +40,9 @@ def long_prompt(seed: int, n: int = 150) -> list[int]:
     return [rng.randrange(512) for _ in range(n)]
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def transfer_engine_installed() -> None:
+    """Fails (never skips) a test that needs the transfer engine when it cannot load."""
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except ImportError as exc:
@@ -74,7 +75,7 @@ def make_link(prefill: Engine, decode: Engine, timeout_s: float = 5.0):
 
 
 @pytest.fixture
-def link_factory() -> Iterator:
+def link_factory(transfer_engine_installed) -> Iterator:
     """``link_factory(prefill_engine, decode_engine)`` -> a ``Link`` whose receiver serves in a thread."""
     stops = []
 

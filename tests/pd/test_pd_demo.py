@@ -9,7 +9,7 @@ from dsakv.cli import main
 SMALL = ["demo", "--pd", "--json", "--conversations", "2", "--max-new-tokens", "3"]
 
 
-def test_demo_pd_outputs_and_caches_match(capsys):
+def test_demo_pd_outputs_and_caches_match(capsys, transfer_engine_installed):
     """Over the transfer engine (the store route's engine test is ``test_store_route_matches_one_engine``)."""
     transport = "mooncake"
     assert main(SMALL) == 0

@@ -26,7 +26,7 @@ def one_engine(cfg, req: PdRequest):
     )[0]
 
 
-def test_decode_process_over_the_transfer_engine_matches_one_engine_tokens_and_cache_bytes():
+def test_decode_process_over_the_transfer_engine_matches_one_engine_tokens_and_cache_bytes(transfer_engine_installed):
     cfg = pd_config()
     reqs = [
         PdRequest("a", tuple(long_prompt(1)), 6, cache_salt="tenant-a"),

@@ -151,7 +151,7 @@ def _killed_sender(address: str) -> None:
     os._exit(1)
 
 
-def test_a_sender_killed_mid_transfer_times_out_into_a_recompute():
+def test_a_sender_killed_mid_transfer_times_out_into_a_recompute(transfer_engine_installed):
     from dsakv.engine.pd_mooncake import TeReceiver
 
     dec = Engine(pd_config())
