@@ -16,7 +16,9 @@ control channel carries only metadata::
     abort {epoch}                             ->    pages freed, epoch closed
                                               <-    {ack: epoch}
 
-A report for an ended epoch is rejected; a sender that goes silent is failed by the receiver's deadline.
+A report for an ended epoch is rejected; a sender that goes silent is failed by the receiver's deadline. An
+abort the decode side starts (``TeReceiver.abort``) keeps the pages in quarantine until the sender's next
+message of that epoch, refused with reason ``aborted``, acknowledges it (a remote writer cannot be fenced).
 Needs the ``pd`` extra (``mooncake-transfer-engine-non-cuda``, ``pyzmq``) and Debian's ``libibverbs1`` and
 ``libnuma1`` (the engine loads them even for TCP).
 """
@@ -24,6 +26,7 @@ Needs the ``pd`` extra (``mooncake-transfer-engine-non-cuda``, ``pyzmq``) and De
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +72,7 @@ class TeReceiver:
         self._sock.bind(endpoint)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._peers_ok = False
+        self._lock = threading.Lock()  # one message, expiry or abort at a time
         self.results: list[ImportResult] = []
         self.rejected: list[str] = []  # messages refused (stale epochs among them), for the tests and the log
 
@@ -93,8 +97,17 @@ class TeReceiver:
         if self._sock.poll(int(wait_s * 1000), zmq.POLLIN):
             self._sock.send(dumps(self.handle(loads(self._sock.recv()))))
             return True
-        self.results += self.importer.expire()
+        with self._lock:
+            self.results += self.importer.expire()
         return False
+
+    def abort(self, epoch: int) -> None:
+        """Abort a hand-off from the decode side (safe from another thread than the serving one). Its pages stay
+        in quarantine until the sender's next message of ``epoch``, which is refused with reason ``aborted``
+        and acknowledges that the sender has stopped writing."""
+        with self._lock:
+            ack = self.importer.abort(epoch, quarantine=True)
+            self.results.append(ImportResult(ack.handoff_id, "aborted", "aborted", None, 0, 0))
 
     def _next_deadline(self) -> float:
         live = self.importer.book.live.values()
@@ -106,7 +119,14 @@ class TeReceiver:
         """One control message -> its reply; every refusal is ``{"ok": False, "reason", "error"}``."""
         op = str(msg["op"])
         try:
-            return {"op": op, "ok": True, **getattr(self, "_on_" + op, self._on_unknown)(msg)}
+            with self._lock:
+                epoch = msg.get("epoch")
+                if epoch in self.importer.quarantined:  # the sender's acknowledgement of the decode side's abort
+                    freed = self.importer.release_quarantine(epoch)
+                    raise TransferError(
+                        "aborted", f"epoch {epoch}: aborted by the decode side ({freed} pages released)"
+                    )
+                return {"op": op, "ok": True, **getattr(self, "_on_" + op, self._on_unknown)(msg)}
         except TransferError as exc:
             self.rejected.append(f"{op}: {exc}")
             return {"op": op, "ok": False, "reason": exc.reason, "error": str(exc)}

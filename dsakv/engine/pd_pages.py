@@ -160,6 +160,7 @@ class PdImporter:
         self.pool, self.radix, self.manifest, self.book = pool, radix, manifest, book
         self.pool_pages = PoolPages(pool, manifest)
         self._locks: dict[int, tuple[Node, Offer, list[int]]] = {}
+        self.quarantined: dict[int, tuple[int, ...]] = {}  # aborted epoch -> pages kept until the sender acks
 
     def offer(self, offer: Offer) -> tuple[Transfer, Acceptance]:
         """Check the offer's page count against this side's, match the prefix it caches (in the offer's
@@ -215,13 +216,26 @@ class PdImporter:
         transfer.fail(exc.reason)
         return self._end(transfer, exc)
 
-    def abort(self, epoch: int) -> AbortAck:
-        """Abort a live transfer: its pages are freed and every later report of ``epoch`` is rejected."""
+    def abort(self, epoch: int, *, quarantine: bool = False) -> AbortAck:
+        """Abort a live transfer: every later report of ``epoch`` is rejected and its pages are freed — or,
+        with ``quarantine`` (an abort the decode side starts while the sender may still be writing), kept
+        allocated until ``release_quarantine(epoch)``: a remote writer cannot be fenced, so the pages are
+        reused only once the sender has acknowledged (its next message of that epoch)."""
         ack = self.book.abort(epoch)
         node, _, _ = self._locks.pop(epoch)
-        self.pool.allocator.free(ack.freed_pages)
         self.radix.unlock(node)
+        if quarantine:
+            self.quarantined[epoch] = ack.freed_pages
+        else:
+            self.pool.allocator.free(ack.freed_pages)
         return ack
+
+    def release_quarantine(self, epoch: int) -> int:
+        """Free the pages an aborted ``epoch`` kept in quarantine; returns how many (0 if none)."""
+        pages = self.quarantined.pop(epoch, ())
+        if pages:
+            self.pool.allocator.free(pages)
+        return len(pages)
 
     def expire(self) -> list[ImportResult]:
         return [
@@ -252,7 +266,8 @@ class PdImporter:
         )
 
     def held_pages(self) -> int:
-        return self.book.held_pages()
+        """Pages allocated for hand-offs and in no radix node or request: live transfers' and quarantined."""
+        return self.book.held_pages() + sum(map(len, self.quarantined.values()))
 
 
 __all__ = ["Acceptance", "Export", "ImportResult", "PdExporter", "PdImporter", "PoolPages"]

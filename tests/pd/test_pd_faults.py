@@ -280,3 +280,21 @@ def test_store_route_truncated_or_missing_page_recomputes(redis_url, fault):
     assert dec.radix.total_tokens == 0
     dec.check_integrity()
     assert client.keys("dsakv-pd:*") == []
+
+
+def test_a_decode_side_abort_keeps_the_pages_until_the_sender_acknowledges(link):
+    """A remote writer cannot be fenced: pages of a decode-side abort are reused only after the sender's
+    next message of that epoch (refused with reason ``aborted``) shows it stopped."""
+    export, acc = begin(link)
+    link.receiver.abort(acc.epoch)
+    held = len(acc.dest_pages)
+    assert link.receiver.importer.held_pages() == held
+    assert link.decode.allocator.num_allocated == held  # quarantined, not free for another request
+    link.sender.write(export, acc)  # the late bytes land in quarantined pages only
+    reply = link.sender.done(acc, export.reports)
+    assert not reply["ok"] and reply["reason"] == "aborted" and f"{held} pages released" in reply["error"]
+    assert link.decode.allocator.num_allocated == 0 and link.decode.radix.total_tokens == 0
+    again = link.sender.done(acc, export.reports)
+    assert not again["ok"] and again["reason"] == "epoch"  # acknowledged once; the epoch stays closed
+    link.exporter.release(export)
+    link.decode.check_integrity()
