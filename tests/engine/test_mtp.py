@@ -105,9 +105,10 @@ def test_greedy_mtp_drafts_are_verified_losslessly(plain, mtp_reference):
 @pytest.mark.parametrize("mode", ["recompute", "offload"])
 def test_preemption_during_mtp_decoding_keeps_tokens_and_caches(mode, plain, mtp_reference):
     ps = prompts()
-    # all three admitted optimistically into 11 pages; decoding needs 12: a request is preempted
+    # prompts of 5 + 4 + 5 pages admitted optimistically into 14; decoding needs 15: a request is preempted
+    # (greedy drafts: the oracle's accepted ones would finish the others first and leave room)
     sched = dict(new_token_ratio=0.0, preemption=mode)
-    eng = make_engine(num_pages=11, choice=oracle(plain, 3), speculative="mtp", num_steps=3, scheduler=sched)
+    eng = make_engine(num_pages=14, speculative="mtp", num_steps=3, prefix_cache=False, scheduler=sched)
     res = eng.generate(ps, NEW)
     eng.check_integrity()
     assert sum(r.stats.preemptions for r in res) > 0
@@ -116,38 +117,45 @@ def test_preemption_during_mtp_decoding_keeps_tokens_and_caches(mode, plain, mtp
     assert all(a.cache.equals(b.cache) for a, b in zip(res, want))
 
 
-def test_forced_mid_page_reject_invalidates_both_caches_tails_together(plain, mtp_reference):
+def test_forced_mid_page_reject_invalidates_both_caches_tails_together():
     """Drafts cross into the next page and are rejected mid-page: that page is freed (every layer's main KV
     and indexer K, the MTP layer's included: one page id), and at every step each cache of each layer reads
     back exact up to the accepted end, so no rejected draft's row is ever read as valid."""
-    prompt, ref = prompts()[0], plain[0].output_tokens
-    want = mtp_reference[0].cache
+    new = 20
+    prompt = prompts()[0]
+    reference = make_engine(speculative="mtp", num_steps=0, prefix_cache=False).generate([prompt], new)[0]
+    ref, want = reference.output_tokens, reference.cache
     full = prompt + ref
-    # prompt 67 tokens: decoding starts at position 67 (page 4, offset 3); reject the draft for index 70 so
-    # the accepted end falls mid-page while the drafts of a 5-step chain reached position 72
-    reject = {70}
+    # prompt 67 tokens, a 5-step chain: step 1 accepts all (end 73); step 2 drafts 74..78, rejects 76 (end
+    # 76); step 3 drafts 77..81 -- into page 5 -- and rejects 79: the accepted end 79 is mid-page 4
+    reject = {76, 79}
 
     def choose(req, index, logits):
         return (full[index] + 1) % VOCAB if index in reject else full[index] if index < len(full) else 0
 
     eng = make_engine(choice=choose, speculative="mtp", num_steps=5, prefix_cache=False)
-    req = eng.add_request(prompt, NEW)
+    req = eng.add_request(prompt, new)
+    plan_step, held = eng.scheduler.step, []
+
+    def step():  # the pages the request holds while the step's drafts are written
+        plan = plan_step()
+        held.append(len(req.pages))
+        return plan
+
+    eng.scheduler.step = step
     seen_reject = False
-    while not eng.scheduler.is_idle:
-        plan = eng.scheduler.step.__self__  # the engine steps; inspect the request after each step
-        before = list(req.pages)
+    while not eng.scheduler.is_idle:  # inspect the request after each step
         eng.step()
         eng.check_integrity()
-        if req.num_computed and not req.is_finished:
+        if req.num_computed and not req.is_done:
             n = req.num_computed
             got = read_request_cache(eng.pool, req.pages, n)
             assert all(torch.equal(a, b[:n]) for a, b in zip(got.main, want.main))
             assert all(torch.equal(a, b[:n]) for a, b in zip(got.indexer_keys, want.indexer_keys))
             assert all(torch.equal(a, b[:n]) for a, b in zip(got.indexer_scales, want.indexer_scales))
             assert len(req.pages) == pages_for(n, PAGE)
-            if n % PAGE and len(before) > len(req.pages):
+            if n % PAGE and held[-1] > len(req.pages):
                 seen_reject = True  # a draft page was freed with the accepted end mid-page
-        del plan
     assert seen_reject
     assert req.outputs == ref
 
