@@ -83,6 +83,8 @@ class MtpTotals:
     extend_rows: int = 0  # MTP rows at verified positions (and prefill chunks)
     chain_rows: int = 0  # MTP rows of chain steps 2..k
     indexer_rows_read: int = 0  # MTP-layer indexer K rows scored (fewer with index_share_for_mtp_iteration)
+    draft_tokens: int = 0  # drafts proposed (verified by the target)
+    accepted_tokens: int = 0  # drafts the target's greedy tokens confirmed
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class MtpSpeculator:
                 chains[i].append(self.choice(items[i].request, items[i].start + j + 1, res.logits))
                 state[i] = (res.hidden, res.selection)
             self.totals.chain_rows += len(live)
+        self.totals.draft_tokens += sum(len(c) for c in chains.values())
         return chains
 
     # ----- after verification ---------------------------------------------------------------------
@@ -161,6 +164,7 @@ class MtpSpeculator:
         rows = []
         for item, new, first in entries:
             req = item.request
+            self.totals.accepted_tokens += max(len(new) - 1, 0)
             after = req.tokens(item.end if item.sample else item.end + 1, item.start + 1)
             tokens = [int(t) for t in after] + ([int(t) for t in new] if item.sample else [])
             rows.append(_Rows(req, tokens, item.start + len(tokens), hidden[first : first + len(tokens)], None))
