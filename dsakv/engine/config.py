@@ -109,7 +109,12 @@ class EngineConfig:
         if not isinstance(share, bool):
             raise DsakvError(f"index_share_for_mtp_iteration = {share!r}: must be True or False")
         if self.speculative is None:
-            unset = {"num_steps": None, "eagle_topk": 1, "num_draft_tokens": None, "index_share_for_mtp_iteration": False}
+            unset = {
+                "num_steps": None,
+                "eagle_topk": 1,
+                "num_draft_tokens": None,
+                "index_share_for_mtp_iteration": False,
+            }
             for name, default in unset.items():
                 if getattr(self, name) != default:
                     raise DsakvError(f"{name} = {getattr(self, name)!r}: needs speculative = 'mtp'")

@@ -144,7 +144,13 @@ class MtpSpeculator:
         for j in range(1, max((items[i].num_draft for i in chains), default=0)):
             live = [i for i in chains if items[i].num_draft > j]
             rows = [
-                _Rows(items[i].request, [chains[i][-1]], items[i].start + j, state[i][0][None], state[i][1] if share else None)
+                _Rows(
+                    items[i].request,
+                    [chains[i][-1]],
+                    items[i].start + j,
+                    state[i][0][None],
+                    state[i][1] if share else None,
+                )
                 for i in live
             ]
             for i, res in zip(live, self._run(rows)):
@@ -215,7 +221,10 @@ class MtpSpeculator:
         seqs = [seq for _, seq in group]
         width = group[0][0].hidden.shape[-1]
         hidden = torch.cat(
-            [torch.cat([r.hidden, r.hidden.new_zeros(seq.token_ids.numel() - len(r.tokens), width)]) for r, seq in group]
+            [
+                torch.cat([r.hidden, r.hidden.new_zeros(seq.token_ids.numel() - len(r.tokens), width)])
+                for r, seq in group
+            ]
         )
         reuse = None
         if group[0][0].reuse is not None:  # index share: the previous row's choice plus the row's own position

@@ -71,9 +71,7 @@ class DsaModel:
         self.mtp = DsaMtpLayer(cfg, w, self.embed, self.lm_head) if mtp else None
 
     @classmethod
-    def from_checkpoint(
-        cls, folder: str | Path, *, available_bytes: int | None = None, mtp: bool = False
-    ) -> DsaModel:
+    def from_checkpoint(cls, folder: str | Path, *, available_bytes: int | None = None, mtp: bool = False) -> DsaModel:
         """Load ``folder/config.json`` and its safetensors (see ``dsakv.model.checkpoint``); ``mtp`` loads the
         first MTP layer too (``num_nextn_predict_layers`` must be >= 1 and its tensors present)."""
         folder = Path(folder)

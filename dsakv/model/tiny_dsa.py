@@ -136,7 +136,6 @@ class TinyDsaModel:
         x = x + attn
         return x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer]))
 
-
     # ----- paged path ------------------------------------------------------------------------------------
     def forward_paged(
         self,

@@ -36,7 +36,9 @@ def prompts() -> list[list[int]]:
 
 def make_engine(num_pages: int = 64, choice=None, **kw) -> Engine:
     sched = dict(chunk_tokens=32, max_batched_tokens=64) | kw.pop("scheduler", {})
-    cfg = EngineConfig(num_pages=num_pages, page_size=PAGE, capture_cache=True, scheduler=SchedulerConfig(**sched), **kw)
+    cfg = EngineConfig(
+        num_pages=num_pages, page_size=PAGE, capture_cache=True, scheduler=SchedulerConfig(**sched), **kw
+    )
     return Engine(cfg, draft_choice=choice)
 
 

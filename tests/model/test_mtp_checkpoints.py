@@ -173,7 +173,7 @@ def test_mtp_on_a_checkpoint_survives_preemption(checkpoint, mode):
 
 
 def test_block_fp8_mtp_weights_are_dequantized_on_load(checkpoint, tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     _, model, folder, _ = checkpoint
     model.save_pretrained(tmp_path)
