@@ -237,3 +237,26 @@ def test_cli_demo_mtp_on_a_checkpoint_matches_its_reference(checkpoint, capsys):
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs_match"] and out["mtp_steps"] == 2 and out["draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("context", [30, 100])
+def test_draft_pass_flops_are_the_mtp_layers_counted_flops(checkpoint, context):
+    """``planner.draft.draft_row_flops`` (derived from the spec) equals what torch counts in one MTP row."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dsakv.engine.pool import TwinPool
+    from dsakv.model.inputs import SeqInput, request_slots
+    from dsakv.planner.draft import draft_row_flops
+    from dsakv.spec.layout import CacheLayout
+
+    _, _, folder, _ = checkpoint
+    model = DsaModel.from_checkpoint(folder, mtp=True)
+    lay = CacheLayout(
+        model.spec, kv_dtype="fp32", indexer_dtype="fp32", page_size=PAGE, allow_any_page_size=True, mtp_layers=1
+    )
+    pool = TwinPool.for_pages(lay, 8, padding_slots=PAGE)
+    slots = request_slots(pool.allocator.alloc(7), context, PAGE)
+    seq = SeqInput(token_ids=[5], positions=[context - 1], slots=slots[-1:], context_slots=slots)
+    with FlopCounterMode(display=False) as counter:
+        model.mtp.forward_paged(pool, [seq], torch.randn(1, model.cfg.hidden_size))
+    assert counter.get_total_flops() == draft_row_flops(lay, context)
