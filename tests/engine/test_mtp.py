@@ -209,3 +209,17 @@ def test_index_share_keeps_tokens_and_caches_and_scores_fewer_indexer_rows(plain
     assert a.speculator.totals.chain_rows == b.speculator.totals.chain_rows > 0
     assert b.speculator.totals.indexer_rows_read < a.speculator.totals.indexer_rows_read
     del ra
+
+
+def test_mtp_pages_go_down_to_the_host_tier_and_come_back_with_the_target_pages(plain, mtp_reference):
+    """A page is one unit across tiers: the MTP layer's rows written back and loaded with the target's."""
+    eng = make_engine(num_pages=9, speculative="mtp", num_steps=3, host_bytes=32 * make_engine().layout.page_bytes)
+    ps = prompts()
+    first = eng.generate([ps[0]], NEW)[0]
+    for p in ps[1:]:  # push the first request's pages out of the 9-page pool into host memory
+        eng.generate([p], NEW)
+    again = eng.generate([ps[0]], NEW)[0]
+    eng.check_integrity()
+    assert again.stats.hit_tokens_host > 0
+    assert first.output_tokens == again.output_tokens == plain[0].output_tokens
+    assert again.cache.equals(mtp_reference[0].cache)
