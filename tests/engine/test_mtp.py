@@ -97,6 +97,12 @@ def test_mtp_tokens_and_every_cache_equal_the_non_speculative_run(k, plain, mtp_
     assert eng.radix.metrics.evicted_tokens > 0
 
 
+@pytest.mark.parametrize("kw", [dict(pool_kind="packed"), dict(insert_mode="allocate")])
+def test_mtp_in_the_packed_layout_and_with_insert_at_allocation(kw, plain, mtp_reference):
+    eng = make_engine(num_pages=9, choice=oracle(plain, reject_every=4), speculative="mtp", num_steps=3, **kw)
+    assert_same(run(eng), plain, mtp_reference)
+
+
 def test_greedy_mtp_drafts_are_verified_losslessly(plain, mtp_reference):
     eng = make_engine(speculative="mtp", num_steps=2)
     res = run(eng)
