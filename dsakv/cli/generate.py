@@ -83,6 +83,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
+        width = max(map(len, out))
         for key, value in out.items():
-            print(f"{key:>14}: {' '.join(map(str, value)) if isinstance(value, list) else value}")
+            print(f"{key:>{width}}: {' '.join(map(str, value)) if isinstance(value, list) else value}")
     return 0
