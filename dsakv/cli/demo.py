@@ -47,6 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
+    p.add_argument("--mtp", type=int, metavar="K", help="MTP speculative decoding: K drafts a step (0: MTP layer only)")
     p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
     p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
     d = p.add_argument_group("PD disaggregation (the pd extra)")
@@ -148,7 +149,13 @@ def _engine_options(args) -> dict:
         "kv_events_replay_endpoint": args.kv_events_replay,
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
-    }
+    } | _mtp_options(args, args.mtp)
+
+
+def _mtp_options(args, steps: int | None) -> dict:
+    if args.mtp is not None and args.mtp < 0:  # the upper bound is EngineConfig's (the step's token budget)
+        raise DsakvError(f"--mtp = {args.mtp}: must be an integer >= 0 (draft tokens a step)")
+    return {} if args.mtp is None else {"speculative": "mtp", "num_steps": steps}
 
 
 def run(args) -> int:
@@ -172,7 +179,7 @@ def run(args) -> int:
     if args.checkpoint:
         from dsakv.model.dsa_model import DsaModel
 
-        model = DsaModel.from_checkpoint(args.checkpoint)
+        model = DsaModel.from_checkpoint(args.checkpoint, mtp=args.mtp is not None)
     workload = chat_workload(
         vocab_size=model.cfg.vocab_size if model is not None else 512,
         conversations=args.conversations,
@@ -227,9 +234,26 @@ def _run_pd(args) -> int:
     return 0 if summary["outputs_match"] and summary["caches_match"] and summary["integrity_ok"] else 1
 
 
+def _mtp_figures(engine) -> dict:
+    totals = engine.speculator.totals
+    rate = totals.accepted_tokens / totals.draft_tokens if totals.draft_tokens else 0.0
+    return {
+        "mtp_steps": engine.config.num_steps,
+        "draft_tokens": totals.draft_tokens,
+        "accepted_tokens": totals.accepted_tokens,
+        "acceptance_rate": round(rate, 4),
+    }
+
+
 def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
     """Run the demo and print its summary (before any linger, so a scraper or subscriber can read it)."""
     from dsakv.workloads.chat import pressure_summary
+
+    seen = []  # the pressured engine, for its MTP figures
+
+    def hook(engine) -> None:
+        seen.append(engine)
+        on_engine(engine)
 
     summary = pressure_summary(
         workload,
@@ -243,8 +267,11 @@ def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
         host_bytes=host_bytes,
         store_url=args.store,
         engine_options=_engine_options(args),
-        on_engine=on_engine,
+        on_engine=hook,
+        reference_options=_mtp_options(args, 0),  # the reference runs the MTP layer too, drafting nothing
     )
+    if args.mtp is not None:
+        summary |= _mtp_figures(seen[-1])
     if args.json:
         print(dumps(summary, indent=2))
     else:

@@ -16,6 +16,7 @@ from dsakv.spec.layout import INDEXER_DTYPES, KV_DTYPES
 from dsakv.store.config import StoreConfig
 
 POOL_KINDS = ("slot", "packed")  # TwinPool layouts: one buffer per layer (SGLang) or one block per page (vLLM)
+SPECULATIVE_ALGORITHMS = ("mtp",)  # EngineConfig.speculative: the model's own MTP layer drafts (engine/speculative.py)
 SCRATCH_SEQS = 8  # sequences whose padding rows share the scratch pages in one forward (more: another forward)
 
 
@@ -51,6 +52,12 @@ class EngineConfig:
     # the first frame of every PUB message (vLLM's KVEventsConfig.topic; its example subscriber's is "kv-events")
     kv_events_topic: str = ""
     metrics: bool = False  # keep Prometheus metrics in the engine's own registry (the ``metrics`` extra)
+    # Speculative decoding with the model's MTP layer (SGLang's --speculative-* names); docs/scheduler.md.
+    speculative: str | None = None  # "mtp", or None: off
+    num_steps: int | None = None  # draft chain length k; 0: the MTP layer runs and fills its cache, no drafts
+    eagle_topk: int = 1  # drafts per chain step: chains only (tree drafting with topk > 1 is not built)
+    num_draft_tokens: int | None = None  # tokens verified per step: num_steps + 1 for a chain (None: that)
+    index_share_for_mtp_iteration: bool = False  # chain steps after the first reuse the previous step's top-k
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "min_rows"):
@@ -95,6 +102,54 @@ class EngineConfig:
                 raise DsakvError("kv_events_replay_endpoint: needs kv_events_endpoint (replay serves what PUB sent)")
         if not isinstance(self.metrics, bool):
             raise DsakvError(f"metrics = {self.metrics!r}: must be True or False")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        share = self.index_share_for_mtp_iteration
+        if not isinstance(share, bool):
+            raise DsakvError(f"index_share_for_mtp_iteration = {share!r}: must be True or False")
+        if self.speculative is None:
+            unset = {
+                "num_steps": None,
+                "eagle_topk": 1,
+                "num_draft_tokens": None,
+                "index_share_for_mtp_iteration": False,
+            }
+            for name, default in unset.items():
+                if getattr(self, name) != default:
+                    raise DsakvError(f"{name} = {getattr(self, name)!r}: needs speculative = 'mtp'")
+            return
+        check_choice("speculative", self.speculative, SPECULATIVE_ALGORITHMS)
+        k = self.num_steps
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise DsakvError(f"num_steps = {k!r}: must be an integer >= 0 (the draft chain length)")
+        if self.eagle_topk != 1 or isinstance(self.eagle_topk, bool):
+            raise DsakvError(f"eagle_topk = {self.eagle_topk!r}: must be 1 (chains; tree drafts are not built)")
+        if self.num_draft_tokens is not None and (
+            isinstance(self.num_draft_tokens, bool) or self.num_draft_tokens != k + 1
+        ):
+            raise DsakvError(
+                f"num_draft_tokens = {self.num_draft_tokens!r}: a chain of num_steps = {k} verifies {k + 1} tokens"
+            )
+        if self.scheduler.num_draft_tokens not in (0, k):
+            raise DsakvError(
+                f"scheduler.num_draft_tokens = {self.scheduler.num_draft_tokens}: with speculative = 'mtp' "
+                f"the engine sets it to num_steps = {k} (leave it 0)"
+            )
+        if self.scheduler.max_batched_tokens < 1 + k:
+            raise DsakvError(
+                f"scheduler.max_batched_tokens = {self.scheduler.max_batched_tokens}: must be >= 1 + num_steps ({1 + k})"
+            )
+
+    @property
+    def mtp_layers(self) -> int:
+        """MTP cache layers the pool holds: 1 with speculative = 'mtp' (the first MTP layer drafts), else 0."""
+        return 0 if self.speculative is None else 1
+
+    @property
+    def draft_steps(self) -> int:
+        """Drafts proposed per decode step (the scheduler's ``num_draft_tokens``): ``num_steps``, or 0."""
+        return 0 if self.speculative is None else self.num_steps
 
     @property
     def padding_slots(self) -> int:

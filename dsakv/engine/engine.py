@@ -18,7 +18,9 @@ one torch CPU thread; the demo and the tests set it).
 
 Speculative decoding: with ``SchedulerConfig.num_draft_tokens = k`` a ``drafter(request, k)`` proposes the
 drafts; the engine writes them to both caches with the last token, accepts the longest prefix that matches
-greedy verification, adds the model's own next token, and the scheduler rolls the rest back.
+greedy verification, adds the model's own next token, and the scheduler rolls the rest back. With
+``EngineConfig.speculative = "mtp"`` the model's own MTP layer drafts instead and keeps its own two caches
+(``dsakv.engine.speculative``); the radix tree then keys pages on bigrams and drops the last matched page.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dsakv.engine.lower_tiers import EngineTiers
 from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
 from dsakv.engine.readback import CacheReadback, read_request_cache
+from dsakv.engine.speculative import DraftChoice, MtpSpeculator
 from dsakv.errors import DsakvError
 from dsakv.model.dsa_model import DsaModel
 from dsakv.model.inputs import request_slots
@@ -109,6 +112,7 @@ class Engine:
         model: TinyDsaModel | DsaModel | None = None,
         drafter: Drafter | None = None,
         checkpoint: str | Path | None = None,
+        draft_choice: DraftChoice | None = None,
     ) -> None:
         if config is None:
             config = EngineConfig()
@@ -117,12 +121,16 @@ class Engine:
         if checkpoint is not None:  # a GLM-MoE-DSA / DeepSeek-V3.2 folder (config.json + safetensors)
             if model is not None:
                 raise DsakvError("give either model or checkpoint, not both")
-            model = DsaModel.from_checkpoint(checkpoint)
+            model = DsaModel.from_checkpoint(checkpoint, mtp=config.speculative is not None)
         spec = spec or (model.spec if model is not None else ModelSpec.preset("tiny"))
         sched_cfg = config.scheduler
         if sched_cfg.max_context is None:
             sched_cfg = replace(sched_cfg, max_context=spec.max_position_embeddings)
-        if sched_cfg.num_draft_tokens and drafter is None:
+        if config.speculative is not None:
+            if drafter is not None:
+                raise DsakvError("drafter: give none with speculative = 'mtp' (the model's MTP layer drafts)")
+            sched_cfg = replace(sched_cfg, num_draft_tokens=config.draft_steps)
+        if sched_cfg.num_draft_tokens and drafter is None and config.speculative is None:
             raise DsakvError("drafter: None, but num_draft_tokens > 0 needs a drafter(request, k) -> k token ids")
         self.config = config
         self.spec = spec
@@ -133,6 +141,7 @@ class Engine:
             page_size=config.page_size,
             allow_any_page_size=config.page_size != 64,
             indexer_dtype=config.indexer_dtype,
+            mtp_layers=config.mtp_layers,
         )
         # Scratch pages 0 .. first_page - 1 take the padding rows; the allocator never hands them out.
         self.pool = TwinPool.for_pages(
@@ -148,6 +157,7 @@ class Engine:
                 eviction_policy=config.eviction_policy,
                 insert_mode=config.insert_mode,
                 hash_name=config.hash_name,
+                speculative=config.speculative is not None,  # bigram keys, the last matched page dropped
                 event_sink=self._pending_events.append if config.kv_events_endpoint else None,
             )
             if config.prefix_cache
@@ -163,8 +173,9 @@ class Engine:
             on_offload=self._on_offload,
             tiers=self.tiers.scheduler_tiers if self.tiers is not None else None,
         )
-        self.model = model or TinyDsaModel(spec, seed=config.seed)
+        self.model = model or TinyDsaModel(spec, seed=config.seed, mtp=config.speculative is not None)
         self.drafter = drafter
+        self.speculator = self._speculator(draft_choice)
         self.totals = EngineTotals()
         self.caches: dict[Any, CacheReadback] = {}
         self._host: dict[Any, HostPages] = {}
@@ -184,6 +195,19 @@ class Engine:
             self.kv_events = KVEventPublisher(
                 config.kv_events_endpoint, config.kv_events_replay_endpoint, topic=config.kv_events_topic
             )
+
+    def _speculator(self, choice: DraftChoice | None) -> MtpSpeculator | None:
+        if self.config.speculative is None:
+            if choice is not None:
+                raise DsakvError("draft_choice: needs speculative = 'mtp'")
+            return None
+        layer = getattr(self.model, "mtp", None)
+        if layer is None:
+            raise DsakvError(
+                "model: has no MTP layer; speculative = 'mtp' needs one (TinyDsaModel(..., mtp=True), "
+                "or DsaModel.from_checkpoint(..., mtp=True))"
+            )
+        return MtpSpeculator(layer, self.pool, self.config, self.spec.max_position_embeddings, choice)
 
     # ----- requests -----------------------------------------------------------------------------
     def add_request(
@@ -216,6 +240,8 @@ class Engine:
     def abort(self, request_id: Any) -> Request:
         req = self.scheduler.abort(request_id)
         self._host.pop(request_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(request_id)
         self._publish_events()
         return req
 
@@ -363,8 +389,9 @@ class Engine:
         sampled: list[list[int]] = []
         group: list[tuple[BatchItem, list[int], SeqInput]] = []
         scratch_used = 0
-        for item in items:
-            drafts = self._drafts(item)
+        proposed = self.speculator.propose(items) if self.speculator is not None else {}
+        for i, item in enumerate(items):
+            drafts = proposed.get(i, []) if self.speculator is not None else self._drafts(item)
             tokens = list(item.request.tokens(item.end, item.start)) + drafts
             pad = self._pad_rows(item, len(tokens))
             if group and scratch_used + pad > self._scratch_slots:
@@ -407,14 +434,14 @@ class Engine:
 
     def _forward(self, group: list[tuple[BatchItem, list[int], SeqInput]]) -> list[list[int]]:
         seqs = [seq for _, _, seq in group]
-        logits = self.model.forward_paged(
-            self.pool, seqs, all_logits=True, budget_bytes=self.config.logits_budget_bytes
-        ).logits
+        paged = self.model.forward_paged(self.pool, seqs, all_logits=True, budget_bytes=self.config.logits_budget_bytes)
+        logits = paged.logits
         self.totals.forward_calls += 1
-        out, row = [], 0
+        out, row, firsts = [], 0, []
         for item, drafts, seq in group:
             n = item.end - item.start + item.num_draft
             first = row
+            firsts.append(first)
             row += seq.token_ids.numel()
             if not item.sample:
                 out.append([])
@@ -426,9 +453,13 @@ class Engine:
                     break
                 accepted.append(draft)
             out.append(accepted + [greedy[len(accepted)]])
+        if self.speculator is not None:  # the MTP layer's caches at the positions now verified
+            self.speculator.extend([(item, new, f) for (item, _, _), new, f in zip(group, out, firsts)], paged.hidden)
         return out
 
     def _on_finish(self, req: Request) -> None:
+        if self.speculator is not None:
+            self.speculator.forget(req.id)
         if self.config.capture_cache:
             n = min(req.num_computed, req.num_tokens - 1)
             self.caches[req.id] = read_request_cache(self.pool, req.pages, n)

@@ -4,8 +4,8 @@ library (the ``checkpoints`` extra; imported lazily).
 
 Block-scaled FP8 weights, as the public FP8 checkpoints store them: an ``float8_e4m3fn`` ``W [out, in]``
 with ``W_scale_inv [ceil(out/128), ceil(in/128)]`` fp32; the weight is ``W * scale_inv`` of its 128 x 128
-block, dequantized on load. MTP / draft layers (``model.layers.{i}`` with ``i >= num_hidden_layers``) are
-skipped. Before anything is read, the bytes the model will hold (every kept tensor in the compute dtype) are
+block, dequantized on load. Layers ``model.layers.{i}`` with ``i >= num_layers`` are skipped: the MTP / draft
+layers when the caller passes ``num_hidden_layers``, all but the first MTP layer with ``num_hidden_layers + 1``. Before anything is read, the bytes the model will hold (every kept tensor in the compute dtype) are
 compared with the machine's available memory: too large is a one-line ``DsakvError`` naming both.
 """
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dsakv.errors import DsakvError
 from dsakv.model.checkpoint import iter_weights
 from dsakv.model.dsa_config import DsaConfig
 from dsakv.model.dsa_layers import (
@@ -34,6 +35,7 @@ from dsakv.model.dsa_layers import (
     Weights,
     rms_norm,
 )
+from dsakv.model.dsa_mtp import DsaMtpLayer
 from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
 from dsakv.model.paged_attention import attend_layer
 from dsakv.model.rope import RopeTables
@@ -45,7 +47,7 @@ __all__ = ["DsaModel"]
 class DsaModel:
     """Checkpoint weights (fp32) and the paged forward."""
 
-    def __init__(self, cfg: DsaConfig, weights: Weights) -> None:
+    def __init__(self, cfg: DsaConfig, weights: Weights, *, mtp: bool = False) -> None:
         self.cfg, self.spec, self.dtype = cfg, cfg.spec, torch.float32
         # None: the pool decides (Hadamard + fp8 query iff its indexer K is fp8); set to isolate one rounding
         self.indexer_rounding: IndexerRounding | None = None
@@ -65,14 +67,23 @@ class DsaModel:
                 self.indexer[i] = Indexer(cfg, w, p + "self_attn.indexer.")
             sparse = cfg.mlp_layer_types[i] == "sparse"
             self.mlp.append(Moe(cfg, w, p + "mlp.") if sparse else DenseMlp(w, p + "mlp.", h, cfg.intermediate_size))
+        # the first MTP layer (dsakv.model.dsa_mtp), loaded only when asked for: plain decoding skips its weights
+        self.mtp = DsaMtpLayer(cfg, w, self.embed, self.lm_head) if mtp else None
 
     @classmethod
-    def from_checkpoint(cls, folder: str | Path, *, available_bytes: int | None = None) -> DsaModel:
-        """Load ``folder/config.json`` and its safetensors (see ``dsakv.model.checkpoint``)."""
+    def from_checkpoint(cls, folder: str | Path, *, available_bytes: int | None = None, mtp: bool = False) -> DsaModel:
+        """Load ``folder/config.json`` and its safetensors (see ``dsakv.model.checkpoint``); ``mtp`` loads the
+        first MTP layer too (``num_nextn_predict_layers`` must be >= 1 and its tensors present)."""
         folder = Path(folder)
         cfg = DsaConfig.from_hf_config(folder / "config.json", name=folder.name)
-        weights = dict(iter_weights(folder, cfg.num_hidden_layers, torch.float32, available=available_bytes))
-        return cls(cfg, weights)
+        if mtp and cfg.spec.num_nextn_predict_layers < 1:
+            raise DsakvError(
+                f"checkpoint {str(folder)!r}: config field 'num_nextn_predict_layers' = "
+                f"{cfg.spec.num_nextn_predict_layers}: speculative 'mtp' needs an MTP layer (>= 1)"
+            )
+        layers = cfg.num_hidden_layers + (1 if mtp else 0)
+        weights = dict(iter_weights(folder, layers, torch.float32, available=available_bytes))
+        return cls(cfg, weights, mtp=mtp)
 
     def forward_paged(
         self,
@@ -112,5 +123,6 @@ class DsaModel:
             x = x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer], cfg.rms_norm_eps))
         if not all_logits:
             x = x[batch.last_rows]
-        logits = F.linear(rms_norm(x, self.final_norm, cfg.rms_norm_eps), self.lm_head)
-        return PagedOutput(logits, tuple(sel_by_layer), tuple(main_read), tuple(index_read))
+        hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+        logits = F.linear(hidden, self.lm_head)
+        return PagedOutput(logits, tuple(sel_by_layer), tuple(main_read), tuple(index_read), hidden)

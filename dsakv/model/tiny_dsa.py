@@ -50,6 +50,7 @@ from dsakv.model.indexer import indexer_topk
 from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
 from dsakv.model.lightning import IndexerLayer
 from dsakv.model.mla import MlaLayer
+from dsakv.model.mtp import TinyMtpLayer
 from dsakv.model.nn import init_linear, init_norm, rms_norm
 from dsakv.model.paged_attention import attend_layer
 from dsakv.spec.model_spec import ARCH_FIELDS, ModelSpec
@@ -72,12 +73,14 @@ DENSE_ARCH_FIELDS = tuple(f for f in ARCH_FIELDS if f not in MOE_ARCH_FIELDS)
 class PagedOutput:
     """``logits``: ``[num_seqs, vocab]`` (or ``[sum n, vocab]``); ``selections[layer][seq]``: ``[n, width]``
     selected context positions (-1 padded); ``main_rows_read`` / ``indexer_rows_read``: rows read from each
-    cache per layer in this call (0 indexer rows on shared layers)."""
+    cache per layer in this call (0 indexer rows on shared layers); ``hidden``: the final-normed hidden
+    state of each returned row (what the MTP layer reads)."""
 
     logits: torch.Tensor
     selections: tuple[tuple[torch.Tensor, ...], ...]
     main_rows_read: tuple[int, ...]
     indexer_rows_read: tuple[int, ...]
+    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,9 @@ class _Mlp:
 class TinyDsaModel:
     """Seeded random weights (same seed -> same weights) and the paged and dense forward passes."""
 
-    def __init__(self, spec: ModelSpec | None = None, seed: int = 0, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self, spec: ModelSpec | None = None, seed: int = 0, dtype: torch.dtype = torch.float64, *, mtp: bool = False
+    ) -> None:
         spec = spec or ModelSpec.preset("tiny")
         for key in DENSE_ARCH_FIELDS:
             if spec.arch_value(key) < 1:
@@ -121,13 +126,15 @@ class TinyDsaModel:
         self.mlp = [_Mlp(hidden, spec.arch_value("intermediate_size"), gen, dtype) for _ in layers]
         self.final_norm = init_norm(gen, hidden, dtype)
         self.lm_head = init_linear(gen, hidden, vocab, dtype)
+        # the MTP draft layer (dsakv.model.mtp), drawn after every target weight so those stay the seed's
+        self.mtp = None
+        if mtp:
+            mlp = _Mlp(hidden, spec.arch_value("intermediate_size"), gen, dtype)
+            self.mtp = TinyMtpLayer(spec, gen, dtype, self.embed, self.lm_head, mlp)
 
     def _finish_layer(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = x + attn
         return x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer]))
-
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.final_norm) @ self.lm_head
 
     # ----- paged path ------------------------------------------------------------------------------------
     def forward_paged(
@@ -168,7 +175,8 @@ class TinyDsaModel:
             x = self._finish_layer(layer, x, self.mla[layer].output(att.out.to(self.dtype)))
         if not all_logits:
             x = x[batch.last_rows]
-        return PagedOutput(self._head(x), tuple(sel_by_layer), tuple(main_read), tuple(index_read))
+        hidden = rms_norm(x, self.final_norm)
+        return PagedOutput(hidden @ self.lm_head, tuple(sel_by_layer), tuple(main_read), tuple(index_read), hidden)
 
     # ----- dense reference -------------------------------------------------------------------------------
     def forward_dense(
@@ -215,4 +223,4 @@ class TinyDsaModel:
             allowed[torch.arange(t).unsqueeze(1).expand_as(chosen)[valid], chosen[valid]] = True
             selections.append(chosen)
             x = self._finish_layer(layer, x, m.output(m.masked_attention(proj, latent, rope, allowed)))
-        return DenseOutput(self._head(x), tuple(selections))
+        return DenseOutput(rms_norm(x, self.final_norm) @ self.lm_head, tuple(selections))

@@ -111,6 +111,7 @@ def pressure_summary(
     store_url: str | None = None,
     engine_options: dict | None = None,
     on_engine: Callable[[Engine], None] | None = None,
+    reference_options: dict | None = None,
 ) -> dict:
     """Run ``workload`` on a ``pages``-page pool and as the reference; every figure of the demo's report.
 
@@ -122,6 +123,8 @@ def pressure_summary(
     ``engine_options``: more ``EngineConfig`` fields of the pressured engine (KV events, metrics);
     ``on_engine(engine)`` is called with it before it runs (to serve its metrics), and the caller then owns
     closing it (``Engine.close``: its event sockets stay up for late subscribers until then).
+    ``reference_options``: more ``EngineConfig`` fields of the reference engine (with MTP speculative decoding
+    in the pressured one, the reference runs the MTP layer without drafts, so both hold the same layers).
     """
     ps = page_size
     # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
@@ -149,6 +152,7 @@ def pressure_summary(
         page_size=ps,
         prefix_cache=False,
         capture_cache=True,
+        **(reference_options or {}),
         scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
     )
     engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
