@@ -46,6 +46,7 @@ class PoolLine:
     kv_bytes: float | None = None
     mha: bool = False
     context_len: int | None = None
+    max_prefill_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,9 @@ _NUM = rb"([0-9][0-9,]*(?:\.[0-9]+)?)"
 _SG_POOL = re.compile(
     rb"KV Cache is allocated\. .*?#tokens: " + _INT + rb", (?:KV size: " + _NUM + rb" GB|(K size): " + _NUM + rb" GB)"
 )
-_SG_MAX = re.compile(rb"max_total_num_tokens=" + _INT + rb"(?:.*?context_len=" + _INT + rb")?")
+_SG_MAX = re.compile(
+    rb"max_total_num_tokens=" + _INT + rb"(?:.*?max_prefill_tokens=" + _INT + rb")?(?:.*?context_len=" + _INT + rb")?"
+)
 _SG_PREFILL = re.compile(
     rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: " + _INT + rb", #new-token: " + _INT + rb", #cached-token: " + _INT
     + rb", (?:full )?token usage: " + _NUM + rb", .*?#running-req: " + _INT + rb", #queue-req: " + _INT
@@ -170,7 +173,8 @@ def _sglang(raw: bytes) -> Record | str | None:
         return PoolLine("sglang", _int(tokens), None if mha else _num(kv) * GIB, mha=mha is not None)
     if (m := _SG_MAX.search(raw)) is None:
         return MALFORMED
-    return PoolLine("sglang", _int(m.group(1)), context_len=None if m.group(2) is None else _int(m.group(2)))
+    tokens, prefill, context = (None if g is None else _int(g) for g in m.groups())
+    return PoolLine("sglang", tokens, context_len=context, max_prefill_tokens=prefill)
 
 
 def _vllm(raw: bytes) -> Record | str | None:

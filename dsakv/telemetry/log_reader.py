@@ -62,7 +62,8 @@ class BoundedSample(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class Gap:
     """Seconds the log measured (``seconds``) and the steps that filled them: prefill batches as
-    ``("prefill", new tokens, cached tokens, new sequences, 1)`` and runs of decode steps as ``("decode", running, pool
+    ``("prefill", new tokens, context before them, new sequences, 1)`` (the context: the cached tokens of the new
+    sequences, or, for a batch that only continues a chunked prompt, the prompt's tokens so far) and runs of decode steps as ``("decode", running, pool
     tokens, steps)`` (the batch a decode line printed, taken for each of the ``decode_log_interval`` steps it covers)."""
 
     kind: str  # "decode" or "prefill": which line measured it
@@ -84,6 +85,7 @@ class LogFacts:
     pool_kv_bytes: float | None = None
     mha_pool: bool = False
     context_len: int | None = None
+    max_prefill_tokens: int | None = None
     available_bytes: float | None = None
     concurrency: ConcurrencyLine | None = None
     decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL
@@ -142,6 +144,7 @@ class _Gaps:
         self.facts = facts
         self.since_decode: list[tuple] | None = []
         self.since_prefill: list[tuple] | None = None  # unknown until the first prefill line
+        self.carry = 0  # tokens so far of a prompt being chunked (a full batch ends in a chunk)
 
     @staticmethod
     def _add(steps: list[tuple] | None, new: list[tuple]) -> list[tuple] | None:
@@ -150,7 +153,10 @@ class _Gaps:
         return steps + new
 
     def prefill(self, p: PrefillLine) -> None:
-        step = ("prefill", p.new_tokens, p.cached_tokens, max(p.new_seqs, 1), 1)
+        context = self.carry if p.new_seqs == 0 else p.cached_tokens
+        step = ("prefill", p.new_tokens, context, max(p.new_seqs, 1), 1)
+        full = self.facts.max_prefill_tokens is not None and p.new_tokens >= self.facts.max_prefill_tokens
+        self.carry = (context + p.new_tokens if p.new_seqs == 0 else p.new_tokens // max(p.new_seqs, 1)) if full else 0
         every_decode = self.facts.decode_log_interval == 1  # only then are the decode steps between all printed
         own = self._add(self.since_prefill, [step])
         if own is not None and every_decode and p.throughput and p.new_tokens:
@@ -200,6 +206,8 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
             facts.pool_kv_bytes, facts.mha_pool = rec.kv_bytes, rec.mha
         if rec.context_len is not None:
             facts.context_len = rec.context_len
+        if rec.max_prefill_tokens is not None:
+            facts.max_prefill_tokens = rec.max_prefill_tokens
         facts.pool = rec
     elif isinstance(rec, AvailableLine):
         facts.available_bytes = rec.available_bytes
