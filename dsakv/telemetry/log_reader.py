@@ -92,9 +92,11 @@ class LogFacts:
     prefill_lines: int = 0
     new_tokens: int = 0
     cached_tokens: int = 0
+    new_seqs: int = 0  # sequences the prefill lines started
+    hit_seqs: int = 0  # ... in lines with cached tokens
     decode_lines: int = 0
     stats_lines: int = 0
-    queued_lines: int = 0  # batch / stats lines with requests queued
+    queued_lines: int = 0  # decode / stats lines with requests queued (a prefill line's queue is its token budget's)
     queued_free_lines: int = 0  # ... of those with the pool at most QUEUED_FREE_USAGE full
     queued_min_usage: float | None = None  # lowest usage seen while requests were queued
     prefill: BoundedSample = field(default_factory=BoundedSample)
@@ -194,9 +196,10 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
         facts.prefill_lines += 1
         facts.new_tokens += rec.new_tokens
         facts.cached_tokens += rec.cached_tokens
+        facts.new_seqs += rec.new_seqs
+        facts.hit_seqs += rec.new_seqs if rec.cached_tokens else 0
         facts.prefill.offer(rec)
         gaps.prefill(rec)
-        _queued(facts, rec.queued, rec.usage)
     elif isinstance(rec, StatsLine):
         facts.stats_lines += 1
         facts.stats.offer(rec)
