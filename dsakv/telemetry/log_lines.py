@@ -140,7 +140,7 @@ class _Overflow(Exception):
 
 
 def _int(text: bytes) -> int:
-    value = int(text.replace(b",", b""))
+    value = int(text.replace(b",", b"") if b"," in text else text)
     if value > INT64_MAX:
         raise _Overflow
     return value
@@ -149,10 +149,10 @@ def _int(text: bytes) -> int:
 def _num(text: bytes | None) -> float | None:
     if text is None:
         return None
-    digits = text.replace(b",", b"")
-    if len(digits.split(b".")[0]) > 19 or int(digits.split(b".")[0]) > INT64_MAX:
+    value = float(text.replace(b",", b"") if b"," in text else text)
+    if value > INT64_MAX:
         raise _Overflow
-    return float(digits)
+    return value
 
 
 def _sglang(raw: bytes) -> Record | str | None:

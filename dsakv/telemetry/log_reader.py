@@ -50,6 +50,13 @@ class BoundedSample(Generic[T]):
         self.size, self.stride, self.seen = size, 1, 0
         self.items: list[T] = []
 
+    def wants(self) -> bool:
+        """Whether the next item offered will be kept (callers may skip building one that will not)."""
+        return self.seen % self.stride == 0
+
+    def skip(self) -> None:
+        self.seen += 1
+
     def offer(self, item: T) -> None:
         if self.seen % self.stride == 0:
             self.items.append(item)
@@ -149,10 +156,12 @@ class _Gaps:
         self.carry = 0  # tokens so far of a prompt being chunked (a full batch ends in a chunk)
 
     @staticmethod
-    def _add(steps: list[tuple] | None, new: list[tuple]) -> list[tuple] | None:
-        if steps is None or len(steps) + len(new) > MAX_GAP_STEPS:
+    def _add(steps: list[tuple] | None, new: tuple) -> list[tuple] | None:
+        """``steps`` with ``new`` appended in place (None: too many, or unknown)."""
+        if steps is None or len(steps) >= MAX_GAP_STEPS:
             return None
-        return steps + new
+        steps.append(new)
+        return steps
 
     def prefill(self, p: PrefillLine) -> None:
         context = self.carry if p.new_seqs == 0 else p.cached_tokens
@@ -160,20 +169,27 @@ class _Gaps:
         full = self.facts.max_prefill_tokens is not None and p.new_tokens >= self.facts.max_prefill_tokens
         self.carry = (context + p.new_tokens if p.new_seqs == 0 else p.new_tokens // max(p.new_seqs, 1)) if full else 0
         every_decode = self.facts.decode_log_interval == 1  # only then are the decode steps between all printed
-        own = self._add(self.since_prefill, [step])
+        own = self._add(self.since_prefill, step)
         if own is not None and every_decode and p.throughput and p.new_tokens:
-            self.facts.gaps.offer(Gap("prefill", p.new_tokens / p.throughput, tuple(own)))
+            self._offer("prefill", p.new_tokens / p.throughput, own)
         self.since_prefill = []
-        self.since_decode = self._add(self.since_decode, [step])
+        self.since_decode = self._add(self.since_decode, step)
 
     def decode(self, d: DecodeLine) -> None:
         k = self.facts.decode_log_interval
-        steps = [("decode", d.running, d.tokens, k)]
-        own = self._add(self.since_decode, steps)
+        step = ("decode", d.running, d.tokens, k)
+        own = self._add(self.since_decode, step)
         if own is not None and d.throughput > 0 and d.running:
-            self.facts.gaps.offer(Gap("decode", k * d.running / d.throughput, tuple(own)))
+            self._offer("decode", k * d.running / d.throughput, own)
         self.since_decode = []
-        self.since_prefill = self._add(self.since_prefill, steps)
+        self.since_prefill = self._add(self.since_prefill, step)
+
+    def _offer(self, kind: str, seconds: float, steps: list[tuple]) -> None:
+        gaps = self.facts.gaps
+        if gaps.wants():
+            gaps.offer(Gap(kind, seconds, tuple(steps)))
+        else:
+            gaps.skip()
 
 
 def _queued(facts: LogFacts, queued: int, usage: float | None) -> None:
