@@ -10,7 +10,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from dsakv.cli.log_args import add_log_arguments, log_setup
+from dsakv.cli.log_args import add_log_arguments, log_path, log_setup
 from dsakv.cli.output import dumps
 from dsakv.errors import DsakvError
 from dsakv.sim.calibrate import calibrate
@@ -26,7 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    facts = read_log(args.log)
+    facts = read_log(log_path(args))
     if facts.engine == "vllm":
         raise DsakvError(
             f"--log {args.log}: a vLLM log states throughput averaged over its stats interval, not per step; "

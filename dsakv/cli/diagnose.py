@@ -9,7 +9,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from dsakv.cli.log_args import add_log_arguments, log_setup
+from dsakv.cli.log_args import add_log_arguments, log_path, log_setup
 from dsakv.cli.output import dumps
 from dsakv.sim.diagnose import diagnose
 from dsakv.telemetry.log_reader import read_log
@@ -36,7 +36,7 @@ def _figure(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    facts = read_log(args.log)
+    facts = read_log(log_path(args))
     metrics = None if args.metrics is None else read_metrics(args.metrics)
     cfg, setup = log_setup(args, facts)
     verdicts = diagnose(facts, metrics, cfg, setup)

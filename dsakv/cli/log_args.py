@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
+from dsakv.errors import DsakvError
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
 from dsakv.spec.layout import KV_DTYPES
 from dsakv.spec.model_spec import PRESETS
@@ -17,7 +18,7 @@ POLICY_OF_ENGINE = {"sglang": "prefill_first", "vllm": "mixed"}
 
 
 def add_log_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log", required=True, help="the engine's log (SGLang scheduler or vLLM server output)")
+    p.add_argument("--log", help="the engine's log (SGLang scheduler or vLLM server output); required")
     m = p.add_argument_group("model")
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
@@ -25,6 +26,12 @@ def add_log_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--mtp", default="0", help="MTP draft tokens per decode the engine ran (0 = off)")
     add_gpu_arguments(p)
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
+
+
+def log_path(args: argparse.Namespace) -> str:
+    if not args.log:
+        raise DsakvError(f"dsakv {args.command}: --log FILE is required (an SGLang or vLLM server log)")
+    return args.log
 
 
 def log_setup(args: argparse.Namespace, facts: LogFacts) -> tuple[SimConfig, SimSetup]:
@@ -40,4 +47,4 @@ def log_setup(args: argparse.Namespace, facts: LogFacts) -> tuple[SimConfig, Sim
     return cfg, build_setup(cfg)
 
 
-__all__ = ["add_log_arguments", "log_setup"]
+__all__ = ["add_log_arguments", "log_path", "log_setup"]
