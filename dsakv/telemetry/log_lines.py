@@ -28,15 +28,14 @@ number past 2**63 - 1): the reader counts both. Nothing here raises on any input
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from dsakv.errors import INT64_MAX
 
 GIB = 2**30  # SGLang's "GB" and vLLM's "GiB"
 
 
-@dataclass(frozen=True, slots=True)
-class PoolLine:
+class PoolLine(NamedTuple):
     """A pool size the engine printed: ``tokens`` (SGLang ``#tokens`` / ``max_total_num_tokens``, vLLM ``GPU KV
     cache size``); ``kv_bytes``: the pool's bytes on one rank where stated (SGLang ``KV size``, 2 decimals of GiB);
     ``mha``: the pool is a K/V (MHA) pool, not an MLA one."""
@@ -49,23 +48,20 @@ class PoolLine:
     max_prefill_tokens: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AvailableLine:
+class AvailableLine(NamedTuple):
     """vLLM's ``Available KV cache memory`` (bytes, from 2 decimals of GiB)."""
 
     available_bytes: float
 
 
-@dataclass(frozen=True, slots=True)
-class ConcurrencyLine:
+class ConcurrencyLine(NamedTuple):
     """vLLM's ``Maximum concurrency for L tokens per request: X x``."""
 
     context_len: int
     concurrency: float
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillLine:
+class PrefillLine(NamedTuple):
     """One SGLang prefill batch: new and cached tokens, the pool's usage, the queues, and the prompt tokens per
     second since the previous prefill line (``throughput``; None in releases that did not print it)."""
 
@@ -78,8 +74,7 @@ class PrefillLine:
     throughput: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeLine:
+class DecodeLine(NamedTuple):
     """One SGLang decode-batch line (every ``decode_log_interval`` decode steps): the batch, the pool's used
     tokens and usage, and the generated tokens per second since the previous decode line."""
 
@@ -90,8 +85,7 @@ class DecodeLine:
     queued: int
 
 
-@dataclass(frozen=True, slots=True)
-class StatsLine:
+class StatsLine(NamedTuple):
     """vLLM's periodic stats line (averages over the logging interval); ``usage`` and ``hit_rate`` as fractions."""
 
     prompt_throughput: float
@@ -105,8 +99,8 @@ class StatsLine:
 Record = PoolLine | AvailableLine | ConcurrencyLine | PrefillLine | DecodeLine | StatsLine
 MALFORMED = "malformed"
 
-_INT = rb"([0-9][0-9,]*)"
-_NUM = rb"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_INT = rb"([0-9]+(?:,[0-9]{3})*)"  # digit groups of three (vLLM prints 569,600)
+_NUM = rb"([0-9]+(?:,[0-9]{3})*(?:\.[0-9]+)?)"
 _SG_POOL = re.compile(
     rb"KV Cache is allocated\. .*?#tokens: " + _INT + rb", (?:KV size: " + _NUM + rb" GB|(K size): " + _NUM + rb" GB)"
 )
@@ -118,7 +112,7 @@ _SG_PREFILL = re.compile(
     + rb", (?:full )?token usage: " + _NUM + rb", .*?#running-req: " + _INT + rb", #queue-req: " + _INT
     + rb"(?:.*?input throughput \(token/s\): " + _NUM + rb")?"
 )  # fmt: skip
-_SG_DECODE = re.compile(
+DECODE_PATTERN = re.compile(
     rb"Decode batch(?: \[\d+\])?[.,] #running-req: " + _INT + rb", #(?:full )?token: " + _INT
     + rb", (?:full )?token usage: " + _NUM + rb", .*?gen throughput \(token/s\): " + _NUM + rb", #queue-req: " + _INT
 )  # fmt: skip
@@ -157,7 +151,7 @@ def _num(text: bytes | None) -> float | None:
 
 def _sglang(raw: bytes) -> Record | str | None:
     if b"Decode batch" in raw:
-        if (m := _SG_DECODE.search(raw)) is None:
+        if (m := DECODE_PATTERN.search(raw)) is None:
             return MALFORMED
         g = m.groups()
         return DecodeLine(_int(g[0]), _int(g[1]), _num(g[2]), _num(g[3]), _int(g[4]))
@@ -202,11 +196,12 @@ def _vllm(raw: bytes) -> Record | str | None:
         out.append(AvailableLine(_num(m.group(1)) * GIB))
     if not out:
         return None
-    return out[0] if len(out) == 1 else tuple(out)  # the merged capacity line carries two
+    return out[0] if len(out) == 1 else out  # the merged capacity line carries two (a list)
 
 
-def parse_line(raw: bytes) -> Record | tuple[Record, ...] | str | None:
-    """The record(s) of one log line, ``None`` (not a line of interest) or ``MALFORMED``."""
+def parse_line(raw: bytes) -> Record | list[Record] | str | None:
+    """The record of one log line (a list of two for vLLM's merged capacity line), ``None`` (not a line of
+    interest) or ``MALFORMED``. Records are named tuples (cheap to build: a log has millions of lines)."""
     try:
         for marker in _MARKERS:
             if marker in raw:
@@ -220,6 +215,7 @@ def parse_line(raw: bytes) -> Record | tuple[Record, ...] | str | None:
 
 
 __all__ = [
+    "DECODE_PATTERN",
     "GIB",
     "MALFORMED",
     "AvailableLine",

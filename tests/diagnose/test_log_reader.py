@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsakv.cli import main
 from dsakv.errors import DsakvError
@@ -102,3 +104,42 @@ def test_prometheus_text_of_both_engines(tmp_path):
     bad.write_text("vllm:x{le= 1 2 3\n")
     with pytest.raises(DsakvError, match="not Prometheus text"):
         read_metrics(str(bad))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**64),
+            st.integers(0, 2**64),
+            st.integers(0, 100),
+            st.integers(0, 10**7),
+            st.integers(0, 2**64),
+            st.booleans(),
+            st.sampled_from(["Decode batch, ", "Decode batch. ", "Prefill "]),
+        ),
+        max_size=30,
+    )
+)
+def test_fast_decode_path_reads_what_the_line_parser_reads(tmp_path_factory, rows):
+    """The reader's fast path for decode lines gives the same figures as ``parse_line`` of every line."""
+    lines = []
+    for running, tokens, usage, tput, queued, grouped, head in rows:
+        tok = f"{tokens:,}" if grouped else str(tokens)
+        lines.append(f"[x] {head}#running-req: {running}, #token: {tok}, token usage: {usage / 100:.2f}, "
+                     f"gen throughput (token/s): {tput / 100:.2f}, #queue-req: {queued}, ")  # fmt: skip
+    path = tmp_path_factory.mktemp("logs") / "p.log"
+    path.write_text("".join(line + "\n" for line in lines))
+    fast = read_log(str(path))
+    from dsakv.telemetry import log_reader
+
+    original = log_reader._fast_decode
+    log_reader._fast_decode = lambda *a: False
+    try:
+        slow = read_log(str(path))
+    finally:
+        log_reader._fast_decode = original
+    assert fast.counts() == slow.counts() and fast.decode.items == slow.decode.items
+    assert fast.gaps.items == slow.gaps.items
+    assert (fast.queued_lines, fast.queued_free_lines, fast.queued_min_usage) == (
+        slow.queued_lines, slow.queued_free_lines, slow.queued_min_usage)  # fmt: skip
