@@ -36,6 +36,14 @@ SAVING_SHORTFALL = 0.7  # fires when the prefill saving is below this share of t
 CONTEXT_SHARE = 0.25
 MIN_DECODE_POINTS = 8
 CELL_RATIO_LIMIT = 2.0  # a logged per-token size this far from the model's: another model's log
+KNOB_HINTS = {  # explain_tokens' knobs -> where an operator sets them
+    "indexer schedule": "the checkpoint's indexer schedule (config.json indexer_types, index_topk_pattern or "
+    "index_topk_freq + index_skip_topk_offset)",
+    "dcp": "the decode-context-parallel size (the indexer K is replicated on every DCP rank)",
+    "mtp": "the speculative (MTP) draft layers",
+    "kv dtype": "the KV cache dtype (--kv-cache-dtype)",
+    "kpool": "index_kpool",
+}
 
 
 @dataclass(frozen=True)
@@ -102,10 +110,11 @@ def pool_size(facts: LogFacts, cfg: SimConfig, setup: SimSetup) -> Verdict:
         return Verdict("pool_size", False, figures, f"{ex.verdict}: nothing to change")
     if ex.explained:
         best = next(c for c in ex.candidates if c.exact)
+        configured = f" (configured: {setup.spec.num_full_indexer_layers} full indexer layers, DCP {setup.setting.dcp})"
         advice = (
-            f"{best.label} explains the pool exactly ({ex.logged_tokens:,} tokens, {ex.gap_tokens / ex.planned_tokens:+.1%}"
-            f" vs the plan's {ex.planned_tokens:,}): check the engine's {' and '.join(best.changes)} "
-            "(config.json indexer_types / index_topk_freq, --dcp-size, --speculative-*, --kv-cache-dtype)"
+            f"{best.label}{configured} explains the pool exactly: {ex.logged_tokens:,} tokens, "
+            f"{ex.gap_tokens / ex.planned_tokens:+.1%} vs the plan's {ex.planned_tokens:,}; check "
+            + "; ".join(KNOB_HINTS.get(k, k) for k in best.changes)
         )
     else:
         advice = ex.verdict

@@ -46,6 +46,7 @@ class PoolLine(NamedTuple):
     mha: bool = False
     context_len: int | None = None
     max_prefill_tokens: int | None = None
+    max_running: int | None = None  # SGLang max_running_requests
 
 
 class AvailableLine(NamedTuple):
@@ -105,7 +106,8 @@ _SG_POOL = re.compile(
     rb"KV Cache is allocated\. .*?#tokens: " + _INT + rb", (?:KV size: " + _NUM + rb" GB|(K size): " + _NUM + rb" GB)"
 )
 _SG_MAX = re.compile(
-    rb"max_total_num_tokens=" + _INT + rb"(?:.*?max_prefill_tokens=" + _INT + rb")?(?:.*?context_len=" + _INT + rb")?"
+    rb"max_total_num_tokens=" + _INT + rb"(?:.*?max_prefill_tokens=" + _INT + rb")?"
+    rb"(?:.*?max_running_requests=" + _INT + rb")?(?:.*?context_len=" + _INT + rb")?"
 )
 _SG_PREFILL = re.compile(
     rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: " + _INT + rb", #new-token: " + _INT + rb", #cached-token: " + _INT
@@ -167,8 +169,8 @@ def _sglang(raw: bytes) -> Record | str | None:
         return PoolLine("sglang", _int(tokens), None if mha else _num(kv) * GIB, mha=mha is not None)
     if (m := _SG_MAX.search(raw)) is None:
         return MALFORMED
-    tokens, prefill, context = (None if g is None else _int(g) for g in m.groups())
-    return PoolLine("sglang", tokens, context_len=context, max_prefill_tokens=prefill)
+    tokens, prefill, running, context = (None if g is None else _int(g) for g in m.groups())
+    return PoolLine("sglang", tokens, context_len=context, max_prefill_tokens=prefill, max_running=running)
 
 
 def _vllm(raw: bytes) -> Record | str | None:

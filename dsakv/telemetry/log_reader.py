@@ -105,7 +105,8 @@ class LogFacts:
     decode_lines: int = 0
     stats_lines: int = 0
     queued_lines: int = 0  # decode / stats lines with requests queued (a prefill line's queue is its token budget's)
-    queued_free_lines: int = 0  # ... of those with the pool at most QUEUED_FREE_USAGE full
+    queued_free_lines: int = 0  # ... of those with the pool at most QUEUED_FREE_USAGE full and the batch below the cap
+    max_running: int | None = None  # SGLang max_running_requests: a full batch queues whatever the pool
     queued_min_usage: float | None = None  # lowest usage seen while requests were queued
     prefill: BoundedSample = field(default_factory=BoundedSample)
     decode: BoundedSample = field(default_factory=BoundedSample)
@@ -193,11 +194,12 @@ class _Gaps:
             gaps.skip()
 
 
-def _queued(facts: LogFacts, queued: int, usage: float | None) -> None:
+def _queued(facts: LogFacts, queued: int, usage: float | None, running: int) -> None:
     if queued <= 0 or usage is None:
         return
     facts.queued_lines += 1
-    if usage <= QUEUED_FREE_USAGE:
+    capped = facts.max_running is not None and running >= facts.max_running
+    if usage <= QUEUED_FREE_USAGE and not capped:
         facts.queued_free_lines += 1
     if facts.queued_min_usage is None or usage < facts.queued_min_usage:
         facts.queued_min_usage = usage
@@ -208,7 +210,7 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
         facts.decode_lines += 1
         facts.decode.offer(rec)
         gaps.decode(rec.running, rec.tokens, rec.throughput)
-        _queued(facts, rec.queued, rec.usage)
+        _queued(facts, rec.queued, rec.usage, rec.running)
     elif isinstance(rec, PrefillLine):
         facts.prefill_lines += 1
         facts.new_tokens += rec.new_tokens
@@ -220,7 +222,7 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
     elif isinstance(rec, StatsLine):
         facts.stats_lines += 1
         facts.stats.offer(rec)
-        _queued(facts, rec.waiting, rec.usage)
+        _queued(facts, rec.waiting, rec.usage, rec.running)
     elif isinstance(rec, PoolLine):
         if rec.kv_bytes is not None or rec.mha:
             facts.pool_kv_bytes, facts.mha_pool = rec.kv_bytes, rec.mha
@@ -228,6 +230,8 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
             facts.context_len = rec.context_len
         if rec.max_prefill_tokens is not None:
             facts.max_prefill_tokens = rec.max_prefill_tokens
+        if rec.max_running is not None:
+            facts.max_running = rec.max_running
         facts.pool = rec
     elif isinstance(rec, AvailableLine):
         facts.available_bytes = rec.available_bytes
@@ -263,7 +267,7 @@ def _fast_decode(raw: bytes, at: int, facts: LogFacts, gaps: _Gaps) -> bool:
         sample.seen += 1
     gaps.decode(running, tokens, throughput)
     if queued > 0:
-        _queued(facts, queued, usage)
+        _queued(facts, queued, usage, running)
     if facts.engine is None:
         facts.engine = "sglang"
     return True

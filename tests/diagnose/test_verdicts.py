@@ -87,3 +87,9 @@ def test_diagnose_json_lists_every_verdict(write_log, sglang, capsys):
     assert [v["name"] for v in out["verdicts"]] == list(VERDICTS)
     assert {v["fires"] for v in out["verdicts"]} <= {True, False, None}
     assert all(isinstance(v["figures"], dict) and v["advice"] for v in out["verdicts"])
+
+
+def test_a_queue_behind_a_full_batch_is_not_a_page_reservation(write_log, sglang, plan):
+    capped = sglang.pool(580096, 29.14) + [sglang.decode(256, 300000, 6000.0, usage=0.52, queue=30)] * 5
+    v = verdicts(write_log(capped), plan)["long_request_admission"]  # max_running_requests=256: the cap queues them
+    assert v.fires is False and v.figures["queued_lines"] == 5
