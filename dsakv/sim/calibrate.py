@@ -149,8 +149,10 @@ def _select(jac: np.ndarray, names: tuple[str, ...]) -> tuple[list[str], dict[st
 
 def _fit(model: _Model, values: dict[str, float], free: list[str]) -> dict[str, float]:
     """``values`` with each unit of ``free`` scaled by its fitted factor (an efficiency stays at most 1)."""
-    from scipy.optimize import least_squares
-
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        raise DsakvError("calibrate needs scipy: pip install 'dsakv[calibrate]'") from None
     if not free:
         return values
     # a unit's factor may raise its efficiencies up to 1 at most: log(1 / the largest of them)

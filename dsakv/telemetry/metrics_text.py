@@ -87,7 +87,10 @@ def _take(facts: MetricFacts, name: str, labels: dict, value: float) -> None:
 
 
 def read_metrics(path: str) -> MetricFacts:
-    from prometheus_client.parser import text_fd_to_metric_families
+    try:
+        from prometheus_client.parser import text_fd_to_metric_families
+    except ImportError:
+        raise DsakvError("--metrics needs prometheus_client: pip install 'dsakv[metrics]'") from None
 
     facts = MetricFacts(path)
     try:
