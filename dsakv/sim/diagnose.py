@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from dsakv.errors import DsakvError
 from dsakv.planner.diagnose import explain_tokens
 from dsakv.sim.config import SimConfig, SimSetup
 from dsakv.spec.patterns import indexer_patterns
+from dsakv.telemetry.log_lines import PoolLine
 from dsakv.telemetry.log_reader import LogFacts
 from dsakv.telemetry.metrics_text import MetricFacts
 
@@ -285,6 +286,8 @@ def diagnose(facts: LogFacts, metrics: MetricFacts | None, cfg: SimConfig, setup
             f"{facts.malformed_lines:,} malformed)"
         )
     _check_model(facts, setup)
+    if facts.pool is None and metrics is not None and metrics.pool_tokens:  # the scrape's pool, when the log has none
+        facts = replace(facts, pool=PoolLine("metrics", metrics.pool_tokens))
     return (
         pool_size(facts, cfg, setup),
         long_request_admission(facts, setup),

@@ -93,3 +93,12 @@ def test_a_queue_behind_a_full_batch_is_not_a_page_reservation(write_log, sglang
     capped = sglang.pool(580096, 29.14) + [sglang.decode(256, 300000, 6000.0, usage=0.52, queue=30)] * 5
     v = verdicts(write_log(capped), plan)["long_request_admission"]  # max_running_requests=256: the cap queues them
     assert v.fires is False and v.figures["queued_lines"] == 5
+
+
+def test_the_pool_comes_from_the_metrics_scrape_when_the_log_has_none(write_log, sglang, tmp_path, capsys):
+    log = write_log([sglang.decode(4, 9000, 300.0)] * 3)
+    scrape = tmp_path / "metrics.txt"
+    scrape.write_text("# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens 555584\n")
+    assert main(["diagnose", "--log", log, "--metrics", str(scrape), "--json"]) == 0
+    pool = json.loads(capsys.readouterr().out)["verdicts"][0]
+    assert pool["fires"] is True and pool["figures"]["explained_by"][0] == "39 full indexer layers"
