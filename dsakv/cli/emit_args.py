@@ -1,7 +1,8 @@
 """``dsakv simulate`` flags of the log round trip: ``--emit-log FILE --log-format sglang|vllm [--log-interval N]``
 (the run's log in an engine's format, ``dsakv.sim.emitlog``) and ``--step-settings FILE`` (the roofline's
 efficiencies from ``dsakv calibrate --log``, ``dsakv.sim.step_settings``). Kept apart from ``cli/simulate.py``:
-that module calls ``add_emit_arguments``, ``step_settings`` and ``emit_run`` and nothing else of this one."""
+that module calls ``add_emit_arguments``, ``step_settings``, ``check_emit_args`` and ``emit_run`` and nothing else of
+this one."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ def add_emit_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--step-settings", metavar="FILE", help="roofline efficiencies from dsakv calibrate --log --out")
 
 
+def check_emit_args(args: argparse.Namespace, runs: int) -> None:
+    """``--emit-log`` writes one run's log: not with a sweep or a router comparison (``runs`` > 1)."""
+    if args.emit_log and (args.sweep or runs > 1):
+        raise DsakvError("--emit-log writes one run's log: give it without --sweep or a comma list of --router")
+    if not args.emit_log and (args.log_interval is not None or args.log_format != "sglang"):
+        raise DsakvError("--log-format / --log-interval shape the log --emit-log FILE writes: give --emit-log")
+
+
 def step_settings(args: argparse.Namespace) -> Settings:
     return () if args.step_settings is None else load_step_settings(args.step_settings)
 
@@ -52,4 +61,4 @@ def emit_run(args: argparse.Namespace, cfg: SimConfig, requests: Iterable, run: 
         return simulate(cfg, requests, analytic_decode=False, step_observer=emitter, **kwargs)
 
 
-__all__ = ["add_emit_arguments", "emit_run", "step_settings"]
+__all__ = ["add_emit_arguments", "check_emit_args", "emit_run", "step_settings"]

@@ -22,7 +22,7 @@ from rich.console import Console
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import WRITE_POLICIES
-from dsakv.cli.emit_args import add_emit_arguments, emit_run, step_settings
+from dsakv.cli.emit_args import add_emit_arguments, check_emit_args, emit_run, step_settings
 from dsakv.cli.gpu_args import (
     add_gpu_arguments,
     available_bytes,
@@ -328,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     setup = build_setup(cfg)  # impossible settings are reported here, before any trace is read
     show_bar = sys.stderr.isatty() and not args.json
     routers = parse_routers(args.router)
+    check_emit_args(args, len(routers))
     if (args.ray or args.ray_address) and not (args.sweep or len(routers) > 1):
         raise DsakvError("--ray / --ray-address: run sweep points; give --sweep or a comma list of --router")
     if args.ray and args.ray_address:

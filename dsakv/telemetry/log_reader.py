@@ -180,11 +180,17 @@ class _Gaps:
     def decode(self, running: int, tokens: int, throughput: float) -> None:
         k = self.facts.decode_log_interval
         step = ("decode", running, tokens, k)
-        own = self._add(self.since_decode, step)
-        if own is not None and throughput > 0 and running:
-            self._offer("decode", k * running / throughput, own)
+        steps = self.since_decode
+        if steps is not None and len(steps) < MAX_GAP_STEPS and throughput > 0 and running:
+            gaps = self.facts.gaps
+            if gaps.wants():  # the gap is built only when the sample keeps it
+                steps.append(step)
+                gaps.offer(Gap("decode", k * running / throughput, tuple(steps)))
+            else:
+                gaps.skip()
         self.since_decode = []
-        self.since_prefill = self._add(self.since_prefill, step)
+        # prefill gaps are measured only when every decode step is printed (k = 1)
+        self.since_prefill = self._add(self.since_prefill, step) if k == 1 else None
 
     def _offer(self, kind: str, seconds: float, steps: list[tuple]) -> None:
         gaps = self.facts.gaps

@@ -78,3 +78,15 @@ def test_calibrate_refuses_a_vllm_log_and_bad_settings_files(tmp_path, capsys):
     bad.write_text(json.dumps({"format": "dsakv-step-settings", "version": 1, "settings": {"warp_speed": 2}}))
     assert main(["simulate", "--scenario", "chat", "--step-settings", str(bad)]) == 1
     assert "settings.warp_speed: must be one of" in capsys.readouterr().err
+
+
+def test_emit_log_is_one_runs_and_its_flags_need_it(tmp_path, capsys):
+    log = str(tmp_path / "x.log")
+    assert main(["simulate", "--scenario", "chat", "--emit-log", log, "--sweep", "chunk_tokens=2048,4096"]) == 1
+    assert "one run's log" in capsys.readouterr().err
+    assert main(["simulate", "--scenario", "chat", "--log-format", "vllm"]) == 1
+    assert "give --emit-log" in capsys.readouterr().err
+    assert main(["simulate", "--scenario", "chat", "--emit-log", log, "--log-format", "trt"]) == 1
+    assert "--log-format = 'trt': must be one of sglang, vllm" in capsys.readouterr().err
+    assert main(["simulate", "--scenario", "chat", "--emit-log", log, "--instances", "2"]) == 1
+    assert "one instance" in capsys.readouterr().err
