@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             k.kind, f"{k.gaps:,}", f"{k.median_abs_error:.2%}", f"{k.rms_error:.2%}", f"{k.median_abs_error_before:.2%}"
         )
     console.print(e)
+    for note in cal.notes:
+        console.print(f"note: {note}")
     if args.out:
         console.print(f"settings written to {args.out} (dsakv simulate --step-settings {args.out})")
     return 0

@@ -74,10 +74,12 @@ class Calibration:
     errors: tuple[KindError, ...]
     gaps: int
     settings: dict[str, float]  # the determined fields' fitted values: what a settings file holds
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {
             "gaps": self.gaps,
+            "notes": list(self.notes),
             "settings": self.settings,
             "fields": [f.to_dict() for f in self.fields],
             "errors": [e.to_dict() for e in self.errors],
@@ -90,8 +92,10 @@ def _step_shape(step: tuple, page_tokens: int) -> tuple[list[tuple[int, int]], l
         _, new, context, seqs, _ = step
         each, ctx = max(new // seqs, 1), context // seqs
         return [(each, ctx)] * seqs, []
-    _, running, tokens, _ = step
-    mean = max(round(tokens / running - page_tokens / 2), 1)
+    _, running, tokens, repeat = step
+    # the line printed the batch after the last of its `repeat` steps: on average the steps saw (repeat - 1) / 2
+    # tokens less per request, and each request's last page is half full
+    mean = max(round(tokens / running - page_tokens / 2 - (repeat - 1) / 2), 1)
     return [], [mean] * running
 
 
@@ -208,9 +212,9 @@ def calibrate(facts: LogFacts, base: RooflineStepTime, page_tokens: int) -> Cali
     before = model.residuals(start)
     units = tuple(FIT_UNITS)
     values, free = dict(start), []
-    for _ in range(2):
+    for _ in range(2):  # the second selection is made at the first fit; its fit starts again from the start
         free, _ = _select(_jacobian(model, values, units), units)
-        values = _fit(model, values, free)
+        values = _fit(model, start, free)
     _, influence = _select(_jacobian(model, values, units), units)  # reported at the fitted point
     after = model.residuals(values)
     unit_of = {f: u for u, fs in FIT_UNITS.items() for f in fs}
@@ -218,7 +222,13 @@ def calibrate(facts: LogFacts, base: RooflineStepTime, page_tokens: int) -> Cali
         FieldFit(n, unit_of[n], start[n], values[n], unit_of[n] in free, influence[unit_of[n]]) for n in FIT_FIELDS
     )
     settings = {f.name: f.value for f in fields if f.determined}
-    return Calibration(fields, _kind_errors(model, gaps, before, after), len(gaps), settings)
+    notes = []
+    if facts.decode_log_interval > 1:
+        notes.append(
+            f"decode lines every {facts.decode_log_interval} steps: each covers its steps with the batch it printed; "
+            "run the server with --decode-log-interval 1 for a step-exact fit (and prefill lines' gaps)"
+        )
+    return Calibration(fields, _kind_errors(model, gaps, before, after), len(gaps), settings, tuple(notes))
 
 
 __all__ = ["FIT_FIELDS", "FIT_UNITS", "Calibration", "FieldFit", "KindError", "calibrate"]
