@@ -19,12 +19,12 @@ TRUTH = {  # hbm bandwidth, the step overhead and the prefill compute (its three
 }
 
 
-def _trace(path, n: int, seed: int = 1) -> str:
+def _trace(path, n: int, seed: int = 1, outputs: tuple[int, int] = (60, 200)) -> str:
     r, hid, rows = random.Random(seed), 0, []
     for _ in range(n):
         length = r.randint(2500, 6000)
         pages = -(-length // 512)
-        rows.append({"timestamp": 0, "input_length": length, "output_length": r.randint(60, 200),
+        rows.append({"timestamp": 0, "input_length": length, "output_length": r.randint(*outputs),
                      "hash_ids": list(range(hid, hid + pages))})  # fmt: skip
         hid += pages
     path.write_text("".join(json.dumps(x) + "\n" for x in rows))
@@ -97,7 +97,7 @@ def test_calibrate_from_sglangs_default_interval_still_finds_the_bandwidth(tmp_p
     dominant unit still comes back within 5 %, and the report says how to get a step-exact fit."""
     settings = tmp_path / "truth.json"
     settings.write_text(json.dumps({"format": "dsakv-step-settings", "version": 1, "settings": TRUTH}))
-    trace, log = _trace(tmp_path / "t.jsonl", 60), str(tmp_path / "sg.log")
+    trace, log = _trace(tmp_path / "t.jsonl", 60, outputs=(400, 800)), str(tmp_path / "sg.log")
     assert main(["simulate", "--trace", trace, "--max-concurrency", "16", "--schedule-policy", "prefill_first",
                  "--max-batched-tokens", "8192", "--step-settings", str(settings), "--emit-log", log, "--json"]) == 0  # fmt: skip
     capsys.readouterr()
