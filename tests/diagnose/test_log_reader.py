@@ -143,3 +143,18 @@ def test_fast_decode_path_reads_what_the_line_parser_reads(tmp_path_factory, row
     assert fast.gaps.items == slow.gaps.items
     assert (fast.queued_lines, fast.queued_free_lines, fast.queued_min_usage) == (
         slow.queued_lines, slow.queued_free_lines, slow.queued_min_usage)  # fmt: skip
+
+
+PIECES = [b"Decode batch, ", b"Prefill batch, ", b"#running-req: ", b"#token: ", b"token usage: ", b"#queue-req: ",
+          b"gen throughput (token/s): ", b"KV Cache is allocated. ", b"#tokens: ", b"KV size: ", b" GB", b"GPU KV cache size: ",
+          b"Avg prompt throughput: ", b"max_total_num_tokens=", b"9" * 25, b"1,024", b"0.5", b", ", b"\xff", b"x"]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(PIECES) | st.binary(max_size=8), max_size=24))
+def test_no_line_raises(pieces):
+    """Whatever a line holds (engine words in any order, huge numbers, bad UTF-8), it parses to a record, None or
+    MALFORMED: never an exception."""
+    line = b"".join(pieces).replace(b"\n", b" ")
+    result = parse_line(line)
+    assert result is None or result == MALFORMED or isinstance(result, (tuple, list))  # records are named tuples
