@@ -283,6 +283,7 @@ def read_log(path: str) -> LogFacts:
     """One streaming pass over the log at ``path`` (see the module's docstring)."""
     facts = LogFacts(path)
     gaps = _Gaps(facts)
+    number = 0
     for number, raw in enumerate(_lines(path), 1):
         at = raw.find(b"Decode batch")
         if at >= 0 and _fast_decode(raw, at, facts, gaps):
@@ -301,7 +302,7 @@ def read_log(path: str) -> LogFacts:
         else:
             for r in rec if isinstance(rec, list) else (rec,):
                 _take(facts, r, gaps)
-    facts.lines = number if "number" in locals() else 0
+    facts.lines = number
     return facts
 
 
