@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from dsakv.errors import DsakvError
 
-COMMANDS = ("plan", "demo", "simulate", "generate")
+COMMANDS = ("plan", "demo", "simulate", "generate", "diagnose", "calibrate")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,6 +22,7 @@ from rich.console import Console
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import WRITE_POLICIES
+from dsakv.cli.emit_args import add_emit_arguments, check_emit_args, emit_run, step_settings
 from dsakv.cli.gpu_args import (
     add_gpu_arguments,
     available_bytes,
@@ -197,6 +198,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     o.add_argument("--out", help="directory for config.json, summary.json, requests.jsonl and PNG plots")
     o.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
     o.add_argument("--json", action="store_true", help="print every figure as JSON")
+    add_emit_arguments(p)
     return p
 
 
@@ -290,6 +292,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         kv_events=args.kv_events,
         kv_events_replay=args.kv_events_replay,
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)
+        step_settings=step_settings(args),
         workers=1 if args.sweep or len(routers) > 1 or args.workers is None else parse_int("--workers", args.workers),
     )
     source = Source(
@@ -325,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     setup = build_setup(cfg)  # impossible settings are reported here, before any trace is read
     show_bar = sys.stderr.isatty() and not args.json
     routers = parse_routers(args.router)
+    check_emit_args(args, len(routers))
     if (args.ray or args.ray_address) and not (args.sweep or len(routers) > 1):
         raise DsakvError("--ray / --ray-address: run sweep points; give --sweep or a comma list of --router")
     if args.ray and args.ray_address:
@@ -355,7 +359,9 @@ def run(args: argparse.Namespace) -> int:
             record_sink=None if rows is None else rows.add,
         )
         try:
-            if cfg.workers > 1:  # each worker reads the source again
+            if args.emit_log:  # one group, step by step, its log written as it runs (cli/emit_args.py)
+                result = emit_run(args, cfg, opened.requests, run)
+            elif cfg.workers > 1:  # each worker reads the source again
                 result = run_sharded(cfg, partial(source_requests, source), **run).result
             else:
                 result = run_simulation(cfg, opened.requests, **run)

@@ -33,6 +33,7 @@ from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
 from dsakv.sim.routing import ROUTERS, SHARDABLE_ROUTERS
+from dsakv.sim.step_settings import apply_step_settings
 from dsakv.sim.steptime import (
     MOE_A2A,
     ConstantStepTime,
@@ -126,6 +127,9 @@ class SimConfig:
     kv_events_replay: str | None = None
     page_keys: str = "digest"
     workers: int = 1
+    # the roofline's efficiencies / fixed costs replaced, as (field, value) pairs (``dsakv.sim.step_settings``:
+    # ``dsakv simulate --step-settings FILE``, written by ``dsakv calibrate --log``)
+    step_settings: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GpuSetting):
@@ -329,6 +333,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
             mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
         )
+    step_time = apply_step_settings(step_time, cfg.step_settings)
     chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
     sched = SchedulerConfig(
         max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),

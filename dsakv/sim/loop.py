@@ -133,6 +133,8 @@ class Simulation:
     ) -> None:
         self.cfg, self.setup = cfg, setup
         self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
+        # called as observer(sim, plan, start_s, end_s) after each step run_step applies (``sim.emitlog``)
+        self.step_observer: Callable[[Simulation, BatchPlan, float, float], None] | None = None
         self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
         # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink: a
         # cluster's KV-aware or oracle router)
@@ -366,6 +368,8 @@ class Simulation:
             self.leave(req, end, "finished")
         counters.steps += 1
         self.observe(end)
+        if self.step_observer is not None:
+            self.step_observer(self, plan, now, end)
         return end
 
     # ----- runs of steps advanced at once ------------------------------------------------------------
@@ -561,6 +565,7 @@ def simulate(
     check_every: int = 0,
     analytic_decode: bool = True,
     record_sink: Callable[[RequestRecord], None] | None = None,
+    step_observer: Callable[[Simulation, BatchPlan, float, float], None] | None = None,
 ) -> SimResult:
     """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
 
@@ -571,8 +576,11 @@ def simulate(
     ``analytic_decode``: advance runs of plain decode steps at once (the same records and figures as step by
     step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them). ``record_sink`` is called with
     each request's record as the request leaves (in finish order; ``dsakv.sim.rowstream.RowStream.add``).
+    ``step_observer`` is called after each step ``run_step`` applies (``Simulation.step_observer``; steps advanced
+    as a run are not seen: pass ``analytic_decode=False`` to see every step).
     """
     sim = Simulation(
         cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode, record_sink=record_sink
     )
+    sim.step_observer = step_observer
     return sim.run(progress, check_every)
