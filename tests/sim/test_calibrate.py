@@ -42,12 +42,13 @@ def test_calibrate_prints_rows_and_exits_by_band(tmp_path, calibrate, capsys):
     probe = _write(tmp_path, {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "p50"], "out_tok_s": 1.0})
     calibrate.main(["--anchors", probe, "--json"])
     ours = {r["metric"]: r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]}
-    inside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"] * 1.2, "mean"], "ttft_ms": [ours["ttft_ms"] * 1.9, "p50"]})
+    inside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"] * 1.2, "mean"], "ttft_ms": [ours["ttft_ms"] * 1.5, "p50"]})
     assert calibrate.main(["--anchors", inside, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["metric"] for r in out["rows"]] == ["tpot_ms", "ttft_ms"]
     assert out["rows"][0]["ratio"] == pytest.approx(1.2) and all(r["band_ok"] for r in out["rows"])
-    # A rate: dsakv / published; 0.7 is outside 0.75-1.33.
+    # The bands: TTFT 0.6-1.6 (1.9 is out), a rate dsakv / published within 0.8-1.25 (0.7 is out).
+    assert calibrate.main(["--anchors", _write(tmp_path, {"ttft_ms": [ours["ttft_ms"] * 1.9, "p50"]})]) == 1
     outside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"], "mean"], "out_tok_s": ours["out_tok_s"] / 0.7})
     assert calibrate.main(["--anchors", outside]) == 1
     assert "OUT" in capsys.readouterr().out
