@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import sys
 
 import pytest
@@ -259,3 +260,122 @@ def test_gpustack_rows_leave_mem_and_kv_to_the_engines_defaults(calibrate, share
     assert calibrate.engine_mem_fraction(sgl) == calibrate.sglang_mem_fraction_static(143_771, 8, 8, False) == 0.769
     assert calibrate.engine_mem_fraction(vllm) == calibrate.VLLM_GPU_MEMORY_UTILIZATION
     assert calibrate.sim_config(vllm).kv_dtype == "bf16"
+
+
+def _write_rows(tmp_path, rows: list[dict]) -> str:
+    """An anchors CSV of the tiny model's rows (``id``, ``published`` and any column overridden), each with a trace
+    of four requests of 100 input and 5 output tokens."""
+    (tmp_path / "traces").mkdir(exist_ok=True)
+    lines = [json.dumps({"timestamp": 0.0, "input_length": 100, "output_length": 5, "hash_ids": [i]}) for i in range(4)]
+    header = COLUMNS.split(",") + ["engine"]
+    path = tmp_path / "anchors.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        for over in rows:
+            row = dict.fromkeys(header, "")
+            row.update(model="tiny", gpu="H200", gpus="1", dp="1", mtp="0", kv="fp8_ds_mla", conc="2", chunk="256")
+            row.update({**over, "published": json.dumps(over["published"])})
+            w.writerow(row)
+            (tmp_path / "traces" / f"{row['id']}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_row_that_cannot_be_replayed_is_an_error_row_and_the_run_goes_on(tmp_path, calibrate, capsys):
+    # DeepSeek-V3.2's ~674 GB of FP8 weights on one H200: the planner leaves no pool, so the row cannot be replayed.
+    # The run still replays the other row, reports the reason, keeps the error out of the means, and exits 1.
+    too_big = {"id": "ds-sgl-1gpu", "model": "deepseek-v3.2", "weight_dtype": "fp8", "conc": ""}
+    path = _write_rows(
+        tmp_path,
+        [
+            {**too_big, "published": {"tpot_ms": [10.0, "mean"], "out_tok_s": 100.0}},
+            {"id": "tiny-sgl", "published": {"tpot_ms": [1.0, "mean"]}},
+        ],
+    )
+    assert calibrate.main(["--anchors", path, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    errors = [r for r in out["rows"] if r.get("error")]
+    assert [r["metric"] for r in errors] == ["tpot_ms", "out_tok_s"]
+    assert all(r["id"] == "ds-sgl-1gpu" and r["dsakv"] is None and r["ratio"] is None for r in errors)
+    assert "weights" in errors[0]["error"] and not any(r["band_ok"] for r in errors)
+    good = [r for r in out["rows"] if not r.get("error")]
+    assert [r["id"] for r in good] == ["tiny-sgl"] and good[0]["dsakv"] > 0
+    assert set(out["geomean"]) == {"tpot_ms"} and out["worst"]["id"] == "tiny-sgl"
+    fam = {(f["family"], f["metric"]): f for f in out["families"]}
+    assert fam[("sglang H200 mtp-off dp-off", "out_tok_s")] == {
+        "family": "sglang H200 mtp-off dp-off", "metric": "out_tok_s", "rows": 1, "out": 0, "errors": 1,
+        "geomean": None, "worst": None,
+    }  # fmt: skip
+    assert calibrate.main(["--anchors", path]) == 1
+    text = capsys.readouterr().out
+    assert "ERROR" in text and "error: ds-sgl-1gpu: the GPU setting leaves" in text
+    # A malformed file is still refused before any replay (exit 2): an unknown metric or statistic, an --only id
+    # that is not in the file, a missing trace.
+    for i, published in enumerate(({"tput": 1.0}, {"tpot_ms": [1.0, "p42"]}, {"tpot_ms": -1})):
+        (tmp_path / f"bad{i}").mkdir()
+        assert (
+            calibrate.main(["--anchors", _write_rows(tmp_path / f"bad{i}", [{"id": "x", "published": published}])]) == 2
+        )
+    assert calibrate.main(["--anchors", path, "--only", "tiny-sgl,nope"]) == 2
+    (tmp_path / "traces" / "tiny-sgl.jsonl").unlink()
+    assert calibrate.main(["--anchors", path]) == 2
+    assert "no trace" in capsys.readouterr().err
+
+
+def test_metrics_count_what_their_sources_count(tmp_path, calibrate, capsys):
+    # "Total Token throughput" (vLLM), "Total TPS" (gpustack) and "Total tput/GPU" (InferenceX) count input + output
+    # tokens; "Output token throughput" only the output. Four requests of 100 in / 5 out on 2 GPUs with DP 2: the
+    # trace's requests are dealt over the two groups, the replay runs group 0 and counts its two once per group.
+    names = ("out_tok_s", "out_tok_s_gpu", "in_tok_s", "in_tok_s_gpu", "total_tok_s", "total_tok_s_gpu", "req_s")
+    published = {m: 1.0 for m in names}
+    published.update(duration_s=1.0, e2e_ms=[1.0, "p99"], ttft_ms=[1.0, "mean"], tpot_ms=[1.0, "mean"])
+    path = _write_rows(tmp_path, [{"id": "tiny-sgl", "gpus": "2", "dp": "2", "published": published}])
+    calibrate.main(["--anchors", path, "--json"])
+    got = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    ours = {m: r["dsakv"] for m, r in got.items()}
+    duration = ours["duration_s"]
+    assert ours["req_s"] == pytest.approx(4 / duration)
+    assert ours["out_tok_s"] == pytest.approx(4 * 5 / duration)
+    assert ours["in_tok_s"] == pytest.approx(4 * 100 / duration)
+    assert ours["total_tok_s"] == pytest.approx(ours["in_tok_s"] + ours["out_tok_s"])
+    for m in ("out_tok_s", "in_tok_s", "total_tok_s"):
+        assert ours[f"{m}_gpu"] == pytest.approx(ours[m] / 2)
+        assert got[m]["ratio"] == pytest.approx(ours[m])  # a rate: dsakv / published
+    assert got["duration_s"]["ratio"] == pytest.approx(1 / duration)  # a time: published / dsakv
+    assert ours["e2e_ms"] >= ours["ttft_ms"] + 4 * ours["tpot_ms"] * 0.999  # p99 E2E >= mean TTFT + 4 mean TPOTs
+    assert set(calibrate.METRICS) >= set(names) | {"ttft_ms", "tpot_ms", "e2e_ms", "duration_s"}
+    assert all(calibrate.METRICS[m].rate for m in names) and not calibrate.METRICS["tpot_ms"].rate
+
+
+def test_percentiles_interpolate_between_ranks_as_the_benchmark_clients_do(calibrate):
+    np = pytest.importorskip("numpy")
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0]
+    for how in ("p50", "p90", "p95", "p99"):
+        assert calibrate._stat(values, how) == pytest.approx(np.percentile(values, int(how[1:])))
+    assert calibrate._stat(values, "mean") == pytest.approx(np.mean(values))
+    assert calibrate._stat([7.0], "p99") == 7.0
+
+
+def test_families_group_rows_by_engine_gpu_mtp_and_dp(calibrate):
+    assert calibrate.family_of({"id": "x-sgl", "gpu": "B200", "mtp": "3", "dp": "8"}) == "sglang B200 mtp-on dp-on"
+    assert calibrate.family_of({"id": "x-vllm", "gpu": "H200", "mtp": "0", "dp": "1"}) == "vllm H200 mtp-off dp-off"
+    assert calibrate.family_of({"id": "x", "engine": "SGLang", "gpu": "H20", "mtp": "", "dp": ""}).startswith("sglang")
+    row = calibrate.Row
+    nan = float("nan")
+    rows = [
+        row("a", "tpot_ms", 1, 1, 2.0, False, "f1"),
+        row("b", "tpot_ms", 1, 1, 0.5, False, "f1"),
+        row("c", "tpot_ms", 1, 1, 1.1, True, "f1"),
+        row("d", "tpot_ms", 1, nan, nan, False, "f1", "weights too big"),
+        row("a", "ttft_ms", 1, 1, 1.0, True, "f1"),
+        row("e", "tpot_ms", 1, 1, 0.9, True, "f2"),
+    ]
+    lines = {(f.family, f.metric): f for f in calibrate.families(rows)}
+    assert list(lines) == [("f1", "tpot_ms"), ("f1", "ttft_ms"), ("f2", "tpot_ms")]
+    f1 = lines[("f1", "tpot_ms")]
+    assert (f1.rows, f1.out, f1.errors) == (4, 2, 1)
+    assert f1.geomean == pytest.approx((2.0 * 0.5 * 1.1) ** (1 / 3))
+    assert f1.worst in (2.0, 0.5)  # |log| ties: the first of the two
+    assert lines[("f2", "tpot_ms")].geomean == pytest.approx(0.9)
+    assert calibrate.geomeans(rows)["tpot_ms"] == pytest.approx((2.0 * 0.5 * 1.1 * 0.9) ** 0.25)
+    assert calibrate.loss(rows) == pytest.approx(sum(math.log(x) ** 2 for x in (2.0, 0.5, 1.1, 1.0, 0.9)))
