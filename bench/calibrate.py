@@ -5,7 +5,8 @@
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``; docs/calibration-data.md); its
-workload is ``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric (``METRICS``: each
+workload is ``traces/<id>.jsonl`` beside the CSV, or, when no such file is committed, the trace
+``bench/calibration/make_traces.py`` writes from the row's n / isl / osl / rate. One output row per anchor and published metric (``METRICS``: each
 named for what its sources count, e.g. ``total_tok_s`` = input + output tokens per second, vLLM's "Total Token
 throughput" and gpustack's "Total TPS"): ``id``, ``metric``, ``published``, ``dsakv``, ``ratio`` (published / dsakv
 for times, dsakv / published for rates: above 1 = dsakv too fast) and ``band_ok`` (``BANDS``: TTFT, E2E and duration
@@ -48,12 +49,14 @@ import argparse
 import csv
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import json
 import math
 import random
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +221,27 @@ def engine_mem_fraction(anchor: dict) -> float:
     )
 
 
+# vLLM's --max-num-seqs default on a GPU of >= 70 GiB under the API server (EngineArgs._set_default_args: 1024; 256
+# on smaller GPUs). SGLang without --max-running-requests takes its request pool's size, clamped to [2048, 4096]
+# (ModelRunner: max(min(pool tokens / context length x 512, 4096), 2048)): SGLANG_MAX_RUNNING, the clamp's top, is
+# the same bound as any value of the range for every row of concurrency <= 2048. Speculative decoding resets it to
+# SGLANG_SPEC_MAX_RUNNING (ServerArgs: "Max running requests is reset to 48 for speculative decoding").
+VLLM_MAX_NUM_SEQS = (1024, 256)
+SGLANG_MAX_RUNNING = 4096
+SGLANG_SPEC_MAX_RUNNING = 48
+
+
+def engine_max_running(anchor: dict) -> int:
+    """The row's ``cap`` or, when empty, its engine's default cap on running requests (``SimConfig.max_running``)."""
+    cap = _int(anchor.get("cap"))
+    if cap is not None:
+        return cap
+    if policy_of(anchor) == "mixed":
+        big, small = VLLM_MAX_NUM_SEQS
+        return big if gpu_kind(anchor["gpu"]).memory_bytes >= 70 * 2**30 else small
+    return SGLANG_SPEC_MAX_RUNNING if (_int(anchor.get("mtp"), 0) or 0) > 0 else SGLANG_MAX_RUNNING
+
+
 def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
     versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
@@ -289,7 +313,7 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,
-        max_running=_int(anchor.get("cap"), 256),
+        max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
@@ -428,8 +452,9 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     step_params.setdefault("indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
-    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
+    with tempfile.TemporaryDirectory() as tmp:
+        opened = open_source(Source(trace=str(trace_of(anchor, traces, Path(tmp)))))
+        requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
     figures = _figures(simulate(cfg, requests, setup=setup, counters=opened.counters), cfg)
     rows, family = [], family_of(anchor)
     for metric, value, how in published:
@@ -438,6 +463,26 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
         lo, hi = BANDS.get(metric, DEFAULT_BAND)
         rows.append(Row(anchor["id"], metric, value, ours, ratio, lo <= ratio <= hi, family))
     return rows
+
+
+def _make_traces():
+    spec = importlib.util.spec_from_file_location(
+        "make_traces", Path(__file__).parent / "calibration" / "make_traces.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace_of(anchor: dict, traces: Path, scratch: Path) -> Path:
+    """The row's workload: ``traces/<id>.jsonl`` when committed, else the trace ``make_traces.py`` writes from the
+    row's n / isl / osl / rate (written under ``scratch``; the same lines, so a committed copy would be identical)."""
+    committed = traces / f"{anchor['id']}.jsonl"
+    if committed.is_file():
+        return committed
+    path = scratch / f"{anchor['id']}.jsonl"
+    path.write_text("\n".join(_make_traces().trace_lines(anchor)) + "\n")
+    return path
 
 
 def replay_or_error(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
@@ -452,14 +497,20 @@ def replay_or_error(anchor: dict, traces: Path, step_params: dict | None = None)
 
 
 def check_anchors(anchors: list[dict], traces: Path) -> None:
-    """A malformed file fails before any replay (exit 2): every row has an id, known metrics and its trace."""
+    """A malformed file fails before any replay (exit 2): every row has an id, known metrics and a trace (committed,
+    or n / isl / osl to generate it from)."""
     for a in anchors:
         if not (a.get("id") or "").strip():
             raise DsakvError("an anchor row has an empty id")
         published_of(a)
         family_of(a)
         if not (traces / f"{a['id']}.jsonl").is_file():
-            raise DsakvError(f"anchor {a['id']}: no trace {traces / (a['id'] + '.jsonl')}")
+            shape = [(a.get(k) or "").strip() for k in ("n", "isl", "osl")]
+            if not all(v.isdigit() and int(v) > 0 for v in shape):
+                raise DsakvError(
+                    f"anchor {a['id']}: no trace {traces / (a['id'] + '.jsonl')} and n / isl / osl = {shape} "
+                    "are not positive integers to generate it from"
+                )
 
 
 def _ok(rows: list[Row]) -> list[Row]:
