@@ -379,3 +379,91 @@ def test_families_group_rows_by_engine_gpu_mtp_and_dp(calibrate):
     assert lines[("f2", "tpot_ms")].geomean == pytest.approx(0.9)
     assert calibrate.geomeans(rows)["tpot_ms"] == pytest.approx((2.0 * 0.5 * 1.1 * 0.9) ** 0.25)
     assert calibrate.loss(rows) == pytest.approx(sum(math.log(x) ** 2 for x in (2.0, 0.5, 1.1, 1.0, 0.9)))
+
+
+def test_a_row_without_a_committed_trace_replays_the_one_make_traces_writes(tmp_path, calibrate, capsys):
+    # fit.csv / check.csv commit no traces: the replay generates the row's trace from n / isl / osl / rate, the very
+    # lines make_traces.py would commit, so both give the same figures.
+    path = _write_rows(
+        tmp_path, [{"id": "tiny-sgl", "n": "4", "isl": "100", "osl": "5", "published": {"tpot_ms": 1.0}}]
+    )
+    calibrate.main(["--anchors", path, "--json"])
+    committed = json.loads(capsys.readouterr().out)["rows"]
+    (tmp_path / "traces" / "tiny-sgl.jsonl").unlink()
+    assert calibrate.main(["--anchors", path, "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["rows"] == committed
+    assert not (tmp_path / "traces" / "tiny-sgl.jsonl").exists()  # generated in a scratch folder, not beside the CSV
+
+
+def test_an_empty_cap_takes_the_engines_default_running_limit(calibrate):
+    # vLLM's --max-num-seqs default on a >= 70 GiB GPU is 1024 (256 below); SGLang's request pool is at least 2048
+    # (4096 at most), reset to 48 under speculative decoding; a filled cell is the row's setting.
+    row = {"id": "x-vllm-tp8", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "0", "cap": ""}
+    assert calibrate.engine_max_running(row) == 1024
+    assert calibrate.engine_max_running({**row, "gpu": "H100"}) == 1024  # 81,559 MiB
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8"}) == calibrate.SGLANG_MAX_RUNNING == 4096
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8", "mtp": "3"}) == 48
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8", "mtp": "3", "cap": "128"}) == 128
+    assert calibrate.sim_config({**row, "model": "tiny", "gpus": "1", "chunk": "256"}).max_running == 1024
+
+
+def test_calibration_files_cite_sources_and_are_split_by_source(repo_dir):
+    # fit.csv and check.csv: every row cites its public source and replays a model the simulator prices; no source
+    # page feeds both files (the check shows generalization, not interpolation), nor any id repeats.
+    folder = repo_dir / "bench" / "calibration"
+    files = {name: list(csv.DictReader((folder / name).open(newline=""))) for name in ("fit.csv", "check.csv")}
+    from dsakv.spec import PRESETS
+
+    for rows in files.values():
+        assert rows and len({r["id"] for r in rows}) == len(rows)
+        for r in rows:
+            assert r["src"].startswith("https://") and r["model"] in PRESETS and r["engine"] in ("sglang", "vllm")
+            assert json.loads(r["published"]) and int(r["n"]) > 0 and int(r["isl"]) > 0 and int(r["osl"]) > 0
+    pages = {
+        name: {r["src"].split("/blob/")[0] + r["src"].rsplit("/", 1)[-1] for r in rows} for name, rows in files.items()
+    }
+    assert not pages["fit.csv"] & pages["check.csv"]
+
+
+def test_aiconfigurator_rows_keep_what_dsakv_prices_once_each(load_file_module, repo_dir):
+    aic = load_file_module(repo_dir / "bench" / "calibration" / "from_aiconfigurator.py")
+    base = dict.fromkeys(
+        "id silicon_data_source backend backend_version model_path system precision mode isl osl gemm_quant_mode "
+        "moe_quant_mode batch_size tp_size pp_size attention_dp_size moe_tp_size moe_ep_size silicon_ttft_ms "
+        "silicon_tpot_ms".split(),
+        "",
+    )
+    base.update(
+        id="glm5_h200_c8", backend="sglang", backend_version="", model_path="zhipuai/GLM-5", system="h200_sxm",
+        mode="agg", isl="1024", osl="8192", gemm_quant_mode="fp8", moe_quant_mode="fp8_block", batch_size="8",
+        tp_size="8", pp_size="1", attention_dp_size="1", moe_tp_size="8", moe_ep_size="1", silicon_ttft_ms="363.686",
+        silicon_tpot_ms="20.344", silicon_data_source="source_file=x.csv; silicon_concurrency=8; wip=False; "
+        "image=lmsysorg/sglang:glm5-hopper",
+    )  # fmt: skip
+    r1 = {**base, "model_path": "deepseek-ai/DeepSeek-R1", "silicon_ttft_ms": "259.9", "silicon_tpot_ms": "10.29"}
+    rows = [
+        base,
+        {**base, "id": "again, another dump date"},  # the same measurement twice
+        {**base, "silicon_tpot_ms": "21.0"},  # a second measurement of the configuration
+        {**base, "moe_ep_size": "8", "moe_tp_size": "1"},  # expert parallel: not priced
+        {**base, "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"},  # FP4 weights: not priced
+        {**base, "mode": "disagg"},
+        r1,
+        {**r1, "model_path": "deepseek-ai/DeepSeek-V3"},  # filed under both names
+    ]
+    out = aic.convert(rows)
+    assert [r["id"] for r in out] == [
+        "aic-glm5-sgl-h200-tp8-1k8k-c8", "aic-glm5-sgl-h200-tp8-1k8k-c8-m2", "aic-r1-sgl-h200-tp8-1k8k-c8",
+    ]  # fmt: skip
+    first = out[0]
+    assert (first["model"], first["indexer"], first["gpu"], first["gpus"], first["conc"]) == (
+        "glm-5",
+        "1",
+        "H200",
+        "8",
+        "8",
+    )
+    assert first["n"] == str(aic.MULTI_ROUND * 8) and first["version"] == "lmsysorg/sglang:glm5-hopper"
+    assert first["kv"] == first["mem"] == first["cap"] == first["chunk"] == ""  # the dump sets none of them
+    assert json.loads(first["published"]) == {"ttft_ms": [363.686, "mean"], "tpot_ms": [20.344, "mean"]}
+    assert out[2]["model"] == "deepseek-v3.2" and out[2]["indexer"] == "0"
