@@ -95,7 +95,8 @@ def convert(rows: list[dict]) -> list[dict]:
             continue
         # DeepSeek-R1 and -V3 share one architecture and the dump files some measurements under both names.
         key = (MODELS[row["model_path"]][0],) + tuple(row[k] for k in ("system", "tp_size", "isl", "osl", "batch_size"))
-        measured = key + (row["silicon_ttft_ms"], row["silicon_tpot_ms"])
+        # The dumps carry one measurement with last-digit float differences (993.6923670582472 / ...473).
+        measured = key + (round(float(row["silicon_ttft_ms"]), 6), round(float(row["silicon_tpot_ms"]), 6))
         if measured in seen:
             continue
         seen.add(measured)

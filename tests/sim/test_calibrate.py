@@ -448,7 +448,7 @@ def test_aiconfigurator_rows_keep_what_dsakv_prices_once_each(load_file_module, 
     r1 = {**base, "model_path": "deepseek-ai/DeepSeek-R1", "silicon_ttft_ms": "259.9", "silicon_tpot_ms": "10.29"}
     rows = [
         base,
-        {**base, "id": "again, another dump date"},  # the same measurement twice
+        {**base, "id": "again, another dump date", "silicon_ttft_ms": "363.68600000000004"},  # the same, twice
         {**base, "silicon_tpot_ms": "21.0"},  # a second measurement of the configuration
         {**base, "moe_ep_size": "8", "moe_tp_size": "1"},  # expert parallel: not priced
         {**base, "gemm_quant_mode": "nvfp4", "moe_quant_mode": "nvfp4"},  # FP4 weights: not priced
