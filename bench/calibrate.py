@@ -4,11 +4,17 @@
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
-Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``); its workload is
-``traces/<id>.jsonl`` beside the CSV. One output row per anchor and published metric: ``id``, ``metric``,
-``published``, ``dsakv``, ``ratio`` (published / dsakv for times, dsakv / published for rates) and ``band_ok``
-(TTFT within 0.5-2x, every other metric within 0.75-1.33x); then the geometric mean of each metric's ratios
-and the worst row. Exit status 1 if any row is outside its band, 2 on a bad file.
+Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``; docs/calibration-data.md); its
+workload is ``traces/<id>.jsonl`` beside the CSV, or, when no such file is committed, the trace
+``bench/calibration/make_traces.py`` writes from the row's n / isl / osl / rate. One output row per anchor and published metric (``METRICS``: each
+named for what its sources count, e.g. ``total_tok_s`` = input + output tokens per second, vLLM's "Total Token
+throughput" and gpustack's "Total TPS"): ``id``, ``metric``, ``published``, ``dsakv``, ``ratio`` (published / dsakv
+for times, dsakv / published for rates: above 1 = dsakv too fast) and ``band_ok`` (``BANDS``: TTFT, E2E and duration
+within 0.6-1.6x, TPOT and throughputs within 0.8-1.25x). A row that cannot be replayed (weights larger than the GPU,
+a request that can never fit, nothing finished) is an error row, ``ERROR`` with the reason, never in band, and the
+run goes on. Then the geometric mean of each metric's ratios, the per-family summary (engine x GPU x MTP on/off x DP
+on/off: rows, out of band, errors, geometric mean, worst) and the worst row. Exit status 1 if any row is outside its
+band or an error row, 2 on a bad file (unknown metric, missing trace, unknown ``--only`` id).
 
 Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
 starts when request k - C finishes; TTFT from that moment). The scheduling policy follows the engine of the
@@ -42,12 +48,15 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
+import importlib.util
 import itertools
 import json
 import math
 import random
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +69,10 @@ from dsakv.sim.source import Source, open_source
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.workloads.traces import TraceRequest
 
-BANDS = {"ttft_ms": (0.5, 2.0)}
-DEFAULT_BAND = (0.75, 1.33)
-RATES = ("out_tok_s", "out_tok_s_gpu")
+# The bands of the step-time issue's "done when": TTFT, E2E latency and duration within 0.6-1.6, TPOT and every
+# throughput within 0.8-1.25.
+BANDS = {"ttft_ms": (0.6, 1.6), "e2e_ms": (0.6, 1.6), "e2e_per_token_ms": (0.6, 1.6), "duration_s": (0.6, 1.6)}
+DEFAULT_BAND = (0.8, 1.25)
 # A grid over the free parameters that --fit searches (``frontend_s`` is the SimConfig's front-end latency, client
 # send -> scheduler queue, the others the roofline's); gemm_eff and moe_eff are DeepGEMM's measured rates
 # (docs/steptime.md, fact 11), not fitted. --refine moves every free parameter from the defaults instead.
@@ -106,15 +116,23 @@ INFERENCEX_RANGE_RATIO = 0.8
 
 @dataclass(frozen=True)
 class Row:
+    """One published figure against the replay; an error row (``error`` set) is an anchor that could not be replayed
+    (its ``dsakv`` and ``ratio`` are NaN and it is never in band)."""
+
     id: str
     metric: str
     published: float
     dsakv: float
     ratio: float
     band_ok: bool
+    family: str = ""
+    error: str | None = None
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("id", "metric", "published", "dsakv", "ratio", "band_ok")}
+        out = {k: getattr(self, k) for k in ("id", "metric", "published", "dsakv", "ratio", "band_ok", "family")}
+        if self.error is not None:
+            out.update(dsakv=None, ratio=None, error=self.error)
+        return out
 
 
 def _int(text: str, default: int | None = None) -> int | None:
@@ -203,6 +221,27 @@ def engine_mem_fraction(anchor: dict) -> float:
     )
 
 
+# vLLM's --max-num-seqs default on a GPU of >= 70 GiB under the API server (EngineArgs._set_default_args: 1024; 256
+# on smaller GPUs). SGLang without --max-running-requests takes its request pool's size, clamped to [2048, 4096]
+# (ModelRunner: max(min(pool tokens / context length x 512, 4096), 2048)): SGLANG_MAX_RUNNING, the clamp's top, is
+# the same bound as any value of the range for every row of concurrency <= 2048. Speculative decoding resets it to
+# SGLANG_SPEC_MAX_RUNNING (ServerArgs: "Max running requests is reset to 48 for speculative decoding").
+VLLM_MAX_NUM_SEQS = (1024, 256)
+SGLANG_MAX_RUNNING = 4096
+SGLANG_SPEC_MAX_RUNNING = 48
+
+
+def engine_max_running(anchor: dict) -> int:
+    """The row's ``cap`` or, when empty, its engine's default cap on running requests (``SimConfig.max_running``)."""
+    cap = _int(anchor.get("cap"))
+    if cap is not None:
+        return cap
+    if policy_of(anchor) == "mixed":
+        big, small = VLLM_MAX_NUM_SEQS
+        return big if gpu_kind(anchor["gpu"]).memory_bytes >= 70 * 2**30 else small
+    return SGLANG_SPEC_MAX_RUNNING if (_int(anchor.get("mtp"), 0) or 0) > 0 else SGLANG_MAX_RUNNING
+
+
 def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
     versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
@@ -274,7 +313,7 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,
-        max_running=_int(anchor.get("cap"), 256),
+        max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
@@ -287,13 +326,128 @@ def sim_config(anchor: dict) -> SimConfig:
 FRONTEND_REQUEST_S, FRONTEND_TOKEN_S = frontend_service()
 
 
+@dataclass(frozen=True)
+class Metric:
+    """A published figure as its source defines it; ``rate`` figures compare dsakv / published (higher is faster),
+    the others published / dsakv, so a ratio above 1 always means dsakv is too fast."""
+
+    name: str
+    rate: bool
+    definition: str
+
+
+# The figures an anchor's ``published`` may carry (docs/calibration-data.md, "Metrics"): each is named for what its
+# sources count. Per-request figures take [value, "mean" | "p50" | "p90" | "p95" | "p99"] (a bare number = mean);
+# throughputs divide by the benchmark's duration and count every finished request of every DP group.
+METRICS = {
+    m.name: m
+    for m in (
+        Metric("ttft_ms", False, "client send -> first output token, per request"),
+        Metric("tpot_ms", False, "(last token - first token) / (output tokens - 1), per request of >= 2 tokens"),
+        Metric("e2e_ms", False, "client send -> last output token, per request"),
+        Metric(
+            "e2e_per_token_ms", False, "E2E latency / output tokens, per request (guidellm 'time per output token')"
+        ),
+        Metric("duration_s", False, "first client send -> last finish ('Benchmark duration')"),
+        Metric("req_s", True, "finished requests / duration ('Request throughput')"),
+        Metric("out_tok_s", True, "output tokens / duration, whole instance ('Output token throughput')"),
+        Metric("out_tok_s_gpu", True, "out_tok_s / GPUs of the instance ('Output tput/GPU')"),
+        Metric("in_tok_s", True, "input tokens / duration, whole instance ('Input token throughput')"),
+        Metric("in_tok_s_gpu", True, "in_tok_s / GPUs of the instance ('Input tput/GPU')"),
+        Metric("total_tok_s", True, "(input + output tokens) / duration ('Total Token throughput', 'Total TPS')"),
+        Metric("total_tok_s_gpu", True, "total_tok_s / GPUs of the instance ('Total tput/GPU')"),
+    )
+}
+STATS = ("mean", "p50", "p90", "p95", "p99")
+
+
 def _stat(values: list[float], how: str) -> float:
-    return statistics.median(values) if how == "p50" else statistics.fmean(values)
+    """The mean or a percentile (linear interpolation between ranks, as numpy.percentile in vllm bench serve and
+    sglang.bench_serving) of a non-empty list."""
+    if how == "mean":
+        return statistics.fmean(values)
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(how[1:]) - 1]
+
+
+def published_of(anchor: dict) -> list[tuple[str, float, str]]:
+    """The row's published figures as (metric, value, statistic); an unknown metric or statistic, or a value that is
+    not a positive number, raises ``DsakvError`` naming the row and what is allowed."""
+    try:
+        figures = json.loads(anchor.get("published") or "")
+    except json.JSONDecodeError:
+        raise DsakvError(f"anchor {anchor.get('id')}: published = {anchor.get('published')!r}: not JSON") from None
+    if not isinstance(figures, dict) or not figures:
+        raise DsakvError(f"anchor {anchor.get('id')}: published must be a non-empty JSON object of metric: value")
+    out = []
+    for metric, value in figures.items():
+        if metric not in METRICS:
+            raise DsakvError(f"anchor {anchor['id']}: unknown metric {metric!r} (known: {', '.join(METRICS)})")
+        number, how = (value[0], value[1]) if isinstance(value, list) else (value, "mean")
+        if how not in STATS:
+            raise DsakvError(f"anchor {anchor['id']}: {metric} statistic {how!r}: must be one of {', '.join(STATS)}")
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise DsakvError(f"anchor {anchor['id']}: {metric} = {number!r}: must be a positive number")
+        out.append((metric, float(number), how))
+    return out
+
+
+def engine_of(anchor: dict) -> str:
+    """The row's engine: its ``engine`` column, else ``sglang`` / ``vllm`` as ``policy_of`` reads the id and note."""
+    engine = (anchor.get("engine") or "").strip().lower()
+    return engine or ("sglang" if policy_of(anchor) == "prefill_first" else "vllm")
+
+
+def family_of(anchor: dict) -> str:
+    """The row's family for the summary: engine x GPU x MTP on/off x DP attention on/off."""
+    mtp = "on" if (_int(anchor.get("mtp"), 0) or 0) > 0 else "off"
+    dp = "on" if (_int(anchor.get("dp"), 1) or 1) > 1 else "off"
+    return f"{engine_of(anchor)} {anchor['gpu']} mtp-{mtp} dp-{dp}"
+
+
+def _figures(result, cfg: SimConfig) -> dict:
+    """Every metric of ``METRICS`` from a replay's finished requests: name -> f(statistic) -> value."""
+    done = [r for r in result.records if r.outcome == "finished"]
+    if not done:
+        raise DsakvError("no request finished in the replay")
+    dp, gpus = cfg.gpu.dp_attention, cfg.gpu.num_gpus
+    duration = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
+    # Group 0 stands for each of the dp groups.
+    out_tok_s = sum(r.output_tokens for r in done) * dp / duration
+    in_tok_s = sum(r.input_tokens for r in done) * dp / duration
+    tpots = [r.tpot_s for r in done if r.tpot_s is not None]
+    per_request = {
+        "ttft_ms": [1000 * r.ttft_s for r in done],
+        "tpot_ms": [1000 * t for t in tpots],
+        "e2e_ms": [1000 * (r.finish_s - r.arrival_s) for r in done],
+        "e2e_per_token_ms": [1000 * (r.finish_s - r.arrival_s) / r.output_tokens for r in done if r.output_tokens],
+    }
+    whole = {
+        "duration_s": duration,
+        "req_s": len(done) * dp / duration,
+        "out_tok_s": out_tok_s,
+        "out_tok_s_gpu": out_tok_s / gpus,
+        "in_tok_s": in_tok_s,
+        "in_tok_s_gpu": in_tok_s / gpus,
+        "total_tok_s": out_tok_s + in_tok_s,
+        "total_tok_s_gpu": (out_tok_s + in_tok_s) / gpus,
+    }
+    figures = {m: functools.partial(_per_request, m, v) for m, v in per_request.items()}
+    figures.update({m: (lambda how, v=v: v) for m, v in whole.items()})
+    return figures
+
+
+def _per_request(metric: str, values: list[float], how: str) -> float:
+    if not values:
+        raise DsakvError(f"no finished request has a {metric}")
+    return _stat(values, how)
 
 
 def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
     """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields
-    (and ``frontend_s``, the config's)."""
+    (and ``frontend_s``, the config's). Raises ``DsakvError`` when the row cannot be replayed."""
+    published = published_of(anchor)
     cfg = sim_config(anchor)
     step_params = dict(step_params or {})
     if "frontend_s" in step_params:
@@ -302,53 +456,125 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     step_params.setdefault("indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
-    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
-    result = simulate(cfg, requests, setup=setup, counters=opened.counters)
-    done = [r for r in result.records if r.outcome == "finished"]
-    if not done:
-        raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
-    dp, gpus = cfg.gpu.dp_attention, cfg.gpu.num_gpus
-    duration = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
-    out_tok_s = sum(r.output_tokens for r in done) * dp / duration  # group 0 stands for each of the dp groups
-    figures = {
-        "ttft_ms": lambda how: 1000 * _stat([r.ttft_s for r in done], how),
-        "tpot_ms": lambda how: 1000 * _stat([r.tpot_s for r in done if r.tpot_s is not None], how),
-        "duration_s": lambda how: duration,
-        "out_tok_s": lambda how: out_tok_s,
-        "out_tok_s_gpu": lambda how: out_tok_s / gpus,
-    }
-    rows = []
-    for metric, value in json.loads(anchor["published"]).items():
-        if metric not in figures:
-            raise DsakvError(f"anchor {anchor['id']}: unknown metric {metric!r} (known: {', '.join(figures)})")
-        published, how = (value[0], value[1]) if isinstance(value, list) else (value, "mean")
+    with tempfile.TemporaryDirectory() as tmp:
+        opened = open_source(Source(trace=str(trace_of(anchor, traces, Path(tmp)))))
+        requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
+    figures = _figures(simulate(cfg, requests, setup=setup, counters=opened.counters), cfg)
+    rows, family = [], family_of(anchor)
+    for metric, value, how in published:
         ours = figures[metric](how)
-        ratio = ours / published if metric in RATES else published / ours
+        ratio = ours / value if METRICS[metric].rate else value / ours
         lo, hi = BANDS.get(metric, DEFAULT_BAND)
-        rows.append(Row(anchor["id"], metric, float(published), ours, ratio, lo <= ratio <= hi))
+        rows.append(Row(anchor["id"], metric, value, ours, ratio, lo <= ratio <= hi, family))
     return rows
 
 
+def _make_traces():
+    spec = importlib.util.spec_from_file_location(
+        "make_traces", Path(__file__).parent / "calibration" / "make_traces.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace_of(anchor: dict, traces: Path, scratch: Path) -> Path:
+    """The row's workload: ``traces/<id>.jsonl`` when committed, else the trace ``make_traces.py`` writes from the
+    row's n / isl / osl / rate (written under ``scratch``; the same lines, so a committed copy would be identical)."""
+    committed = traces / f"{anchor['id']}.jsonl"
+    if committed.is_file():
+        return committed
+    path = scratch / f"{anchor['id']}.jsonl"
+    path.write_text("\n".join(_make_traces().trace_lines(anchor)) + "\n")
+    return path
+
+
+def replay_or_error(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
+    """``replay``, or one error row per published figure when the row cannot be replayed (weights larger than the
+    GPU, a request that can never fit, nothing finished): the run goes on with the other rows."""
+    try:
+        return replay(anchor, traces, step_params)
+    except DsakvError as exc:
+        text = str(exc).removeprefix(f"anchor {anchor['id']}: ")
+        nan, family = math.nan, family_of(anchor)
+        return [Row(anchor["id"], m, v, nan, nan, False, family, text) for m, v, _ in published_of(anchor)]
+
+
+def check_anchors(anchors: list[dict], traces: Path) -> None:
+    """A malformed file fails before any replay (exit 2): every row has an id, known metrics and a trace (committed,
+    or n / isl / osl to generate it from)."""
+    for a in anchors:
+        if not (a.get("id") or "").strip():
+            raise DsakvError("an anchor row has an empty id")
+        published_of(a)
+        family_of(a)
+        if not (traces / f"{a['id']}.jsonl").is_file():
+            shape = [(a.get(k) or "").strip() for k in ("n", "isl", "osl")]
+            if not all(v.isdigit() and int(v) > 0 for v in shape):
+                raise DsakvError(
+                    f"anchor {a['id']}: no trace {traces / (a['id'] + '.jsonl')} and n / isl / osl = {shape} "
+                    "are not positive integers to generate it from"
+                )
+
+
+def _ok(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if r.error is None]
+
+
 def geomeans(rows: list[Row]) -> dict[str, float]:
+    """The geometric mean of each metric's ratios over the rows that replayed."""
     by: dict[str, list[float]] = {}
-    for r in rows:
+    for r in _ok(rows):
         by.setdefault(r.metric, []).append(math.log(r.ratio))
     return {m: math.exp(statistics.fmean(v)) for m, v in by.items()}
 
 
-def worst(rows: list[Row]) -> Row:
-    return max(rows, key=lambda r: abs(math.log(r.ratio)))
+def worst(rows: list[Row]) -> Row | None:
+    ok = _ok(rows)
+    return max(ok, key=lambda r: abs(math.log(r.ratio))) if ok else None
+
+
+@dataclass(frozen=True)
+class FamilyLine:
+    """One family's figures for one metric: rows, rows out of band, error rows, geometric mean and worst ratio."""
+
+    family: str
+    metric: str
+    rows: int
+    out: int
+    errors: int
+    geomean: float | None
+    worst: float | None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def families(rows: list[Row]) -> list[FamilyLine]:
+    """The per-family summary (engine x GPU x MTP x DP), families and metrics in order of first appearance."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.family, r.metric), []).append(r)
+    out = []
+    for (family, metric), group in groups.items():
+        ok = _ok(group)
+        mean = math.exp(statistics.fmean(math.log(r.ratio) for r in ok)) if ok else None
+        bad = worst(group)
+        out.append(
+            FamilyLine(family, metric, len(group), sum(not r.band_ok for r in ok), len(group) - len(ok), mean,
+                       bad.ratio if bad else None)
+        )  # fmt: skip
+    return out
 
 
 def loss(rows: list[Row]) -> float:
-    """Sum of squared log ratios: a 2x miss either way costs the same."""
-    return sum(math.log(r.ratio) ** 2 for r in rows)
+    """Sum of squared log ratios over the rows that replayed: a 2x miss either way costs the same."""
+    return sum(math.log(r.ratio) ** 2 for r in _ok(rows))
 
 
 def settings_of(items: list[str]) -> dict[str, float]:
-    """``--set NAME=VALUE`` items as ``replay``'s ``step_params``; a name outside ``SETTABLE`` or a value that is not a
-    number raises ``DsakvError`` (the roofline checks the value's range when the replay builds it)."""
+    """``--set NAME=VALUE`` items as ``replay``'s ``step_params``; a name outside ``SETTABLE``, a value that is not a
+    number or one outside the roofline's range raises ``DsakvError``."""
     out = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -358,6 +584,10 @@ def settings_of(items: list[str]) -> dict[str, float]:
             out[name] = float(text)
         except ValueError:
             raise DsakvError(f"--set {item!r}: VALUE must be a number") from None
+    roofline = {k: v for k, v in out.items() if k != "frontend_s"}
+    if roofline:  # the roofline checks the ranges: a bad value is bad input (exit 2), not an error row per anchor
+        probe = build_setup(SimConfig(model="tiny", gpu=GpuSetting(num_gpus=1))).step_time
+        dataclasses.replace(probe, **roofline)
     return out
 
 
@@ -367,14 +597,14 @@ def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
     points = []
     for values in itertools.product(*FIT_GRID.values()):
         params = dict(zip(FIT_GRID, values))
-        rows = [row for a in anchors for row in replay(a, traces, params)]
+        rows = [row for a in anchors for row in replay_or_error(a, traces, params)]
         points.append((loss(rows), sum(not r.band_ok for r in rows), params))
     return sorted(points, key=lambda p: (p[1], p[0]))
 
 
 def evaluate(anchors: list[dict], traces: Path, params: dict) -> tuple[int, float]:
-    """(rows out of band, loss) of every anchor replayed with ``params``."""
-    rows = [row for a in anchors for row in replay(a, traces, params)]
+    """(rows out of band, loss) of every anchor replayed with ``params``; error rows count as out of band."""
+    rows = [row for a in anchors for row in replay_or_error(a, traces, params)]
     return sum(not r.band_ok for r in rows), loss(rows)
 
 
@@ -402,10 +632,10 @@ def refine(anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=
     return best, score
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", required=True, help="anchors.csv (traces/<id>.jsonl beside it)")
-    ap.add_argument("--json", action="store_true", help="print the rows, geometric means and worst row as JSON")
+    ap.add_argument("--json", action="store_true", help="print the rows, geometric means, families and worst as JSON")
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
@@ -416,52 +646,96 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="replay with a roofline field or frontend_s set (SETTABLE), e.g. mla_prefill_eff=0.35; repeatable",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def read_anchors(path: Path, only: str | None = None) -> list[dict]:
+    """The CSV's rows (``only``: those ids, each of which must be in the file), checked by ``check_anchors``."""
+    with path.open(newline="") as f:
+        anchors = list(csv.DictReader(f))
+    if only:
+        keep = only.split(",")
+        missing = sorted(set(keep) - {a.get("id") for a in anchors})
+        if missing:
+            raise DsakvError(f"--only: no anchor {', '.join(missing)} in {path}")
+        anchors = [a for a in anchors if a["id"] in keep]
+    check_anchors(anchors, path.parent / "traces")
+    return anchors
+
+
+def _fmt(value: float | None, width: int, digits: int = 2) -> str:
+    return f"{'-':>{width}}" if value is None or math.isnan(value) else f"{value:>{width}.{digits}f}"
+
+
+def render(rows: list[Row], settings: dict) -> None:
+    """The human table: one line per figure, the errors, the geometric means, the family summary and the worst."""
+    print(f"{'id':<28} {'metric':<15} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
+    for r in rows:
+        band = "ERROR" if r.error else ("ok" if r.band_ok else "OUT")
+        print(f"{r.id:<28} {r.metric:<15} {r.published:>11.2f} {_fmt(r.dsakv, 11)} {_fmt(r.ratio, 6)}  {band}")
+    for anchor_id, text in dict.fromkeys((r.id, r.error) for r in rows if r.error):
+        print(f"error: {anchor_id}: {text}")
+    print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in geomeans(rows).items()))
+    print(f"{'family':<32} {'metric':<15} {'rows':>4} {'out':>4} {'error':>5} {'geomean':>7} {'worst':>6}")
+    for f in families(rows):
+        print(
+            f"{f.family:<32} {f.metric:<15} {f.rows:>4} {f.out:>4} {f.errors:>5} {_fmt(f.geomean, 7)} "
+            f"{_fmt(f.worst, 6)}"
+        )
+    bad = worst(rows)
+    if bad is not None:
+        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
+    if settings:
+        print("set: " + "  ".join(f"{k} {v:g}" for k, v in settings.items()))
+
+
+def _search(args, anchors: list[dict], traces: Path) -> dict | None:
+    """--fit / --refine: the best point found (the fit's table printed unless --json), else None."""
+    best = None
+    if args.fit:
+        points = fit(anchors, traces)
+        best = points[0][2]
+        if not args.json:
+            for value, out, params in points:
+                print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
+    if args.refine:
+        start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
+        best, _ = refine(anchors, traces, {**start, "frontend_s": FRONTEND_S})
+        print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     path = Path(args.anchors)
     try:
         settings = settings_of(args.set)
         if settings and (args.fit or args.refine):
             raise DsakvError("--set: replays the rows at the given values; not with --fit / --refine")
-        with path.open(newline="") as f:
-            anchors = list(csv.DictReader(f))
-        if args.only:
-            keep = set(args.only.split(","))
-            anchors = [a for a in anchors if a["id"] in keep]
-        best = None
-        if args.fit:
-            points = fit(anchors, path.parent / "traces")
-            best = points[0][2]
-            if not args.json:
-                for value, out, params in points:
-                    print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
-        if args.refine:
-            start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
-            best, _ = refine(anchors, path.parent / "traces", {**start, "frontend_s": FRONTEND_S})
-            print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
-        rows = [row for a in anchors for row in replay(a, path.parent / "traces", best or settings)]
+        anchors = read_anchors(path, args.only)
+        if not anchors:
+            raise DsakvError(f"no anchor rows in {path}")
+        best = _search(args, anchors, path.parent / "traces")
+        rows = [row for a in anchors for row in replay_or_error(a, path.parent / "traces", best or settings)]
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
-    if not rows:
-        print("calibrate: no anchor rows", file=sys.stderr)
-        return 2
-    means, bad = geomeans(rows), worst(rows)
     if args.json:
-        out = {"rows": [r.to_dict() for r in rows], "geomean": means, "worst": bad.to_dict(), "loss": loss(rows)}
+        bad = worst(rows)
+        out = {
+            "rows": [r.to_dict() for r in rows],
+            "geomean": geomeans(rows),
+            "families": [f.to_dict() for f in families(rows)],
+            "worst": bad.to_dict() if bad else None,
+            "loss": loss(rows),
+        }
         if best is not None:
             out["fit"] = best
         if settings:
             out["set"] = settings
         print(json.dumps(out))
     else:
-        print(f"{'id':<22} {'metric':<14} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
-        for r in rows:
-            ok = "ok" if r.band_ok else "OUT"
-            print(f"{r.id:<22} {r.metric:<14} {r.published:>11.2f} {r.dsakv:>11.2f} {r.ratio:>6.2f}  {ok}")
-        print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in means.items()))
-        print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
-        if settings:
-            print("set: " + "  ".join(f"{k} {v:g}" for k, v in settings.items()))
+        render(rows, settings)
     return 0 if all(r.band_ok for r in rows) else 1
 
 
