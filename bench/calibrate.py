@@ -5,23 +5,25 @@
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
 Each CSV row is one benchmark (columns: ``../shared/data/calibration/README.md``; docs/calibration-data.md); its
-workload is ``traces/<id>.jsonl`` beside the CSV, or, when no such file is committed, the trace
-``bench/calibration/make_traces.py`` writes from the row's n / isl / osl / rate. One output row per anchor and published metric (``METRICS``: each
-named for what its sources count, e.g. ``total_tok_s`` = input + output tokens per second, vLLM's "Total Token
-throughput" and gpustack's "Total TPS"): ``id``, ``metric``, ``published``, ``dsakv``, ``ratio`` (published / dsakv
-for times, dsakv / published for rates: above 1 = dsakv too fast) and ``band_ok`` (``BANDS``: TTFT, E2E and duration
-within 0.6-1.6x, TPOT and throughputs within 0.8-1.25x). A row that cannot be replayed (weights larger than the GPU,
-a request that can never fit, nothing finished) is an error row, ``ERROR`` with the reason, never in band, and the
-run goes on. Then the geometric mean of each metric's ratios, the per-family summary (engine x GPU x MTP on/off x DP
-on/off: rows, out of band, errors, geometric mean, worst) and the worst row. Exit status 1 if any row is outside its
-band or an error row, 2 on a bad file (unknown metric, missing trace, unknown ``--only`` id).
+workload is ``traces/<id>.jsonl`` beside the CSV or, when no such file is committed, the trace
+``bench/calibration/make_traces.py`` writes from the row's n / isl / osl / rate. One output row per anchor and
+published metric (``METRICS``: each named for what its sources count, e.g. ``total_tok_s`` = input + output tokens
+per second, vLLM's "Total Token throughput" and gpustack's "Total TPS"): ``id``, ``metric``, ``published``,
+``dsakv``, ``ratio`` (published / dsakv for times, dsakv / published for rates: above 1 = dsakv too fast) and
+``band_ok`` (``BANDS``: TTFT, E2E and duration within 0.6-1.6x, TPOT and throughputs within 0.8-1.25x). A row that
+cannot be replayed (weights larger than the GPU, a request that can never fit, nothing finished) is an error row,
+``ERROR`` with the reason, never in band, and the run goes on. Then the geometric mean of each metric's ratios, the
+per-family summary (engine x GPU x MTP on/off x DP on/off: rows, out of band, errors, geometric mean, worst) and
+the worst row. Exit status 1 if any row is outside its band or an error row, 2 on a bad file (unknown metric, no
+trace to replay, unknown ``--only`` id).
 
 Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
 starts when request k - C finishes; TTFT from that moment). The scheduling policy follows the engine of the
 row: an ``engine`` column if present, else ``prefill_first`` (SGLang) when the id or note names SGLang
 (``sgl``), ``mixed`` (vLLM) otherwise. ``budget`` empty = ``chunk`` tokens per step. ``mem`` empty = the engine's
 own default (``engine_mem_fraction``): SGLang's ``--mem-fraction-static`` heuristic, vLLM's
-``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16).
+``--gpu-memory-utilization`` 0.9; ``kv`` empty = the engine's default cache format (``engine_kv_dtype``: bf16);
+``cap`` empty = the engine's running-request cap (``engine_max_running``: vLLM 1024, SGLang 4096, 48 with MTP).
 A cell is filled only where the row's source's launch command names the setting (the gpustack rows leave ``mem``
 and ``kv`` empty: their commands set neither). ``--set NAME=VALUE`` (repeatable) replays with one of the roofline's numeric fields
 (``SETTABLE``: efficiencies, floors, overheads) or ``frontend_s`` set, for experiments that docs/steptime.md reports
