@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.engine.readback import read_request_cache
@@ -229,3 +231,19 @@ def test_mtp_pages_go_down_to_the_host_tier_and_come_back_with_the_target_pages(
     assert again.stats.hit_tokens_host > 0
     assert first.output_tokens == again.output_tokens == plain[0].output_tokens
     assert again.cache.equals(mtp_reference[0].cache)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(1, 6), rejects=st.sets(st.integers(40, 90), max_size=12), kind=st.sampled_from(["slot", "packed"]))
+def test_any_accept_reject_pattern_keeps_tokens_and_every_cache(k, rejects, kind, plain, mtp_reference):
+    """Random chain lengths and reject positions (a wrong draft at each index in ``rejects``)."""
+    full = {tuple(p): p + r.output_tokens for p, r in zip(prompts(), plain)}
+
+    def choose(req, index, logits):
+        seq = full[tuple(req.prompt)]
+        if index >= len(seq):
+            return 0
+        return (seq[index] + 1) % VOCAB if index in rejects else seq[index]
+
+    eng = make_engine(num_pages=9, choice=choose, speculative="mtp", num_steps=k, pool_kind=kind)
+    assert_same(run(eng), plain, mtp_reference)
