@@ -122,9 +122,7 @@ def test_preemption_during_mtp_decoding_keeps_tokens_and_caches(mode, plain, mtp
     res = eng.generate(ps, NEW)
     eng.check_integrity()
     assert sum(r.stats.preemptions for r in res) > 0
-    assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
-    want = make_engine(speculative="mtp", num_steps=0, prefix_cache=False).generate(ps, NEW)
-    assert all(a.cache.equals(b.cache) for a, b in zip(res, want))
+    assert_same(res, plain, mtp_reference)  # the reference ran with prefix hits, this one with preemptions
 
 
 def test_forced_mid_page_reject_invalidates_both_caches_tails_together():
