@@ -183,6 +183,12 @@ def test_a_hit_after_a_speculative_run_drops_exactly_one_page():
     assert hits["mtp"] == hits[None] - PAGE
 
 
+def test_a_one_token_prompt_decodes_with_mtp_from_its_first_step():
+    plain = make_engine().generate([[5], [7, 9]], NEW)
+    res = make_engine(speculative="mtp", num_steps=3).generate([[5], [7, 9]], NEW)
+    assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
