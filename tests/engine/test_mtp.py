@@ -251,3 +251,15 @@ def test_any_accept_reject_pattern_keeps_tokens_and_every_cache(k, rejects, kind
 
     eng = make_engine(num_pages=9, choice=choose, speculative="mtp", num_steps=k, pool_kind=kind)
     assert_same(run(eng), plain, mtp_reference)
+
+
+def test_an_accepted_eos_ends_the_request_with_every_cache_exact():
+    prompt = prompts()[2]
+    base = make_engine().generate([prompt], 20)[0].output_tokens
+    eos, full = base[7], prompt + base
+    plain = make_engine().generate([prompt], 20, eos_token_id=eos)[0]
+    ref = make_engine(speculative="mtp", num_steps=0).generate([prompt], 20, eos_token_id=eos)[0]
+    eng = make_engine(speculative="mtp", num_steps=3, choice=lambda req, i, logits: full[i] if i < len(full) else 0)
+    got = eng.generate([prompt], 20, eos_token_id=eos)[0]
+    assert got.output_tokens == plain.output_tokens and got.output_tokens[-1] == eos
+    assert got.stats.accepted_draft_tokens > 0 and got.cache.equals(ref.cache)
