@@ -134,6 +134,9 @@ class MtpSpeculator:
             if not item.num_draft:
                 continue
             pending = self._pending.get(item.request.id)
+            if item.start == 0:  # a one-token prompt: no position precedes it, so no MTP row can draft yet
+                chains[i] = [int(item.request.tokens(1)[0])] * item.num_draft  # any drafts verify losslessly
+                continue
             if pending is None or pending.position != item.start - 1:
                 raise AssertionError(
                     f"MTP: request {item.request.id!r} decodes from {item.start} without its pending draft"
@@ -141,8 +144,8 @@ class MtpSpeculator:
             chains[i] = [pending.token]
             state[i] = (pending.hidden, pending.selection)
         share = self.config.index_share_for_mtp_iteration
-        for j in range(1, max((items[i].num_draft for i in chains), default=0)):
-            live = [i for i in chains if items[i].num_draft > j]
+        for j in range(1, max((items[i].num_draft for i in state), default=0)):
+            live = [i for i in state if items[i].num_draft > j]
             rows = [
                 _Rows(
                     items[i].request,

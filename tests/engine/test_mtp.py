@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.engine.readback import read_request_cache
@@ -120,9 +122,7 @@ def test_preemption_during_mtp_decoding_keeps_tokens_and_caches(mode, plain, mtp
     res = eng.generate(ps, NEW)
     eng.check_integrity()
     assert sum(r.stats.preemptions for r in res) > 0
-    assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
-    want = make_engine(speculative="mtp", num_steps=0, prefix_cache=False).generate(ps, NEW)
-    assert all(a.cache.equals(b.cache) for a, b in zip(res, want))
+    assert_same(res, plain, mtp_reference)  # the reference ran with prefix hits, this one with preemptions
 
 
 def test_forced_mid_page_reject_invalidates_both_caches_tails_together():
@@ -183,6 +183,12 @@ def test_a_hit_after_a_speculative_run_drops_exactly_one_page():
     assert hits["mtp"] == hits[None] - PAGE
 
 
+def test_a_one_token_prompt_decodes_with_mtp_from_its_first_step():
+    plain = make_engine().generate([[5], [7, 9]], NEW)
+    res = make_engine(speculative="mtp", num_steps=3).generate([[5], [7, 9]], NEW)
+    assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
@@ -229,3 +235,31 @@ def test_mtp_pages_go_down_to_the_host_tier_and_come_back_with_the_target_pages(
     assert again.stats.hit_tokens_host > 0
     assert first.output_tokens == again.output_tokens == plain[0].output_tokens
     assert again.cache.equals(mtp_reference[0].cache)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(1, 6), rejects=st.sets(st.integers(40, 90), max_size=12), kind=st.sampled_from(["slot", "packed"]))
+def test_any_accept_reject_pattern_keeps_tokens_and_every_cache(k, rejects, kind, plain, mtp_reference):
+    """Random chain lengths and reject positions (a wrong draft at each index in ``rejects``)."""
+    full = {tuple(p): p + r.output_tokens for p, r in zip(prompts(), plain)}
+
+    def choose(req, index, logits):
+        seq = full[tuple(req.prompt)]
+        if index >= len(seq):
+            return 0
+        return (seq[index] + 1) % VOCAB if index in rejects else seq[index]
+
+    eng = make_engine(num_pages=9, choice=choose, speculative="mtp", num_steps=k, pool_kind=kind)
+    assert_same(run(eng), plain, mtp_reference)
+
+
+def test_an_accepted_eos_ends_the_request_with_every_cache_exact():
+    prompt = prompts()[2]
+    base = make_engine().generate([prompt], 20)[0].output_tokens
+    eos, full = base[7], prompt + base
+    plain = make_engine().generate([prompt], 20, eos_token_id=eos)[0]
+    ref = make_engine(speculative="mtp", num_steps=0).generate([prompt], 20, eos_token_id=eos)[0]
+    eng = make_engine(speculative="mtp", num_steps=3, choice=lambda req, i, logits: full[i] if i < len(full) else 0)
+    got = eng.generate([prompt], 20, eos_token_id=eos)[0]
+    assert got.output_tokens == plain.output_tokens and got.output_tokens[-1] == eos
+    assert got.stats.accepted_draft_tokens > 0 and got.cache.equals(ref.cache)
