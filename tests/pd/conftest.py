@@ -8,37 +8,21 @@ tests FAIL with the install command, never skip.
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pd_support import INSTALL, pd_config
 
-from dsakv.engine.engine import Engine, EngineConfig
+from dsakv.engine.engine import Engine
 from dsakv.engine.pd_pages import PdExporter, PoolPages
 from dsakv.engine.pd_roles import PdRequest, decode_importer, manifest_of
 from dsakv.errors import DsakvError
-from dsakv.spec.model_spec import ModelSpec
 from dsakv.store.local_server import LocalRedisServer, redis_server_binary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-PAGE = 16
-INSTALL = "apt-get install -y libibverbs1 libnuma1 && pip install 'dsakv[pd]'"
-
-
-def pd_config(**kw) -> EngineConfig:
-    return EngineConfig(**{"num_pages": 48, "page_size": PAGE, "capture_cache": True, **kw})
-
-
-def long_prompt(seed: int, n: int = 150) -> list[int]:
-    """``n`` random ids; ``n`` > the tiny preset's ``index_topk`` (64), so the indexer really selects."""
-    assert n > ModelSpec.preset("tiny").index_topk
-    rng = random.Random(seed)
-    return [rng.randrange(512) for _ in range(n)]
-
 
 @pytest.fixture(scope="session")
 def transfer_engine_installed() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PAGE, long_prompt, pd_config
+from pd_support import PAGE, long_prompt, pd_config
 
 from dsakv.engine.engine import Engine
 from dsakv.engine.pd_pages import PdExporter, PoolPages

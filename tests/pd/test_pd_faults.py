@@ -7,7 +7,7 @@ import multiprocessing as mp
 import os
 
 import pytest
-from conftest import PAGE, long_prompt, pd_config
+from pd_support import PAGE, long_prompt, pd_config
 
 from dsakv.engine.engine import Engine
 from dsakv.engine.pd_pages import PoolPages

@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import PAGE, pd_config
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from pd_support import PAGE, pd_config
 
 from dsakv.engine.engine import Engine
 from dsakv.engine.pd_pages import PdExporter, PoolPages
