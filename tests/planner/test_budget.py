@@ -153,7 +153,7 @@ def test_pool_capacity_needs_exactly_one_source(layout):
 
 @pytest.mark.parametrize(
     "layout_kwargs",
-    [{}, {"kv_dtype": "bf16"}, {"kv_dtype": "fp8"}, {"index_kpool": 4}, {"mtp_layers": 1}],
+    [{}, {"kv_dtype": "bf16"}, {"kv_dtype": "fp8"}, {"index_kpool": 4, "page_size": 256}, {"mtp_layers": 1}],
     ids=["fp8_ds_mla", "bf16", "fp8", "kpool4", "mtp1"],
 )
 @pytest.mark.parametrize("dcp", [1, 2, 3, 8])

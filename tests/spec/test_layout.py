@@ -72,9 +72,20 @@ def test_deepseek_v32_keeps_indexer_k_on_all_61_layers_48068_bytes_per_token():
 
 
 def test_kpool_keeps_one_indexer_state_per_n_tokens(glm53):
-    lay = CacheLayout(glm53, index_kpool=4)
-    assert lay.indexer_states_per_page == 16 and lay.indexer_page_bytes_per_layer == 16 * 132
+    lay = CacheLayout(glm53, index_kpool=4, page_size=256)
+    assert lay.indexer_states_per_page == 64 and lay.indexer_page_bytes_per_layer == 64 * 132
     assert lay.indexer_bytes_per_token == 693 and lay.cell_bytes == 51_861
+
+
+def test_kpool_cuda_rule_is_on_the_physical_indexer_page(glm53):
+    lay = CacheLayout(glm53, page_size=128, index_kpool=2)  # SGLang's legal shape: physical page 128 // 2 = 64
+    assert lay.indexer_physical_page == 64 and lay.indexer_kernel_block == 2 * 64 == lay.page_size
+    with pytest.raises(DsakvError, match=r"physical page is page_size // index_kpool = 32 tokens"):
+        CacheLayout(glm53, page_size=64, index_kpool=2)
+    with pytest.raises(DsakvError, match=r"page_size // index_kpool = 128"):
+        CacheLayout(glm53, page_size=128)
+    assert CacheLayout(glm53, page_size=64, index_kpool=2, allow_any_page_size=True).indexer_physical_page == 32
+    assert CacheLayout(glm53).with_index_kpool(4).page_size == 256
 
 
 def test_non_cuda_page_size_needs_the_explicit_option(glm53):
