@@ -300,7 +300,7 @@ class DcpPool:
         for la, r in zip(layers, rows):
             for rank, idx, local in self._split(la, dst):
                 view = self._main[rank][la]
-                view.view(-1, view.shape[2])[local] = r[idx]
+                view[local // view.shape[1], local % view.shape[1]] = r[idx]
         for rank in range(self.dcp):
             move_indexer_states(self._index[rank], self.rank_layout, src, dst)
 
@@ -308,7 +308,7 @@ class DcpPool:
         out = torch.empty((len(s), self.rank_layout.main_row_bytes), dtype=torch.uint8, device=self.device)
         for rank, idx, local in self._split(layer, s)[: self.main_shards(layer)]:
             view = self._main[rank][layer]
-            out[idx] = view.reshape(-1, view.shape[2])[local]
+            out[idx] = view[local // view.shape[1], local % view.shape[1]]
         return out
 
     # ----- page copies (offload, host tier, store) -----------------------------------------------
