@@ -40,7 +40,7 @@ from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
 from dsakv.engine.lower_tiers import EngineTiers
 from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
-from dsakv.engine.pool_dcp import DcpPool
+from dsakv.engine.pool_dcp import DcpPool, pool_for_pages
 from dsakv.engine.readback import CacheReadback, read_request_cache
 from dsakv.errors import DsakvError
 from dsakv.model.dsa_model import DsaModel
@@ -178,11 +178,9 @@ class Engine:
             allow_any_page_size=config.page_size != 64,
             indexer_dtype=config.indexer_dtype,
         )
-        if config.dcp > 1:
-            return DcpPool.for_pages(
-                layout, config.num_pages, config.dcp, padding_slots=config.padding_slots, kind=config.pool_kind
-            )
-        return TwinPool.for_pages(layout, config.num_pages, padding_slots=config.padding_slots, kind=config.pool_kind)
+        return pool_for_pages(
+            layout, config.num_pages, dcp=config.dcp, padding_slots=config.padding_slots, kind=config.pool_kind
+        )
 
     def _start_outputs(self, config: EngineConfig) -> None:
         """Metrics registry and KV-event sockets: last, since nothing after them can fail and leave sockets bound."""

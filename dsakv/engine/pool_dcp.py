@@ -40,7 +40,7 @@ import torch
 from dsakv.cache.allocator import PageAllocator
 from dsakv.engine.config import POOL_KINDS
 from dsakv.engine.offload import HostPages, block_spans, host_buffer
-from dsakv.engine.pool import move_indexer_states
+from dsakv.engine.pool import TwinPool, move_indexer_states
 from dsakv.engine.pool_checks import SlotChecker, check_rows
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kernels import cache_ops
@@ -49,7 +49,25 @@ from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, RankCell, scratch_pag
 from dsakv.planner.deployment import check_int
 from dsakv.spec.layout import CacheLayout
 
-__all__ = ["DcpPool", "KVCacheGroup", "group_layout"]
+__all__ = ["DcpPool", "KVCacheGroup", "group_layout", "pool_for_pages"]
+
+
+def pool_for_pages(
+    layout: CacheLayout,
+    num_pages: int,
+    *,
+    dcp: int = 1,
+    padding_slots: int = CUDA_GRAPH_PADDING_SLOTS,
+    kind: str = "slot",
+    device: str | torch.device = "cpu",
+) -> TwinPool | DcpPool:
+    """The pool of one rank (``dcp = 1``: a ``TwinPool``) or of a DCP group, with ``num_pages`` page ids to hand
+    out: for ``pool_capacity(layout, ..., dcp=dcp).pages`` it holds exactly the planner's ``pool_bytes`` on each
+    rank."""
+    check_int("dcp", dcp, 1)
+    if dcp == 1:
+        return TwinPool.for_pages(layout, num_pages, padding_slots=padding_slots, kind=kind, device=device)
+    return DcpPool.for_pages(layout, num_pages, dcp, padding_slots=padding_slots, kind=kind, device=device)
 
 
 def group_layout(rank_layout: CacheLayout, dcp: int) -> CacheLayout:
