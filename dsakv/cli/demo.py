@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from dsakv.cli.gpu_args import parse_bytes
+from dsakv.cli.gpu_args import ascii_int, parse_bytes
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
@@ -33,17 +33,17 @@ MAX_LINGER_S = 3600.0  # --linger: an hour at most  # the tiny model runs on the
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="shared-prefix multi-turn chat through the engine, under memory pressure")
-    p.add_argument("--conversations", type=int, default=6)
-    p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--system-tokens", type=int, default=80)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--pages", type=int, default=12, help="pages of the small pool (default 12)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per page (64 on CUDA; any size on CPU)")
+    p.add_argument("--conversations", type=ascii_int, default=6)
+    p.add_argument("--turns", type=ascii_int, default=2)
+    p.add_argument("--system-tokens", type=ascii_int, default=80)
+    p.add_argument("--max-new-tokens", type=ascii_int, default=8)
+    p.add_argument("--pages", type=ascii_int, default=12, help="pages of the small pool (default 12)")
+    p.add_argument("--page-size", type=ascii_int, default=16, help="tokens per page (64 on CUDA; any size on CPU)")
     p.add_argument("--preemption", choices=sorted(PREEMPTION_MODES), default="offload")
     p.add_argument("--new-token-ratio", type=float, default=0.0)
     p.add_argument("--pool-kind", choices=POOL_KINDS, default="slot")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--seed", type=ascii_int, default=0)
+    p.add_argument("--threads", type=ascii_int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
@@ -57,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="",
         help="topic frame of every KV-event message (default none; vLLM's example subscriber expects kv-events)",
     )
-    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
+    w.add_argument("--metrics-port", type=ascii_int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
     w.add_argument(
         "--linger",
         type=float,

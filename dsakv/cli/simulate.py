@@ -28,6 +28,7 @@ from dsakv.cli.gpu_args import (
     gpu_setting,
     parse_float,
     parse_fraction,
+    parse_indexer,
     parse_int,
     parse_share,
     parse_tier_bytes,
@@ -254,7 +255,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         kv_dtype=args.kv_dtype,
         mtp=parse_int("--mtp", args.mtp, 0),
         mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
-        indexer=args.indexer,
+        indexer=parse_indexer("--indexer", args.indexer),  # ASCII digits only
         pool_tokens=parse_int("--pool-tokens", args.pool_tokens, 0),
         eviction_policy=args.eviction_policy,
         insert_mode=args.insert_mode,
