@@ -44,7 +44,7 @@ from dsakv.engine.pool_dcp import DcpPool, pool_for_pages
 from dsakv.engine.readback import CacheReadback, read_request_cache
 from dsakv.errors import DsakvError
 from dsakv.model.dsa_model import DsaModel
-from dsakv.model.inputs import request_slots
+from dsakv.model.inputs import check_pool, request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
 from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens, check_prompt
@@ -129,6 +129,7 @@ class Engine:
         self.spec = spec
         self.vocab_size = spec.arch_value("vocab_size")
         self.pool = self._build_pool(config, spec)
+        check_pool(spec, self.pool)  # the compute path's refusals (index_kpool > 1) before anything runs
         self.layout = self.pool.layout  # the pages the allocator hands out: page_size x dcp tokens each
         self.allocator = self.pool.allocator
         self._scratch_slots = self.allocator.first_page * self.layout.page_size
@@ -175,7 +176,8 @@ class Engine:
             spec,
             kv_dtype=config.kv_dtype,
             page_size=config.page_size,
-            allow_any_page_size=config.page_size != 64,
+            index_kpool=config.index_kpool,
+            allow_any_page_size=config.page_size // config.index_kpool != 64,
             indexer_dtype=config.indexer_dtype,
         )
         return pool_for_pages(

@@ -171,7 +171,10 @@ def check_pool(spec: ModelSpec, pool: PagedCache) -> None:
     if torch.device(pool.device).type != "cpu":
         raise DsakvError(f"pool device {pool.device}: the tiny model keeps its weights on cpu (must be cpu)")
     if lay.index_kpool != 1:
-        raise DsakvError(f"pool index_kpool = {lay.index_kpool}: the tiny model scores every token (must be 1)")
+        raise DsakvError(
+            f"pool index_kpool = {lay.index_kpool}: the model scores one indexer state per token (must be 1); "
+            "no public code defines how N tokens' index states merge into one, so the compute path refuses it"
+        )
 
 
 def validate_batch(spec: ModelSpec, pool: PagedCache, seqs: Sequence[SeqInput]) -> Batch:

@@ -111,3 +111,16 @@ def test_bad_layout_arguments_name_the_field(glm53, kwargs, field):
 def test_pages_for_tokens_rounds_up(glm53):
     lay = CacheLayout(glm53)
     assert [lay.pages_for_tokens(n) for n in (1, 64, 65, 1_048_576)] == [1, 1, 2, 16_384]
+
+
+def test_packed_block_is_vllms_unpadded_sum_of_layer_pages(glm53):
+    # vLLM: one KV-cache group of UniformTypeKVCacheSpecs, page_size_bytes = sum of its layers' pages; the MLA
+    # spec (block_size x 656 for fp8_ds_mla) and the indexer's (block_size x 132 uint8) set no page_size_padded,
+    # so a block is the plain sum: no padding between layers or at the end.
+    lay = CacheLayout(glm53)
+    assert lay.page_bytes == 78 * 64 * 656 + 21 * 64 * 132 == 3_452_160
+    offsets = [lay.packed_main_offset(la) for la in range(78)] + [
+        lay.packed_indexer_offset(f) for f in lay.indexer_layers
+    ]
+    sizes = [lay.main_page_bytes_per_layer] * 78 + [lay.indexer_page_bytes_per_layer] * 21
+    assert offsets == [sum(sizes[:i]) for i in range(len(sizes))] and sum(sizes) == lay.page_bytes
