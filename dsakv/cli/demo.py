@@ -21,13 +21,14 @@ from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.kvevents.endpoint import check_endpoint
+from dsakv.planner.budget import RankCell
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 from dsakv.store.config import parse_store_url
 
 DEMO_POOL_BYTES = 2**30  # each of the demo's two pools lives in CPU memory (torch tensors): at most 1 GiB
-MAX_CONVERSATIONS, MAX_TURNS = 1000, 100
+MAX_CONVERSATIONS, MAX_TURNS, MAX_DCP = 1000, 100, 16
 MAX_LINGER_S = 3600.0  # --linger: an hour at most  # the tiny model runs on the CPU: larger workloads take hours
 
 
@@ -42,6 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--preemption", choices=sorted(PREEMPTION_MODES), default="offload")
     p.add_argument("--new-token-ratio", type=float, default=0.0)
     p.add_argument("--pool-kind", choices=POOL_KINDS, default="slot")
+    p.add_argument(
+        "--dcp", type=ascii_int, default=1, help="DCP ranks of the small pool (emulated; pages of page-size x dcp)"
+    )
     p.add_argument("--seed", type=ascii_int, default=0)
     p.add_argument("--threads", type=ascii_int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -101,6 +105,7 @@ def _check_limits(args) -> int:
         "max_new_tokens": (1, context, "the tiny model's context"),
         "page_size": (1, context, "the tiny model's context"),
         "pages": (1, INT64_MAX, ""),
+        "dcp": (1, MAX_DCP, "ranks emulated in one process"),
         "seed": (0, INT64_MAX, ""),
     }
     for name, (low, high, why) in limits.items():
@@ -112,11 +117,17 @@ def _check_limits(args) -> int:
             )
     _check_wire_flags(args)
     page_bytes = CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True).page_bytes
-    if args.pages * page_bytes > DEMO_POOL_BYTES:
+    group_page_bytes = (
+        args.dcp
+        * RankCell(  # every rank's share of one page id
+            CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True), args.dcp
+        ).page_bytes
+    )
+    if args.pages * group_page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
-            f"--pages = {args.pages:,}: {args.pages:,} pages of {page_bytes:,} B exceed the demo's "
-            f"{DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool: at most {DEMO_POOL_BYTES // page_bytes:,} pages "
-            f"at --page-size {args.page_size}"
+            f"--pages = {args.pages:,}: {args.pages:,} pages of {group_page_bytes:,} B exceed the demo's "
+            f"{DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool: at most {DEMO_POOL_BYTES // group_page_bytes:,} "
+            f"pages at --page-size {args.page_size}" + (f" --dcp {args.dcp}" if args.dcp > 1 else "")
         )
     return page_bytes
 
@@ -141,6 +152,7 @@ def _engine_options(args) -> dict:
         "kv_events_replay_endpoint": args.kv_events_replay,
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
+        "dcp": args.dcp,
     }
 
 
@@ -172,10 +184,10 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    need = workload.pages_needed(args.page_size)
+    need = workload.pages_needed(args.page_size * args.dcp)  # a DCP group's page holds page_size x dcp tokens
     if args.pages < need:
         raise DsakvError(f"--pages = {args.pages}: the longest request of this workload needs {need} pages")
-    reference = need * workload.num_requests  # the roomy pool of the reference run (pressure_summary)
+    reference = workload.pages_needed(args.page_size) * workload.num_requests  # the roomy pool of the reference run (pressure_summary)
     if reference * page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
             f"--conversations {args.conversations} x --turns {args.turns}: the reference run's pool of {reference:,} "
@@ -225,6 +237,7 @@ def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
         engine_options=_engine_options(args),
         on_engine=on_engine,
     )
+    summary["dcp"] = args.dcp  # the pressured run's DCP ranks; the reference is one rank
     if args.json:
         print(dumps(summary, indent=2))
     else:
