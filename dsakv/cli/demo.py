@@ -187,7 +187,9 @@ def run(args) -> int:
     need = workload.pages_needed(args.page_size * args.dcp)  # a DCP group's page holds page_size x dcp tokens
     if args.pages < need:
         raise DsakvError(f"--pages = {args.pages}: the longest request of this workload needs {need} pages")
-    reference = workload.pages_needed(args.page_size) * workload.num_requests  # the roomy pool of the reference run (pressure_summary)
+    reference = (
+        workload.pages_needed(args.page_size) * workload.num_requests
+    )  # the roomy pool of the reference run (pressure_summary)
     if reference * page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
             f"--conversations {args.conversations} x --turns {args.turns}: the reference run's pool of {reference:,} "
