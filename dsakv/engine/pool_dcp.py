@@ -165,11 +165,9 @@ class DcpPool(DcpPageCopies):
         self._blocks.append((main_blocks, index_blocks))
         offsets = [sum(widths[:la]) for la in layers]
         main = [main_blocks[:, o : o + w].view(P, w // row, row) for o, w in zip(offsets, widths)]
-        index = [
-            index_blocks[:, j * ipb : (j + 1) * ipb] if la in lay.indexer_layers else torch.zeros((0, ipb), **u8)
-            for la in layers
-            for j in [lay.indexer_layers.index(la) if la in lay.indexer_layers else 0]
-        ]
+        index = [torch.zeros((0, ipb), **u8) for _ in layers]  # shared layers: a 0-row placeholder
+        for j, la in enumerate(lay.indexer_layers):
+            index[la] = index_blocks[:, j * ipb : (j + 1) * ipb]
         return main, index
 
     @property
