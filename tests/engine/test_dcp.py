@@ -9,7 +9,7 @@ import torch
 
 from dsakv.engine.engine import Engine, EngineConfig
 from dsakv.engine.pool import TwinPool
-from dsakv.engine.pool_dcp import DcpPool
+from dsakv.engine.pool_dcp import DcpPool, group_layout
 from dsakv.model.inputs import request_slots
 from dsakv.scheduler import SchedulerConfig
 from dsakv.scheduler.pages import pages_for
@@ -154,3 +154,26 @@ def test_dcp_page_copy_is_the_one_rank_block_of_the_same_tokens(kind):
     dcp_pool.check_integrity()
     assert torch.equal(dcp_pool.offload_pages([q]).blocks, one.offload_pages([p_one]).blocks)
     assert torch.equal(dcp_pool.offload_pages([p_dcp]).blocks, one.offload_pages([p_one]).blocks)
+
+
+def test_dcp_prefix_evicted_to_the_host_tier_loads_back_on_every_rank_bit_exact():
+    import random
+
+    def prompt(seed: int, tokens: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randrange(512) for _ in range(tokens)]
+
+    group_page = 2 * PAGE
+    first_prompt = prompt(1, 4 * group_page + 16)  # 4 whole group pages can hit
+    fillers = [prompt(10 + i, 5 * group_page + 16) for i in range(3)]  # each evicts the others from 10 pages
+    roomy = dict(max_batched_tokens=4096, chunk_tokens=4096, new_token_ratio=1.0)
+    ref_engine = Engine(config(num_pages=64, prefix_cache=False, scheduler=roomy))
+    ref = {tuple(p): ref_engine.generate([p], 4)[0] for p in [first_prompt, *fillers]}
+    host_bytes = 64 * group_layout(ref_engine.layout, 2).page_bytes  # 64 group pages of both caches
+    sched = dict(chunk_tokens=group_page, max_batched_tokens=4 * group_page)
+    engine = Engine(config(num_pages=10, dcp=2, host_bytes=host_bytes, scheduler=sched))
+    runs = [engine.generate([p], 4)[0] for p in [first_prompt, *fillers, first_prompt]]
+    engine.check_integrity()
+    assert runs[-1].stats.hit_tokens_host == 4 * group_page == runs[-1].stats.hit_tokens
+    for run, p in zip(runs, [first_prompt, *fillers, first_prompt]):
+        assert run.output_tokens == ref[tuple(p)].output_tokens and run.cache.equals(ref[tuple(p)].cache)
