@@ -62,7 +62,7 @@ def _rows(n: int, dim: int, gen: torch.Generator, scale: float = 3.0) -> torch.T
 
 
 def _pools(spec: ModelSpec, kv_dtype: str, kind: str, kpool: int, pages: int, device) -> tuple[TwinPool, TwinPool]:
-    lay = CacheLayout(spec, kv_dtype=kv_dtype, page_size=PAGE_SIZE, index_kpool=kpool)
+    lay = CacheLayout(spec, kv_dtype=kv_dtype, page_size=PAGE_SIZE * kpool, index_kpool=kpool)  # 64-state pages
     return tuple(TwinPool.for_pages(lay, pages, padding_slots=1, kind=kind, device=device) for _ in range(2))
 
 
@@ -77,24 +77,25 @@ def byte_checks(device: str | torch.device, spec: ModelSpec, tokens: int = 256, 
 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
-    pages = -(-tokens // PAGE_SIZE) + 1
     r, p, d = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.index_head_dim
     layer = spec.full_indexer_layers[0]
     checks = []
     for kv_dtype in TRITON_KV_DTYPES:
         for kind in KINDS:
             for kpool in KPOOLS:
+                ps = PAGE_SIZE * kpool  # the CUDA rule: the indexer's physical page is 64 states
+                pages = -(-tokens // ps) + 1
                 ref, got = _pools(spec, kv_dtype, kind, kpool, pages, device)
                 first = ref.allocator.alloc(pages)[0]
                 # distinct slots, shuffled, across page boundaries, leaving gaps
-                slots = (first * PAGE_SIZE + torch.randperm(pages * PAGE_SIZE, generator=gen)[:tokens]).to(device)
+                slots = (first * ps + torch.randperm(pages * ps, generator=gen)[:tokens]).to(device)
                 latent, rope = _rows(tokens, r, gen).to(device), _rows(tokens, p, gen, 1.0).to(device)
                 key = _rows(tokens, d, gen).to(device)
                 fp8_scale = 0.5 if kv_dtype == "fp8" else 1.0
                 cache_ops.store_main_torch(ref.main_view(layer), slots, latent, rope, kv_dtype, fp8_scale)
                 tri.store_main_triton(got.main_view(layer), slots, latent, rope, kv_dtype, fp8_scale)
-                cache_ops.store_indexer_torch(ref.indexer_view(layer), slots, key, PAGE_SIZE, kpool)
-                tri.store_indexer_triton(got.indexer_view(layer), slots, key, PAGE_SIZE, kpool)
+                cache_ops.store_indexer_torch(ref.indexer_view(layer), slots, key, ps, kpool)
+                tri.store_indexer_triton(got.indexer_view(layer), slots, key, ps, kpool)
                 name = f"{kv_dtype:<10} {kind:<6} kpool {kpool}"
                 diff = [
                     f"main L{i}: {_first_diff(ref.main_view(i), got.main_view(i))}"
@@ -108,8 +109,8 @@ def byte_checks(device: str | torch.device, spec: ModelSpec, tokens: int = 256, 
                 checks.append(Check(f"store bytes   {name}", not diff, "; ".join(diff)))
                 want = cache_ops.gather_main_torch(ref.main_view(layer), slots, kv_dtype, r, p, fp8_scale)
                 have = tri.gather_main_triton(got.main_view(layer), slots, kv_dtype, r, p, fp8_scale)
-                wk = cache_ops.gather_indexer_torch(ref.indexer_view(layer), slots, PAGE_SIZE, d, kpool)
-                hk = tri.gather_indexer_triton(got.indexer_view(layer), slots, PAGE_SIZE, d, kpool)
+                wk = cache_ops.gather_indexer_torch(ref.indexer_view(layer), slots, ps, d, kpool)
+                hk = tri.gather_indexer_triton(got.indexer_view(layer), slots, ps, d, kpool)
                 same = all(
                     torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip((*want, *wk), (*have, *hk))
                 )

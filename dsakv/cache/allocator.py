@@ -29,6 +29,7 @@ from dsakv.errors import DsakvError, OutOfPagesError
 # More page ids than this get their flag bytes (the allocator's, the radix tree's in-tree flags) set in one
 # NumPy scatter, fewer one by one: the scatter's fixed cost passes the loop's at about this many
 FLAGS_IN_ONE_PASS = 32
+MAX_PAGE_FLAGS = 2**32  # page ids an allocator tracks (one flag byte each: 4 GiB), far above any GPU pool
 
 
 class PageAllocator:
@@ -41,6 +42,11 @@ class PageAllocator:
             raise DsakvError(f"page_size = {page_size!r}: must be a positive integer")
         if isinstance(first_page, bool) or not isinstance(first_page, int) or first_page < 0:
             raise DsakvError(f"first_page = {first_page!r}: must be an integer >= 0")
+        if first_page + num_pages > MAX_PAGE_FLAGS:
+            raise DsakvError(
+                f"num_pages = {num_pages:,}: the allocator keeps one byte per page id; at most "
+                f"{MAX_PAGE_FLAGS - first_page:,} pages (2**32 ids) are allowed"
+            )
         self.num_pages = num_pages
         self.page_size = page_size
         self.first_page = first_page
@@ -50,7 +56,12 @@ class PageAllocator:
         self._freed = array("q")
         self._next_fresh = first_page
         # 1 = allocated, 0 = free; indexed by page id (ids below first_page stay 1: never free).
-        self._allocated = bytearray(first_page + num_pages)  # zeroed in place: no second copy of the flags
+        try:
+            self._allocated = bytearray(first_page + num_pages)  # zeroed in place: no second copy of the flags
+        except MemoryError:
+            raise DsakvError(
+                f"num_pages = {num_pages:,}: no memory for its {first_page + num_pages:,} B of page flags"
+            ) from None
         self._allocated[:first_page] = b"\x01" * first_page
         self._allocated_view = memoryview(self._allocated).toreadonly()
 

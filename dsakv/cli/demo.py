@@ -16,38 +16,44 @@ import os
 import sys
 import time
 
-from dsakv.cli.gpu_args import parse_bytes
+from dsakv.cli.gpu_args import ascii_int, parse_bytes
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.kvevents.endpoint import check_endpoint
+from dsakv.planner.budget import RankCell
 from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 from dsakv.store.config import parse_store_url
 
 DEMO_POOL_BYTES = 2**30  # each of the demo's two pools lives in CPU memory (torch tensors): at most 1 GiB
-MAX_CONVERSATIONS, MAX_TURNS = 1000, 100
+MAX_CONVERSATIONS, MAX_TURNS, MAX_DCP = 1000, 100, 16
 MAX_LINGER_S = 3600.0  # --linger: an hour at most  # the tiny model runs on the CPU: larger workloads take hours
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="shared-prefix multi-turn chat through the engine, under memory pressure")
-    p.add_argument("--conversations", type=int, default=6)
-    p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--system-tokens", type=int, default=80)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--pages", type=int, default=12, help="pages of the small pool (default 12)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per page (64 on CUDA; any size on CPU)")
+    p.add_argument("--conversations", type=ascii_int, default=6)
+    p.add_argument("--turns", type=ascii_int, default=2)
+    p.add_argument("--system-tokens", type=ascii_int, default=80)
+    p.add_argument("--max-new-tokens", type=ascii_int, default=8)
+    p.add_argument("--pages", type=ascii_int, default=12, help="pages of the small pool (default 12)")
+    p.add_argument("--page-size", type=ascii_int, default=16, help="tokens per page (64 on CUDA; any size on CPU)")
     p.add_argument("--preemption", choices=sorted(PREEMPTION_MODES), default="offload")
     p.add_argument("--new-token-ratio", type=float, default=0.0)
     p.add_argument("--pool-kind", choices=POOL_KINDS, default="slot")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument(
+        "--dcp", type=ascii_int, default=1, help="DCP ranks of the small pool (emulated; pages of page-size x dcp)"
+    )
+    p.add_argument("--seed", type=ascii_int, default=0)
+    p.add_argument("--threads", type=ascii_int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
-    p.add_argument("--mtp", type=int, metavar="K", help="MTP speculative decoding: K drafts a step (0: MTP layer only)")
+    p.add_argument(
+        "--mtp", type=ascii_int, metavar="K", help="MTP speculative decoding: K drafts a step (0: MTP layer only)"
+    )
     p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
     p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
     d = p.add_argument_group("PD disaggregation (the pd extra)")
@@ -65,7 +71,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="",
         help="topic frame of every KV-event message (default none; vLLM's example subscriber expects kv-events)",
     )
-    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
+    w.add_argument("--metrics-port", type=ascii_int, help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics")
     w.add_argument(
         "--linger",
         type=float,
@@ -109,6 +115,7 @@ def _check_limits(args) -> int:
         "max_new_tokens": (1, context, "the tiny model's context"),
         "page_size": (1, context, "the tiny model's context"),
         "pages": (1, INT64_MAX, ""),
+        "dcp": (1, MAX_DCP, "ranks emulated in one process"),
         "seed": (0, INT64_MAX, ""),
     }
     for name, (low, high, why) in limits.items():
@@ -120,11 +127,17 @@ def _check_limits(args) -> int:
             )
     _check_wire_flags(args)
     page_bytes = CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True).page_bytes
-    if args.pages * page_bytes > DEMO_POOL_BYTES:
+    group_page_bytes = (
+        args.dcp
+        * RankCell(  # every rank's share of one page id
+            CacheLayout(ModelSpec.preset("tiny"), page_size=args.page_size, allow_any_page_size=True), args.dcp
+        ).page_bytes
+    )
+    if args.pages * group_page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
-            f"--pages = {args.pages:,}: {args.pages:,} pages of {page_bytes:,} B exceed the demo's "
-            f"{DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool: at most {DEMO_POOL_BYTES // page_bytes:,} pages "
-            f"at --page-size {args.page_size}"
+            f"--pages = {args.pages:,}: {args.pages:,} pages of {group_page_bytes:,} B exceed the demo's "
+            f"{DEMO_POOL_BYTES:,} B (1 GiB) of CPU memory per pool: at most {DEMO_POOL_BYTES // group_page_bytes:,} "
+            f"pages at --page-size {args.page_size}" + (f" --dcp {args.dcp}" if args.dcp > 1 else "")
         )
     return page_bytes
 
@@ -149,6 +162,7 @@ def _engine_options(args) -> dict:
         "kv_events_replay_endpoint": args.kv_events_replay,
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
+        "dcp": args.dcp,
     } | _mtp_options(args, args.mtp)
 
 
@@ -188,10 +202,12 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    need = workload.pages_needed(args.page_size)
+    need = workload.pages_needed(args.page_size * args.dcp)  # a DCP group's page holds page_size x dcp tokens
     if args.pages < need:
         raise DsakvError(f"--pages = {args.pages}: the longest request of this workload needs {need} pages")
-    reference = need * workload.num_requests  # the roomy pool of the reference run (pressure_summary)
+    reference = (
+        workload.pages_needed(args.page_size) * workload.num_requests
+    )  # the roomy pool of the reference run (pressure_summary)
     if reference * page_bytes > DEMO_POOL_BYTES:
         raise DsakvError(
             f"--conversations {args.conversations} x --turns {args.turns}: the reference run's pool of {reference:,} "
@@ -272,6 +288,7 @@ def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
     )
     if args.mtp is not None:
         summary |= _mtp_figures(seen[-1])
+    summary["dcp"] = args.dcp  # the pressured run's DCP ranks; the reference is one rank
     if args.json:
         print(dumps(summary, indent=2))
     else:

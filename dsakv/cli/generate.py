@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dsakv.cli.gpu_args import ascii_int
 from dsakv.errors import DsakvError
 
 
@@ -20,12 +21,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="greedy decoding through the paged engine on a checkpoint")
     p.add_argument("--checkpoint", help="GLM-MoE-DSA / DeepSeek-V3.2 folder (config.json + safetensors)")
     p.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=ascii_int, default=16)
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
-    p.add_argument("--pages", type=int, default=256, help="pages of the pool (default 256)")
-    p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--mtp", type=int, metavar="K", help="speculative decoding: K drafts a step from the MTP layer")
+    p.add_argument("--pages", type=ascii_int, default=256, help="pages of the pool (default 256)")
+    p.add_argument("--page-size", type=ascii_int, default=64)
+    p.add_argument("--threads", type=ascii_int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument(
+        "--mtp", type=ascii_int, metavar="K", help="speculative decoding: K drafts a step from the MTP layer"
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 

@@ -39,6 +39,21 @@ def parse_int(flag: str, text: str | None, minimum: int = 1, maximum: int = INT6
     return int(digits)
 
 
+def ascii_int(text: str) -> int:
+    """argparse ``type`` of the plain integer flags: ASCII digits only (Python's ``int`` reads ``'２１'`` as 21)."""
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", str(text)):
+        raise argparse.ArgumentTypeError(f"{short_repr(text)}: must be an integer (ASCII digits)")
+    return int(text)
+
+
+def parse_indexer(flag: str, text: str | None) -> str | None:
+    """``--indexer``: a full-layer count is an ASCII integer (``'２１'`` is refused, not taken as 21); 'all', an F/S
+    string or a pattern name pass through."""
+    if text is not None and str(text).strip().isdigit():  # isdigit() is true for any Unicode digit
+        return str(parse_int(flag, text, 0))
+    return text
+
+
 def parse_bytes(flag: str, text: str | None, minimum: int = 1) -> int | None:
     """An integer byte count, optionally with a unit (GB = 10^9, GiB = 2^30) or an exponent (``1e15``), at most
     2**63 - 1 (fractions of a byte are dropped)."""

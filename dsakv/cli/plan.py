@@ -46,8 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--page-size",
-        default=str(LAYOUT_DEFAULTS["page_size"]),
-        help=f"tokens per page ({CUDA_PAGE_SIZE} for CUDA kernels)",
+        help=f"tokens per page (default {CUDA_PAGE_SIZE} x kpool: the indexer's physical page is {CUDA_PAGE_SIZE})",
     )
     c.add_argument("--allow-non-cuda-page-size", action="store_true", help="permit page sizes CUDA kernels cannot read")
     add_gpu_arguments(p)
@@ -74,11 +73,13 @@ def build_plan(args: argparse.Namespace) -> Plan:
         spec = apply_indexer_pattern(spec, args.indexer_pattern, patterns)
     if args.indexer_all_layers:
         spec = spec.with_all_indexers_full()
+    kpool = parse_int("--kpool", args.kpool)
+    page_size = parse_int("--page-size", args.page_size)
     layout = CacheLayout(
         spec,
         kv_dtype=args.kv_dtype,
-        page_size=parse_int("--page-size", args.page_size),
-        index_kpool=parse_int("--kpool", args.kpool),
+        page_size=CUDA_PAGE_SIZE * kpool if page_size is None else page_size,
+        index_kpool=kpool,
         mtp_layers=parse_int("--mtp-layers", args.mtp_layers, 0),
         allow_any_page_size=args.allow_non_cuda_page_size,
     )

@@ -29,6 +29,7 @@ from dsakv.cli.gpu_args import (
     gpu_setting,
     parse_float,
     parse_fraction,
+    parse_indexer,
     parse_int,
     parse_share,
     parse_tier_bytes,
@@ -79,6 +80,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--indexer", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name")
     m.add_argument("--kv-dtype", default=DEFAULT.kv_dtype, help=f"main KV format: {', '.join(KV_DTYPES)}")
     m.add_argument("--mtp", default=str(DEFAULT.mtp), help="MTP draft tokens per decode (0 = off)")
+    m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
+    m.add_argument("--page-size", help="tokens per page (default 64 x kpool: the indexer's physical page is 64)")
     m.add_argument("--mtp-accept", default=str(DEFAULT.mtp_accept), help="acceptance probability of each draft token")
     add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
     s = p.add_argument_group("cache and scheduler")
@@ -254,9 +257,11 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         gpu=gpu_setting(args),  # the same flags and checks as dsakv plan
         available_bytes=available_bytes(args),
         kv_dtype=args.kv_dtype,
+        kpool=parse_int("--kpool", args.kpool),
+        page_size=parse_int("--page-size", args.page_size),
         mtp=parse_int("--mtp", args.mtp, 0),
         mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
-        indexer=args.indexer,
+        indexer=parse_indexer("--indexer", args.indexer),  # ASCII digits only
         pool_tokens=parse_int("--pool-tokens", args.pool_tokens, 0),
         eviction_policy=args.eviction_policy,
         insert_mode=args.insert_mode,

@@ -25,6 +25,8 @@ class EngineConfig:
     num_pages: int = 256  # pages the allocator hands out (the pool adds scratch pages for padding rows)
     page_size: int = 64
     pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
+    index_kpool: int = 1  # indexer states merged per N tokens: the pool holds them, the compute path refuses N > 1
+    dcp: int = 1  # decode-context-parallel ranks (emulated in one process): a page id holds page_size x dcp tokens
     kv_dtype: str = "fp8_ds_mla"
     indexer_dtype: str = "fp8"  # "fp32" with kv_dtype "fp32": the exact cache mode (no rounding)
     prefix_cache: bool = True
@@ -60,7 +62,7 @@ class EngineConfig:
     index_share_for_mtp_iteration: bool = False  # chain steps after the first reuse the previous step's top-k
 
     def __post_init__(self) -> None:
-        for name in ("num_pages", "page_size", "min_rows"):
+        for name in ("num_pages", "page_size", "min_rows", "dcp", "index_kpool"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DsakvError(f"{name} = {value!r}: must be a positive integer")

@@ -42,11 +42,12 @@ from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
 from dsakv.engine.lower_tiers import EngineTiers
 from dsakv.engine.offload import HostPages
 from dsakv.engine.pool import TwinPool
+from dsakv.engine.pool_dcp import DcpPool, pool_for_pages
 from dsakv.engine.readback import CacheReadback, read_request_cache
 from dsakv.engine.speculative import DraftChoice, MtpSpeculator
 from dsakv.errors import DsakvError
 from dsakv.model.dsa_model import DsaModel
-from dsakv.model.inputs import request_slots
+from dsakv.model.inputs import check_pool, request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
 from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens, check_prompt
@@ -135,20 +136,13 @@ class Engine:
         self.config = config
         self.spec = spec
         self.vocab_size = spec.arch_value("vocab_size")
-        self.layout = CacheLayout(
-            spec,
-            kv_dtype=config.kv_dtype,
-            page_size=config.page_size,
-            allow_any_page_size=config.page_size != 64,
-            indexer_dtype=config.indexer_dtype,
-            mtp_layers=config.mtp_layers,
-        )
-        # Scratch pages 0 .. first_page - 1 take the padding rows; the allocator never hands them out.
-        self.pool = TwinPool.for_pages(
-            self.layout, config.num_pages, padding_slots=config.padding_slots, kind=config.pool_kind
-        )
+        self.pool = self._build_pool(config, spec)
+        check_pool(spec, self.pool)  # the compute path's refusals (index_kpool > 1) before anything runs
+        self.layout = self.pool.layout  # the pages the allocator hands out: page_size x dcp tokens each
         self.allocator = self.pool.allocator
-        self._scratch_slots = self.allocator.first_page * config.page_size
+        self._scratch_slots = self.allocator.first_page * self.layout.page_size
+        # the top-k index buffer the planner subtracts (max_batched_tokens x index_topk int32), allocated once
+        self.topk_indices = torch.empty((sched_cfg.max_batched_tokens, spec.index_topk), dtype=torch.int32)
         self._pending_events: list[CacheEvent] = []  # the cache's events since the last publish
         self.kv_events = None  # the KVEventPublisher, when config.kv_events_endpoint is set
         self.radix = (
@@ -182,12 +176,33 @@ class Engine:
         self.metrics = MetricSet(self.scheduler, self.layout.main_page_bytes, self.layout.indexer_page_bytes)
         if self.tiers is not None and self.tiers.host_index is not None:
             self.metrics.add_tier(self.tiers.host_pages)  # cache_pages / cache_bytes{tier="host"}
+        self._start_outputs(config)
+
+    @staticmethod
+    def _build_pool(config: EngineConfig, spec: ModelSpec) -> TwinPool | DcpPool:
+        """The twin pool (one rank) or a DCP group's pools; scratch pages 0 .. first_page - 1 take the padding
+        rows, the allocator never hands them out."""
+        layout = CacheLayout(
+            spec,
+            kv_dtype=config.kv_dtype,
+            page_size=config.page_size,
+            index_kpool=config.index_kpool,
+            allow_any_page_size=config.page_size // config.index_kpool != 64,
+            indexer_dtype=config.indexer_dtype,
+            mtp_layers=config.mtp_layers,
+        )
+        return pool_for_pages(
+            layout, config.num_pages, dcp=config.dcp, padding_slots=config.padding_slots, kind=config.pool_kind
+        )
+
+    def _start_outputs(self, config: EngineConfig) -> None:
+        """Metrics registry and KV-event sockets: last, since nothing after them can fail and leave sockets bound."""
         self.metrics_registry = None  # the engine's own Prometheus registry, when config.metrics is set
         if config.metrics:
             with _extra("metrics", "metrics"):
                 from dsakv.telemetry.prometheus import make_registry
             self.metrics_registry = make_registry(self.metrics)
-        if config.kv_events_endpoint is not None:  # last: nothing after it can fail and leave sockets bound
+        if config.kv_events_endpoint is not None:
             with _extra("kv_events_endpoint", "events"):
                 from dsakv.kvevents.schema import PageCost
                 from dsakv.kvevents.wire import KVEventPublisher
@@ -422,7 +437,7 @@ class Engine:
     def _seq_input(self, item: BatchItem, tokens: list[int], pad: int, scratch_start: int) -> SeqInput:
         """Positions ``[start, end + drafts)`` of the request, then ``pad`` throw-away rows in scratch slots."""
         n, length = len(tokens), item.end + item.num_draft
-        context = request_slots(item.request.pages, length, self.config.page_size)
+        context = request_slots(item.request.pages, length, self.layout.page_size)
         if pad:
             context = torch.cat([context, torch.arange(scratch_start, scratch_start + pad)])
         return SeqInput(

@@ -40,7 +40,29 @@ from dsakv.model.inputs import CheckedSlots, Slots
 from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, scratch_pages
 from dsakv.spec.layout import CacheLayout
 
-__all__ = ["POOL_KINDS", "TwinPool"]
+__all__ = ["POOL_KINDS", "TwinPool", "move_indexer_states"]
+
+
+def move_indexer_states(
+    index: Sequence[torch.Tensor], layout: CacheLayout, src: torch.Tensor, dst: torch.Tensor
+) -> None:
+    """Copy the indexer state of slot ``src[i]`` to ``dst[i]`` in every full layer of ``index`` (one uint8
+    ``[pages, indexer_page_bytes_per_layer]`` buffer per attention layer, ``layout.page_size``-token pages): key
+    bytes and scale bytes separately, sources read before any write; with ``index_kpool`` N > 1 a destination
+    state receives the state of the last source mapped to it."""
+    ps, kpool, states = layout.page_size, layout.index_kpool, layout.indexer_states_per_page
+    sp, sst = src // ps, (src % ps) // kpool
+    dp, dst_state = dst // ps, (dst % ps) // kpool
+    if kpool > 1:
+        keep = last_per_key(dp * states + dst_state)
+        sp, sst, dp, dst_state = sp[keep], sst[keep], dp[keep], dst_state[keep]
+    key_dim = layout.indexer_key_bytes
+    src_cols = torch.cat(cache_ops.indexer_columns(sst, states, key_dim), dim=1)
+    dst_cols = torch.cat(cache_ops.indexer_columns(dst_state, states, key_dim), dim=1)
+    full = [index[f] for f in layout.indexer_layers]
+    entries = [ix[sp.unsqueeze(1), src_cols] for ix in full]
+    for ix, e in zip(full, entries):
+        ix[dp.unsqueeze(1), dst_cols] = e
 
 
 class TwinPool:
@@ -71,6 +93,8 @@ class TwinPool:
                 f"({layout.num_attention_layers})"
             )
         self.layout = layout
+        self.rank_layout = layout
+        self.dcp = 1  # one rank holds every token (``DcpPool``: a DCP group)
         self.allocator = allocator
         self.kind = kind
         self.device = torch.device(device)
@@ -172,6 +196,17 @@ class TwinPool:
             self._main[layer], s, self.layout.kv_dtype, spec.kv_lora_rank, spec.qk_rope_head_dim, self.fp8_scales[layer]
         )
 
+    def main_shards(self, layer: int) -> int:
+        """Ranks a layer's main KV is split over: one (``DcpPool`` splits the model's layers over DCP ranks)."""
+        self._checker.layer(layer)
+        return 1
+
+    def read_main_rank(self, layer: int, rank: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """``read_main`` of rank 0, the only rank."""
+        if rank != 0:
+            raise DsakvError(f"rank = {rank!r}: a TwinPool is one rank (0)")
+        return self.read_main(layer, slots)
+
     def store_indexer(self, layer: int, slots: Slots, key: torch.Tensor) -> None:
         """Quantize each key to fp8 + one fp32 scale into its page's key and scale areas (full layers only).
 
@@ -213,24 +248,13 @@ class TwinPool:
             raise DsakvError(f"dst_slots: {len(dst)} slots; must match the {len(src)} src_slots")
         if not len(src):
             return
-        lay = self.layout
-        ps = lay.page_size
+        ps = self.layout.page_size
         sp, so = src // ps, src % ps
         dp, do = dst // ps, dst % ps
         rows = [m[sp, so] for m in self._main]  # gather every layer before writing any
         for m, r in zip(self._main, rows):
             m[dp, do] = r
-        sst, dst_state = so // lay.index_kpool, do // lay.index_kpool
-        if lay.index_kpool > 1:
-            keep = last_per_key(dp * lay.indexer_states_per_page + dst_state)
-            sp, sst, dp, dst_state = sp[keep], sst[keep], dp[keep], dst_state[keep]
-        key_dim = lay.indexer_key_bytes
-        src_cols = torch.cat(cache_ops.indexer_columns(sst, lay.indexer_states_per_page, key_dim), dim=1)
-        dst_cols = torch.cat(cache_ops.indexer_columns(dst_state, lay.indexer_states_per_page, key_dim), dim=1)
-        full = [self._index[f] for f in lay.indexer_layers]
-        entries = [ix[sp.unsqueeze(1), src_cols] for ix in full]
-        for ix, e in zip(full, entries):
-            ix[dp.unsqueeze(1), dst_cols] = e
+        move_indexer_states(self._index, self.layout, src, dst)
 
     def offload_pages(self, pages: Sequence[int]) -> HostPages:
         """Copy both caches of ``pages`` to host. Does not modify the pool or the allocator."""

@@ -47,6 +47,37 @@ def sparse_mla_torch(
     return torch.einsum("thk,tkr->thr", p, c)
 
 
+def sparse_mla_partial_torch(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    topk_idx: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One DCP rank's share of :func:`sparse_mla_torch`: (out ``[T, H, R]``, lse ``[T, H]``) over the rows this
+    rank holds; ``lse = log sum_i exp(score_i)`` (-inf for a row selecting nothing here, with out 0)."""
+    dt = torch.promote_types(q_latent.dtype, torch.float32)
+    valid = topk_idx >= 0
+    idx = topk_idx.clamp(min=0)
+    c, pe = latent[idx].to(dt), rope[idx].to(dt)  # [T, K, R], [T, K, P]
+    score = torch.einsum("thr,tkr->thk", q_latent.to(dt), c) + torch.einsum("thp,tkp->thk", q_rope.to(dt), pe)
+    score = (score * sm_scale).masked_fill(~valid.unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(score, dim=-1)  # [T, H]
+    p = torch.exp(score - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return torch.einsum("thk,tkr->thr", p, c), lse
+
+
+def merge_partials(outs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Tensor:
+    """Combine the ranks' partial attentions: ``out = sum_r exp(lse_r - lse) out_r`` with ``lse = logsumexp_r
+    lse_r`` (each rank's softmax rescaled to the whole selection's denominator; the DCP all-gather + merge)."""
+    lse = torch.logsumexp(torch.stack(lses), dim=0)  # [T, H]
+    total = torch.zeros_like(outs[0])
+    for out, part in zip(outs, lses):
+        total += torch.exp(part - lse).nan_to_num(0.0).unsqueeze(-1) * out
+    return total
+
+
 def sparse_mla_triton(
     q_latent: torch.Tensor,
     q_rope: torch.Tensor,

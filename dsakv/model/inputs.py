@@ -65,6 +65,7 @@ class PagedCache(Protocol):
 
     layout: CacheLayout
     device: torch.device
+    dcp: int  # ranks of the decode-context-parallel group holding the cache (1: one rank holds every token)
 
     def page_is_writable(self, page: int) -> bool:
         """True for allocated pages and scratch pages (the pages a slot may address)."""
@@ -84,6 +85,14 @@ class PagedCache(Protocol):
 
     def read_indexer(self, layer: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw (fp8 key ``[n, index_head_dim]``, fp32 scale ``[n]``) of each slot (full layers only)."""
+        ...
+
+    def main_shards(self, layer: int) -> int:
+        """Ranks ``layer``'s main KV is split over (token ``t`` of a page on rank ``t % shards``); 1 or ``dcp``."""
+        ...
+
+    def read_main_rank(self, layer: int, rank: int, slots: Slots) -> tuple[torch.Tensor, torch.Tensor]:
+        """``read_main`` of slots that all live on ``rank`` (one rank's partial attention reads these)."""
         ...
 
 
@@ -162,7 +171,10 @@ def check_pool(spec: ModelSpec, pool: PagedCache) -> None:
     if torch.device(pool.device).type != "cpu":
         raise DsakvError(f"pool device {pool.device}: the tiny model keeps its weights on cpu (must be cpu)")
     if lay.index_kpool != 1:
-        raise DsakvError(f"pool index_kpool = {lay.index_kpool}: the tiny model scores every token (must be 1)")
+        raise DsakvError(
+            f"pool index_kpool = {lay.index_kpool}: the model scores one indexer state per token (must be 1); "
+            "no public code defines how N tokens' index states merge into one, so the compute path refuses it"
+        )
 
 
 def validate_batch(spec: ModelSpec, pool: PagedCache, seqs: Sequence[SeqInput]) -> Batch:

@@ -14,8 +14,9 @@ from typing import Protocol
 
 import torch
 
+from dsakv.kernels.sparse_mla_kernels import merge_partials, sparse_mla_partial_torch
 from dsakv.model.indexer import indexer_topk
-from dsakv.model.inputs import Batch, PagedCache
+from dsakv.model.inputs import Batch, CheckedSlots, PagedCache
 from dsakv.model.sparse_mla import compact_selection, sparse_mla
 
 
@@ -61,8 +62,43 @@ def attend_layer(
         else:
             chosen = reused[i]
         compact = compact_selection(chosen)
-        latent, rope = pool.read_main(layer, context.take(compact.positions))
-        outs.append(sparse_mla(q_latent[rows], q_rope[rows], latent, rope, compact.local, sm_scale))
+        selected = context.take(compact.positions)
+        shards = pool.main_shards(layer)
+        if shards == 1:
+            latent, rope = pool.read_main(layer, selected)
+            outs.append(sparse_mla(q_latent[rows], q_rope[rows], latent, rope, compact.local, sm_scale))
+        else:
+            outs.append(
+                _dcp_attention(pool, layer, shards, selected, compact.local, q_latent[rows], q_rope[rows], sm_scale)
+            )
         chosen_all.append(chosen)
         main_rows += compact.positions.numel()
     return LayerAttention(torch.cat(outs), tuple(chosen_all), main_rows, indexer_rows)
+
+
+def _dcp_attention(
+    pool: PagedCache,
+    layer: int,
+    shards: int,
+    selected: CheckedSlots,
+    local: torch.Tensor,
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Sparse MLA over a DCP group: each rank attends to the selected rows it holds (token ``t`` of a page on
+    rank ``t % shards``), returning its output and log-sum-exp; the partials merge by their log-sum-exp.
+
+    ``local [T, K]`` indexes ``selected``; per rank it is remapped to the rank's own rows (-1 elsewhere)."""
+    rank_of = selected.tensor % shards  # slot offsets within a page keep the token's residue
+    outs, lses = [], []
+    for rank in range(shards):
+        mine = (rank_of == rank).nonzero().flatten()
+        remap = torch.full((len(selected) + 1,), -1, dtype=torch.int64)
+        remap[mine] = torch.arange(len(mine))
+        rank_local = remap[local]  # local == -1 reads remap[-1], the padding entry (-1)
+        latent, rope = pool.read_main_rank(layer, rank, selected.take(mine))
+        out, lse = sparse_mla_partial_torch(q_latent, q_rope, latent, rope, rank_local, sm_scale)
+        outs.append(out)
+        lses.append(lse)
+    return merge_partials(outs, lses)

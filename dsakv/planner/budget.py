@@ -73,11 +73,24 @@ class RankCell:
         return self.layout.page_size * self.dcp
 
     @property
+    def replicated_main_layers(self) -> int:
+        """MTP / draft layers: the draft worker's pools are replicated, not DCP-sharded (SGLang's
+        ``loc_space_scale``), so each rank holds their main rows of every token of the page."""
+        return self.layout.mtp_layers
+
+    @property
     def main_page_bytes(self) -> int:
-        return self.layout.main_page_bytes
+        """Main rows one rank holds per page: ``page_size`` rows of each model layer (the group's tokens split
+        over the ranks) and ``page_size x dcp`` rows of each draft layer (replicated)."""
+        lay = self.layout
+        sharded = lay.num_attention_layers - self.replicated_main_layers
+        return lay.main_page_bytes_per_layer * (sharded + self.dcp * self.replicated_main_layers)
 
     @property
     def indexer_page_bytes(self) -> int:
+        """Indexer K one rank holds per page: every token's (replicated), ``dcp`` physical pages a layer. SGLang
+        counts it as ``indexer_cell_size x dcp`` per rank token of the target, and not multiplied on the draft
+        worker, whose pool already spans the group's tokens: either way ``page_size x dcp`` states' bytes."""
         return self.layout.indexer_page_bytes * self.dcp
 
     @property
@@ -87,8 +100,9 @@ class RankCell:
 
     @property
     def main_bytes_per_token(self) -> float | int:
-        """The layout's main bytes per token, split over the DCP ranks."""
-        return exact_div(self.layout.main_bytes_per_token, self.dcp)
+        """Main bytes one rank holds per token of the group: the model layers' split over the DCP ranks, the
+        draft layers' whole."""
+        return exact_div(self.main_page_bytes, self.tokens_per_page)
 
     @property
     def indexer_bytes_per_token(self) -> float | int:
@@ -101,7 +115,9 @@ class RankCell:
 
     def main_bytes(self, tokens: int) -> int:
         """Main-KV bytes the busiest rank writes for ``tokens`` tokens."""
-        return ceil_div(tokens, self.dcp) * self.layout.main_bytes_per_token
+        row, draft = self.layout.main_row_bytes, self.replicated_main_layers
+        sharded = self.layout.num_attention_layers - draft
+        return ceil_div(tokens, self.dcp) * row * sharded + tokens * row * draft
 
     def indexer_bytes(self, tokens: int) -> int:
         """Indexer-K bytes one rank writes for ``tokens`` tokens (one state per kpool tokens)."""
@@ -123,6 +139,23 @@ class RankCell:
             "indexer_page_bytes": self.indexer_page_bytes,
             "page_bytes": self.page_bytes,
         }
+
+
+def index_buf_size(size: int, page_size: int, dcp: int, dcp_replicated: bool = False) -> int:
+    """Token slots of one rank's indexer buffer (SGLang's ``index_buf_size``): ``(size + page_size) x dcp -
+    page_size`` for a pool of ``size`` rank tokens (plus its padding page) whose indexer K is replicated over
+    ``dcp`` ranks, ``size`` when the pool itself is replicated (``dcp_replicated``: its ``size`` already counts
+    the group's tokens). The buffer then has ``(index_buf_size + page_size + 1) // page_size`` pages:
+    ``(size / page_size + 1) x dcp``, i.e. ``dcp`` physical pages per page id, padding page included."""
+    for name, value, low in (("size", size, 0), ("page_size", page_size, 1), ("dcp", dcp, 1)):
+        check_int(name, value, low)
+    return size if dcp_replicated else (size + page_size) * dcp - page_size
+
+
+def index_buf_pages(size: int, page_size: int, dcp: int, dcp_replicated: bool = False) -> int:
+    """Physical pages of that indexer buffer (SGLang ``IndexKeyCache``: ``(index_buf_size + page_size + 1) //
+    page_size``)."""
+    return (index_buf_size(size, page_size, dcp, dcp_replicated) + page_size + 1) // page_size
 
 
 @dataclass(frozen=True)
@@ -271,6 +304,8 @@ __all__ = [
     "RankMemory",
     "RequestFit",
     "context_row",
+    "index_buf_pages",
+    "index_buf_size",
     "mean_tail_waste_bytes",
     "pool_capacity",
     "rank_memory",

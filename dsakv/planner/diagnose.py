@@ -70,9 +70,12 @@ def _knob_options(layout: CacheLayout, dcp: int, patterns: Mapping[str, str]) ->
         "dcp": [(f"DCP = {d}", {"dcp": d}) for d in (1, 2, 4, 8, 16) if d != dcp],
         "kv dtype": [(f"kv_dtype = {d}", {"kv_dtype": d}) for d in KV_DTYPES if d != layout.kv_dtype],
         "kpool": [
-            (f"index_kpool = {k}", {"index_kpool": k})
+            (
+                f"index_kpool = {k} (page {layout.indexer_physical_page * k})",
+                {"index_kpool": k, "page_size": layout.indexer_physical_page * k},
+            )
             for k in (1, 2, 4, 8, 16)
-            if k != layout.index_kpool and layout.page_size % k == 0
+            if k != layout.index_kpool
         ],
     }
 

@@ -87,9 +87,10 @@ def what_if_variants(
         all_full = replace(layout, spec=spec.with_all_indexers_full())
         out.append(("indexer on all layers", Variant(f"indexer on all {n} layers", all_full, dcp, ("all-layer",))))
     for kpool in (1, 2, 4):
-        if kpool != layout.index_kpool and layout.page_size % kpool == 0:
-            v = replace(layout, index_kpool=kpool)
-            out.append(("kpool", Variant(f"index_kpool = {kpool}", v, dcp, ("kpool",))))
+        if kpool != layout.index_kpool:  # the physical indexer page kept: main page = physical page x kpool
+            v = layout.with_index_kpool(kpool)
+            label = f"index_kpool = {kpool} (page {v.page_size})"
+            out.append(("kpool", Variant(label, v, dcp, ("kpool",))))
     for size in (1, 2, 4, 8):
         if size != dcp:
             out.append(("DCP", Variant(f"DCP = {size}", layout, size, ("dcp",))))

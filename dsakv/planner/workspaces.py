@@ -21,7 +21,8 @@ from dsakv.spec.layout import ceil_div
 INDEX_BYTES = 4  # int32 top-k index
 LOGIT_BYTES = 4  # fp32 logit
 LOGITS_COL_ALIGN = 256
-LOGITS_CHECK_MIN_ELEMENTS = 8 * 2**20  # "8 M" elements: smaller logits tensors are never chunked
+# SGLang's ``_MQA_LOGITS_STATIC_SKIP_ELEMS = 8_000_000`` (dsa_indexer.py): rows x cols below it are never chunked
+LOGITS_CHECK_MIN_ELEMENTS = 8_000_000
 
 
 def topk_buffer_bytes(max_batched_tokens: int, index_topk: int) -> int:

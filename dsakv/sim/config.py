@@ -44,7 +44,7 @@ from dsakv.sim.steptime import (
     vllm_prefill_kernel_all,
 )
 from dsakv.sim.transfers import DEFAULT_STORE_GBPS, TierSetup
-from dsakv.spec.layout import CacheLayout
+from dsakv.spec.layout import CUDA_PAGE_SIZE, CacheLayout
 from dsakv.spec.model_spec import ModelSpec, load_spec
 from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 
@@ -89,6 +89,8 @@ class SimConfig:
     gpu: GpuSetting = field(default_factory=GpuSetting)
     available_bytes: int | None = None
     kv_dtype: str = "fp8_ds_mla"
+    kpool: int = 1  # index_kpool: one indexer state per kpool tokens
+    page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
     mtp: int = 0
     mtp_accept: float = 0.8
     indexer: str | None = None
@@ -285,7 +287,8 @@ def build_setup(cfg: SimConfig) -> SimSetup:
     base_spec = load_spec(cfg.model, cfg.config)
     spec = _apply_indexer(base_spec, cfg.indexer)
     mtp_layers = 1 if cfg.mtp else 0
-    layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers)
+    page_size = cfg.page_size if cfg.page_size is not None else CUDA_PAGE_SIZE * cfg.kpool
+    layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers, page_size=page_size, index_kpool=cfg.kpool)
     setting = cfg.gpu
     base = CacheLayout(base_spec)
     variant = Variant("sim", layout, setting.dcp)

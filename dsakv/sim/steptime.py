@@ -333,6 +333,7 @@ class RooflineStepTime:
         c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, idx_layers, spec.index_topk
         c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
         c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
+        c["kpool"] = lay.index_kpool
         c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
         c["cell_bytes"] = lay.cell_bytes if self.indexer else lay.main_bytes_per_token
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
@@ -437,6 +438,8 @@ class RooflineStepTime:
         moe_flops = moe_tokens * c["expert_flops_per_token"]
         # Indexer pairs (query, key) per full layer, causal; keys read once per chunk / per decode.
         idx_pairs = pf_idx_pairs + dec_sum * q
+        if c["kpool"] != 1:  # one score per indexer state: kpool tokens share one (keys are per state too)
+            idx_pairs = idx_pairs / c["kpool"]
         idx_flops = idx_layers * idx_pairs * c["idx_flops_per_pair"]
         idx_bytes = idx_layers * ((pf_keys + dec_sum) * c["idx_key_bytes"] + idx_pairs * 8)
         # Sparse MLA: each query attends to min(position, top-k) keys.

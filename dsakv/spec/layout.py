@@ -23,12 +23,13 @@ whole 132-byte spans from ``t*132`` would read neighbours' keys.
 
 ``index_kpool = N`` keeps one indexer state per N tokens. The main page stays ``page_size`` tokens
 and the indexer region of each page id holds ``page_size // N`` states (keys then scales), so one
-page id still names both caches and allocation, eviction, move and offload stay per page id.
+page id still names both caches and allocation, eviction, move and offload stay per page id. The CUDA rule
+is on that *physical* indexer page: ``page_size // index_kpool`` must be 64 (main page 128 with kpool 2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from dsakv.errors import DsakvError, check_choice
@@ -82,7 +83,8 @@ class CacheLayout:
     """Bytes of each cache per token, per page and per page id, for one spec and storage choice.
 
     ``mtp_layers`` adds draft/MTP cache layers; each prices a main row and a full indexer entry.
-    Set ``allow_any_page_size`` ("not for CUDA kernels") to use a page size other than 64.
+    Set ``allow_any_page_size`` ("not for CUDA kernels") to use an indexer physical page (``page_size //
+    index_kpool``) other than 64.
     The layout is immutable, so the figures the simulator's step-time model reads every step (row, page and
     cell bytes, the indexer layers) are computed once per layout (``cached_property``).
     """
@@ -100,14 +102,17 @@ class CacheLayout:
         check_choice("indexer_dtype", self.indexer_dtype, INDEXER_DTYPES)
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise DsakvError(f"page_size = {self.page_size!r}: must be a positive integer (64 for CUDA kernels)")
-        if self.page_size != CUDA_PAGE_SIZE and not self.allow_any_page_size:
-            raise DsakvError(
-                f"page_size = {self.page_size}: the DSA indexer kernels on CUDA read {CUDA_PAGE_SIZE}-token pages; "
-                "other sizes need the explicit 'not for CUDA kernels' option (--allow-non-cuda-page-size)"
-            )
         if not isinstance(self.index_kpool, int) or self.index_kpool < 1 or self.page_size % self.index_kpool:
             raise DsakvError(
                 f"index_kpool = {self.index_kpool!r}: must be a positive divisor of page_size = {self.page_size}"
+            )
+        physical = self.page_size // self.index_kpool
+        if physical != CUDA_PAGE_SIZE and not self.allow_any_page_size:
+            raise DsakvError(
+                f"page_size = {self.page_size}, index_kpool = {self.index_kpool}: the indexer's physical page is "
+                f"page_size // index_kpool = {physical} tokens; the DSA indexer kernels on CUDA read "
+                f"{CUDA_PAGE_SIZE}-token pages (page_size = {CUDA_PAGE_SIZE} x index_kpool); other sizes need the "
+                "explicit 'not for CUDA kernels' option (--allow-non-cuda-page-size)"
             )
         check_layer_count("mtp_layers", self.mtp_layers, 0)
         if fmt.scale_tile and self.spec.kv_lora_rank % fmt.scale_tile:
@@ -173,6 +178,18 @@ class CacheLayout:
         return self.page_size // self.index_kpool
 
     @property
+    def indexer_physical_page(self) -> int:
+        """Tokens' states in one physical indexer page, ``page_size // index_kpool``: 64 on CUDA (SGLang asserts
+        the physical page is 64, so main page 128 with kpool 2 is legal and main 64 with kpool 2 is not)."""
+        return self.page_size // self.index_kpool
+
+    @property
+    def indexer_kernel_block(self) -> int:
+        """Tokens one block of vLLM's indexer kernel spans: ``index_kpool x`` the physical page (its
+        ``tokens_per_state = index_kpool``); equal to ``page_size``, so one page id stays one block."""
+        return self.index_kpool * self.indexer_physical_page
+
+    @property
     def indexer_scale_offset(self) -> int:
         """Byte offset of the scale area inside one indexer page (8,192 for 64 x 128 B keys)."""
         return self.indexer_states_per_page * self.indexer_key_bytes
@@ -230,6 +247,12 @@ class CacheLayout:
     def cell_bytes(self) -> float | int:
         """Bytes one token costs in both caches (53,940 for GLM-5.3 fp8_ds_mla)."""
         return exact_div(self.page_bytes, self.page_size)
+
+    def with_index_kpool(self, index_kpool: int) -> CacheLayout:
+        """This layout with ``index_kpool`` states merged per indexer state and the *physical* indexer page kept:
+        ``page_size = indexer_physical_page x index_kpool`` (64 -> 128 at kpool 2), the what-if the CUDA rule allows.
+        """
+        return replace(self, index_kpool=index_kpool, page_size=self.indexer_physical_page * index_kpool)
 
     def pages_for_tokens(self, tokens: int) -> int:
         return ceil_div(tokens, self.page_size)

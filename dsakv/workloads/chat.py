@@ -127,6 +127,7 @@ def pressure_summary(
     in the pressured one, the reference runs the MTP layer without drafts, so both hold the same layers).
     """
     ps = page_size
+    group = ps * (engine_options or {}).get("dcp", 1)  # a DCP group's page: page_size x dcp tokens
     # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
     dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
     small = EngineConfig(
@@ -139,8 +140,8 @@ def pressure_summary(
         store_url=store_url,
         **(engine_options or {}),
         scheduler=SchedulerConfig(
-            max_batched_tokens=4 * ps,
-            chunk_tokens=2 * ps,
+            max_batched_tokens=4 * group,
+            chunk_tokens=2 * group,
             new_token_ratio=new_token_ratio,
             preemption=preemption,
         ),

@@ -329,6 +329,11 @@ class MooncakeTrace:
             elif req.timestamp_ms > prev:
                 prev = req.timestamp_ms
                 self.last_timestamp_ms, self.last_line = prev, req.line
+        if self.skipped and not self.num_requests:  # skip_bad skips bad lines of a trace, not a file that is none
+            raise DsakvError(
+                f"trace {str(self.path)!r}: none of its {self.skipped} lines is a valid request (first: "
+                f"{self.first_error})"
+            )
         if self.out_of_order:
             self._records = sorted(self._scan(first=False) if held is None else held, key=lambda r: r.timestamp_ms)
             warnings.warn(

@@ -251,3 +251,10 @@ def test_check_integrity_catches_a_freed_page_in_the_fresh_range_and_a_marked_fr
     b._allocated[6] = 1
     with pytest.raises(AssertionError, match="fresh range"):
         b.check_integrity()
+
+
+@pytest.mark.parametrize("num_pages", [2**40, 2**32 + 1])
+def test_an_allocator_too_large_to_hold_is_a_one_line_error(num_pages):
+    with pytest.raises(DsakvError, match=f"num_pages = {num_pages:,}") as exc:
+        PageAllocator(num_pages)
+    assert "\n" not in str(exc.value) and "2**32" in str(exc.value)

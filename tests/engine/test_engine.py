@@ -216,3 +216,12 @@ def test_cache_readback_sees_one_changed_byte_of_either_cache(region):
     else:
         pool.indexer_view(layer)[page, lay.indexer_scale_offset_of(offset)] ^= 1
     assert not before.equals(read_request_cache(pool, pages, n))
+
+
+def test_engine_allocates_the_top_k_index_buffer_the_planner_subtracts():
+    from dsakv.planner.workspaces import topk_buffer_bytes
+
+    engine = Engine(EngineConfig(scheduler=SchedulerConfig(max_batched_tokens=512)))
+    buf = engine.topk_indices
+    assert buf.dtype == torch.int32 and tuple(buf.shape) == (512, engine.spec.index_topk)
+    assert buf.numel() * buf.element_size() == topk_buffer_bytes(512, engine.spec.index_topk)

@@ -210,6 +210,8 @@ READS = {
     "main_view": lambda pool, held, g: pool.main_view(1),
     "indexer_view": lambda pool, held, g: pool.indexer_view(2),
     "read_main": lambda pool, held, g: pool.read_main(3, pick(slots_of(pool, held), 20, g)),
+    "read_main_rank": lambda pool, held, g: pool.read_main_rank(3, 0, pick(slots_of(pool, held), 20, g)),
+    "main_shards": lambda pool, held, g: pool.main_shards(1),
     "read_indexer": lambda pool, held, g: pool.read_indexer(0, pick(slots_of(pool, held), 20, g)),
     "read_indexer_dequant": lambda pool, held, g: pool.read_indexer_dequant(2, pick(slots_of(pool, held), 20, g)),
     "offload_pages": lambda pool, held, g: pool.offload_pages(pick(held, 2, g)),

@@ -153,3 +153,33 @@ def test_cli_demo_on_a_checkpoint_matches_its_reference(checkpoint, capsys):
     assert main(["demo", "--checkpoint", str(folder), "--exact", "--conversations", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs_match"] and out["hit_tokens"] > 0
+
+
+def test_dcp_group_gives_transformers_greedy_tokens(checkpoint):
+    # A DCP group (main KV of token t on rank t % dcp, indexer K on every rank, partial attentions merged by
+    # their log-sum-exp): prefix hits, eviction and a preemption during the run leave the tokens exact.
+    arch, model, folder = checkpoint
+    dcp = {"glm_moe_dsa": 4, "deepseek_v32": 2}[arch]  # DCP 4 on GLM (shared layers), DCP 2 on DeepSeek
+    ps = prompts()
+    expected = [hf_greedy(model, p, NEW) for p in ps]
+    cfg = EngineConfig(
+        num_pages=30 * 16 // (PAGE * dcp), page_size=PAGE, dcp=dcp, kv_dtype="fp32", indexer_dtype="fp32",
+        scheduler=SchedulerConfig(chunk_tokens=128, max_batched_tokens=256),
+    )  # fmt: skip
+    eng = Engine(cfg, checkpoint=folder)
+    first = eng.generate(ps[:1], NEW)[0]
+    original, preempted = eng.step, []
+
+    def step():  # one preemption mid-run, of the newest running request
+        finished = original()
+        sched = eng.scheduler
+        if not preempted and len(sched.running) > 1:
+            preempted.append(sched.preempt(sched.running[-1].id))
+        return finished
+
+    eng.step = step
+    rest = eng.generate(ps[1:], NEW)
+    assert [first.output_tokens] + [r.output_tokens for r in rest] == expected
+    assert any(r.stats.hit_tokens >= 128 for r in rest) and eng.radix.metrics.evicted_tokens > 0
+    assert preempted and eng.scheduler.stats.preemptions > 0
+    eng.check_integrity()

@@ -107,7 +107,7 @@ def test_chunks_hold_at_least_one_row_when_the_budget_is_tiny(monkeypatch):
 def test_device_budget_follows_the_design_formula():
     budget = device_logits_budget("cpu", mem_fraction_static=0.9)
     assert 0 < budget <= logits_budget_bytes(1 << 50, 0.9, 1 << 50)
-    assert LOGITS_CHECK_MIN_ELEMENTS == 8 * 2**20
+    assert LOGITS_CHECK_MIN_ELEMENTS == 8_000_000  # SGLang's _MQA_LOGITS_STATIC_SKIP_ELEMS (decimal, not 8 MiB)
     assert chunk_rows(4 * GiB // 1024, 1 << 20) == 1  # one 1M-context fp32 row is 4 MiB (DESIGN.md section 3)
 
 

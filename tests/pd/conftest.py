@@ -24,6 +24,7 @@ from dsakv.store.local_server import LocalRedisServer, redis_server_binary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+
 @pytest.fixture(scope="session")
 def transfer_engine_installed() -> None:
     """Fails (never skips) a test that needs the transfer engine when it cannot load."""

@@ -153,7 +153,7 @@ def test_pool_capacity_needs_exactly_one_source(layout):
 
 @pytest.mark.parametrize(
     "layout_kwargs",
-    [{}, {"kv_dtype": "bf16"}, {"kv_dtype": "fp8"}, {"index_kpool": 4}, {"mtp_layers": 1}],
+    [{}, {"kv_dtype": "bf16"}, {"kv_dtype": "fp8"}, {"index_kpool": 4, "page_size": 256}, {"mtp_layers": 1}],
     ids=["fp8_ds_mla", "bf16", "fp8", "kpool4", "mtp1"],
 )
 @pytest.mark.parametrize("dcp", [1, 2, 3, 8])
@@ -161,10 +161,14 @@ def test_rank_cell_per_token_figures_are_the_layouts_with_the_dcp_split(layout_k
     lay = CacheLayout(ModelSpec.preset("glm-5.3"), **layout_kwargs)
     cell = RankCell(lay, dcp)
     # exact figures: an int when the split divides, else the correctly rounded float of the fraction
-    assert cell.main_bytes_per_token == float(Fraction(lay.main_bytes_per_token, dcp))
-    assert isinstance(cell.main_bytes_per_token, int) == (lay.main_bytes_per_token % dcp == 0)
+    draft = lay.mtp_layers * lay.main_row_bytes  # the draft worker's main rows are replicated, not split
+    want = Fraction(lay.main_bytes_per_token - draft, dcp) + draft
+    assert cell.main_bytes_per_token == (int(want) if want.denominator == 1 else float(want))
+    assert isinstance(cell.main_bytes_per_token, int) == (want.denominator == 1)
     assert cell.indexer_bytes_per_token == lay.indexer_bytes_per_token  # replicated on every DCP rank
-    assert cell.page_bytes == lay.main_page_bytes + dcp * lay.indexer_page_bytes
+    assert cell.page_bytes == lay.main_page_bytes + (dcp - 1) * lay.mtp_layers * lay.main_page_bytes_per_layer + (
+        dcp * lay.indexer_page_bytes
+    )
     assert cell.cell_bytes == float(Fraction(cell.page_bytes, cell.tokens_per_page))
     if dcp == 1:
         figures = ("main_bytes_per_token", "indexer_bytes_per_token", "cell_bytes", "main_page_bytes", "page_bytes")

@@ -31,3 +31,10 @@ def test_small_logits_are_never_checked_large_ones_are_chunked():
     assert not small.checked and small.chunks == 1
     big = logits_plan(32_768, 1_048_576, budget_bytes=8 * 2**30)
     assert big.checked and big.chunk_rows == 2_048 and big.chunks == 16
+
+
+def test_the_mqa_logits_skip_is_sglangs_8_000_000_elements():
+    # SGLang skips the check below _MQA_LOGITS_STATIC_SKIP_ELEMS = 8_000_000; 8 x 2**20 = 8,388,608 would not
+    assert logits_plan(1, 8_000_000, budget_bytes=1).checked
+    assert logits_plan(2, 4_000_000, budget_bytes=1).chunks == 2
+    assert not logits_plan(1, 7_999_999, budget_bytes=1).checked

@@ -72,9 +72,20 @@ def test_deepseek_v32_keeps_indexer_k_on_all_61_layers_48068_bytes_per_token():
 
 
 def test_kpool_keeps_one_indexer_state_per_n_tokens(glm53):
-    lay = CacheLayout(glm53, index_kpool=4)
-    assert lay.indexer_states_per_page == 16 and lay.indexer_page_bytes_per_layer == 16 * 132
+    lay = CacheLayout(glm53, index_kpool=4, page_size=256)
+    assert lay.indexer_states_per_page == 64 and lay.indexer_page_bytes_per_layer == 64 * 132
     assert lay.indexer_bytes_per_token == 693 and lay.cell_bytes == 51_861
+
+
+def test_kpool_cuda_rule_is_on_the_physical_indexer_page(glm53):
+    lay = CacheLayout(glm53, page_size=128, index_kpool=2)  # SGLang's legal shape: physical page 128 // 2 = 64
+    assert lay.indexer_physical_page == 64 and lay.indexer_kernel_block == 2 * 64 == lay.page_size
+    with pytest.raises(DsakvError, match=r"physical page is page_size // index_kpool = 32 tokens"):
+        CacheLayout(glm53, page_size=64, index_kpool=2)
+    with pytest.raises(DsakvError, match=r"page_size // index_kpool = 128"):
+        CacheLayout(glm53, page_size=128)
+    assert CacheLayout(glm53, page_size=64, index_kpool=2, allow_any_page_size=True).indexer_physical_page == 32
+    assert CacheLayout(glm53).with_index_kpool(4).page_size == 256
 
 
 def test_non_cuda_page_size_needs_the_explicit_option(glm53):
@@ -100,3 +111,16 @@ def test_bad_layout_arguments_name_the_field(glm53, kwargs, field):
 def test_pages_for_tokens_rounds_up(glm53):
     lay = CacheLayout(glm53)
     assert [lay.pages_for_tokens(n) for n in (1, 64, 65, 1_048_576)] == [1, 1, 2, 16_384]
+
+
+def test_packed_block_is_vllms_unpadded_sum_of_layer_pages(glm53):
+    # vLLM: one KV-cache group of UniformTypeKVCacheSpecs, page_size_bytes = sum of its layers' pages; the MLA
+    # spec (block_size x 656 for fp8_ds_mla) and the indexer's (block_size x 132 uint8) set no page_size_padded,
+    # so a block is the plain sum: no padding between layers or at the end.
+    lay = CacheLayout(glm53)
+    assert lay.page_bytes == 78 * 64 * 656 + 21 * 64 * 132 == 3_452_160
+    offsets = [lay.packed_main_offset(la) for la in range(78)] + [
+        lay.packed_indexer_offset(f) for f in lay.indexer_layers
+    ]
+    sizes = [lay.main_page_bytes_per_layer] * 78 + [lay.indexer_page_bytes_per_layer] * 21
+    assert offsets == [sum(sizes[:i]) for i in range(len(sizes))] and sum(sizes) == lay.page_bytes
