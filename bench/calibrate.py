@@ -54,8 +54,8 @@ from pathlib import Path
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
+from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.workloads.traces import TraceRequest
@@ -304,13 +304,13 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
-    result = simulate(cfg, requests, setup=setup, counters=opened.counters)
+    result = run(cfg, requests, setup=setup, counters=opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError(f"anchor {anchor['id']}: no request finished in the replay")
-    dp, gpus = cfg.gpu.dp_attention, cfg.gpu.num_gpus
+    gpus = cfg.gpu.num_gpus
     duration = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
-    out_tok_s = sum(r.output_tokens for r in done) * dp / duration  # group 0 stands for each of the dp groups
+    out_tok_s = sum(r.output_tokens for r in done) / duration  # every DP group simulated
     figures = {
         "ttft_ms": lambda how: 1000 * _stat([r.ttft_s for r in done], how),
         "tpot_ms": lambda how: 1000 * _stat([r.tpot_s for r in done if r.tpot_s is not None], how),

@@ -18,8 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from dsakv.sim import run as simulate
 from dsakv.sim.config import build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

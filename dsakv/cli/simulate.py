@@ -39,14 +39,13 @@ from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.endpoint import check_instance_endpoints
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
-from dsakv.sim.cluster import run_simulation
+from dsakv.sim import run as sim_run
 from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
-from dsakv.sim.loop import arrival_seconds
+from dsakv.sim.group import arrival_seconds
 from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
 from dsakv.sim.rowstream import RowStream
-from dsakv.sim.shards import run_sharded
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source, source_requests
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import SweepRow, run_sweep
@@ -355,10 +354,9 @@ def run(args: argparse.Namespace) -> int:
             record_sink=None if rows is None else rows.add,
         )
         try:
-            if cfg.workers > 1:  # each worker reads the source again
-                result = run_sharded(cfg, partial(source_requests, source), **run).result
-            else:
-                result = run_simulation(cfg, opened.requests, **run)
+            # with workers, each reads the source again
+            requests = partial(source_requests, source) if cfg.workers > 1 else opened.requests
+            result = sim_run(cfg, requests, **run)
         finally:
             if bar:
                 bar.stop()

@@ -13,7 +13,7 @@ Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention 
 group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the
 replicated indexer K of all ``page_size x dcp`` tokens), so the allocator and the radix tree work at that
 granularity, as the engine's do. Under DP attention the setup is that of one attention-DP group (its own
-pool and prefix cache); ``dsakv.sim.loop`` routes requests to the groups round-robin.
+pool and prefix cache); the driver (``dsakv.sim.cluster``) routes each request to a group by the router.
 """
 
 from __future__ import annotations

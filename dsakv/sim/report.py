@@ -277,10 +277,27 @@ class RecordTable(Sequence):
         self._reasons = {position[row]: reason for row, reason in self._reasons.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class GroupCounts:
+    """One DP group's counts the records cannot give: the steps that evicted (the group's own count) and the
+    scheduler's totals (``SchedulerStats``: evicted tokens, preemptions, offloaded pages)."""
+
+    eviction_steps: int = 0
+    evicted_tokens: int = 0
+    preemptions: int = 0
+    offloaded_pages: int = 0
+
+    @staticmethod
+    def total(counts: Iterable[GroupCounts]) -> GroupCounts:
+        counts = list(counts)
+        return GroupCounts(*(sum(getattr(c, f.name) for c in counts) for f in fields(GroupCounts)))
+
+
 @dataclass
 class Counters:
-    """Counts the records cannot give: the loop's (steps, evictions, preemptions, offloads, DP routing) and
-    the trace reader's (``skipped_lines``, ``reordered_lines``). ``docs/metrics.md`` defines each one."""
+    """The run's counts the records cannot give: the driver's (steps, the groups' evictions, preemptions,
+    offloads: ``GroupCounts``) and the trace reader's (``skipped_lines``, ``reordered_lines``; a source seeds
+    them). ``docs/metrics.md`` defines each one."""
 
     steps: int = 0
     evicted_tokens: int = 0
@@ -289,8 +306,7 @@ class Counters:
     offloaded_pages: int = 0
     skipped_lines: int = 0
     reordered_lines: int = 0
-    dp_attention: int = 1  # attention-DP groups; the loop simulates group 0
-    other_group_requests: int = 0  # requests routed to the other groups
+    dp_attention: int = 1  # attention-DP groups of each instance (every group simulated)
 
 
 @dataclass
@@ -329,7 +345,7 @@ class Timeline:
     def sample_run(self, times: Sequence[float], used: np.ndarray, cached: np.ndarray, running: int) -> None:
         """The samples at the ends of a run of steps (``used`` / ``cached``: int64, one per step): what
         ``sample`` at each step end makes, in one pass, on a timeline of one sample per step (a ``merge_equal``
-        one is given a ``sample`` at the end of each stretch of equal values instead: ``Simulation.observe_run``)."""
+        one is given a ``sample`` at the end of each stretch of equal values instead: ``Group.observe_run``)."""
         self.time_s.extend(times)
         self.used_pages.extend(used.tolist())
         self.cache_only_pages.extend(cached.tolist())
@@ -350,6 +366,9 @@ class SimResult:
     counters: Counters
     summary: dict = field(default_factory=dict)
     tiers: tuple[Any, Any] | None = None  # (sim.transfers.TierSetup, TierCounters) when the run had lower tiers
+    # a run split among worker processes: each worker's peak resident set (bytes) and CPU seconds (user + system)
+    worker_peak_rss_bytes: tuple[int, ...] = ()
+    worker_cpu_s: tuple[float, ...] = ()
 
     @property
     def page_main_bytes(self) -> int:
@@ -424,7 +443,6 @@ def summarize(result: SimResult) -> dict:
         "skipped_lines": counts.skipped_lines,
         "reordered_lines": counts.reordered_lines,
         "dp_attention": counts.dp_attention,
-        "other_group_requests": counts.other_group_requests,
         "input_tokens": total("input_tokens"),
         "admitted_input_tokens": input_adm,
         "rejected_input_tokens": total("input_tokens", rejected),

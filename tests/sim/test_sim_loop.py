@@ -12,8 +12,9 @@ import pytest
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.savings import prefix_savings
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import Simulation, simulate
+from dsakv.sim.group import Group
 from dsakv.sim.report import Counters
 from dsakv.sim.source import Source, open_source
 from dsakv.spec.layout import CacheLayout
@@ -185,7 +186,7 @@ def test_mtp_drafts_leak_no_page_at_finish(mode):
 def test_allocator_keeps_the_planner_scratch_pages_out_of_the_pool():
     cfg = SimConfig(**CONST)
     setup = build_setup(cfg)
-    sim = Simulation(cfg, setup, [])
+    sim = Group(cfg, setup)
     assert sim.allocator.first_page == setup.capacity.scratch_pages == 1
     assert sim.allocator.num_pages == setup.pages == setup.capacity.pages
 

@@ -116,7 +116,7 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
 @pytest.mark.parametrize("options", [{}, {"mtp_draft": 2}, {"mla_padded_topk": True, "dp_attention": 2}])
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
-    # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.loop) rely on it.
+    # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.group) rely on it.
     model = RooflineStepTime(glm.layout, **options)
     run = model.run_seconds(contexts, steps)
     assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]

@@ -11,7 +11,7 @@ import pytest
 
 from dsakv.cli.output import dumps
 from dsakv.errors import DsakvError
-from dsakv.sim.cluster import run_simulation
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
 from dsakv.sim.rowstream import RowStream
 from dsakv.workloads.scenarios import generate_scenario
@@ -33,7 +33,7 @@ def _streamed(cfg: SimConfig, requests) -> tuple[str, str, list[int]]:
         left.append(record.id)
         stream.add(record)
 
-    result = run_simulation(cfg, requests, record_sink=sink)
+    result = simulate(cfg, requests, record_sink=sink)
     stream.close()
     return file.getvalue(), "".join(map(_row, result.records)), left
 
@@ -101,9 +101,7 @@ def test_the_trace_is_pulled_only_up_to_the_next_arrival(instances):
             yield r
 
     seen = []  # when request k leaves: how many requests had been pulled
-    run_simulation(
-        SimConfig(instances=instances), lazily(), record_sink=lambda record: seen.append((record.id, len(pulled)))
-    )
+    simulate(SimConfig(instances=instances), lazily(), record_sink=lambda record: seen.append((record.id, len(pulled))))
     assert [rid for rid, _ in seen] == list(range(len(requests)))
     # request k leaves before request k + 1 arrives: the reader has taken k + 1 requests and the one pending
     assert all(n <= rid + 2 for rid, n in seen)

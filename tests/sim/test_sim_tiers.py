@@ -14,8 +14,8 @@ from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.scheduler import BatchPlan
 from dsakv.scheduler.tiers import LoadBack, WriteBack
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, read_mooncake
 
