@@ -1,4 +1,4 @@
-"""Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
+"""Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime-log.md, calibration).
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--set NAME=VALUE ...]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]

@@ -471,7 +471,7 @@ class Cluster:
                     timeline,
                     inst.steps,
                 )
-                row = instance_figures(tally, r.summary)
+                row = instance_figures(tally, r.figures)
             tallies.append(tally)
             rows.append(row)
             timelines.append(timeline)

@@ -50,7 +50,8 @@ from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 STEP_MODELS = ("roofline", "constant")
 UNBOUNDED = "unbounded"  # a tier size without limit
 # Largest pool the simulator runs (2**23 pages: 536,870,912 tokens at 64 per page). The page allocator keeps a
-# Python list of the free page ids (about 40 B a page, 340 MB at the limit); real DSA pools are a few
+# flag byte per page and, once the pool has cycled, an 8-byte id per free page (9 B a page, 75 MB at the limit,
+# with the radix tree's per-page arrays on top); real DSA pools are a few
 # thousand to a million pages (GLM-5.3 on 8 x H200: 9,064; the tiny model on one MI300X: 934,874).
 MAX_SIM_POOL_PAGES = 2**23
 
@@ -306,7 +307,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         raise DsakvError(
             f"{what}: {pages:,} pages of {tokens_per_page} tokens; the simulator takes at most "
             f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * tokens_per_page:,} tokens): its page allocator "
-            f"keeps every free page id in memory, about 40 B each"
+            f"keeps a flag byte and, once used, an 8-byte id per free page in memory"
         )
     if cfg.step_model == "constant":
         step_time = ConstantStepTime()

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dsakv.sim.config import SimConfig, SimSetup
-from dsakv.sim.report import Counters, GroupCounts, RecordTable, SimResult, Timeline, summarize
+from dsakv.sim.report import Counters, GroupCounts, RecordTable, SimResult, TierUse, Timeline
+from dsakv.sim.summary import ClusterFigures, InstanceRow, Summary, summarize
 from dsakv.sim.transfers import TierCounters
 
 
@@ -41,7 +42,7 @@ class ClusterParts:
 
     first: int
     tallies: list[InstanceTally]
-    rows: list[dict | None]
+    rows: list[InstanceRow | None]
     timelines: list[Timeline]
     counts: list[GroupCounts]
     tiers: list[TierCounters] | None
@@ -73,9 +74,8 @@ def merge_parts(
     result = merge_groups(cfg, setup, base, counts, records, tiers, timeline, steps)  # type: ignore[arg-type]
     rows = [row for part in parts for row in part.rows]
     if n == 1:
-        rows = [instance_figures(parts[0].tallies[0], result.summary)]
-    add_cluster_figures(result.summary, cfg, router, rows)  # type: ignore[arg-type]
-    return result
+        rows = [instance_figures(parts[0].tallies[0], result.figures)]
+    return replace(result, figures=result.figures.with_cluster(cluster_figures(cfg, router, rows)))
 
 
 def merge_groups(
@@ -103,57 +103,56 @@ def merge_groups(
     )
     table = RecordTable.concatenated(records)
     table.sort_by_id()
-    result = SimResult(
+    pages = setup.pages * len(counts)
+    use = None if tiers is None else TierUse(setup.tiers, TierCounters.total(tiers))
+    return SimResult(
         config=cfg.to_dict(),
         layout=setup.layout,
         cell=setup.cell,
         capacity=setup.capacity,
-        capacity_pages=setup.pages * len(counts),
+        capacity_pages=pages,
         records=table,
         timeline=timeline,
         counters=total,
-        tiers=None if tiers is None else (setup.tiers, TierCounters.total(tiers)),
+        figures=summarize(table, timeline, total, setup.cell, pages, use),
+        tiers=use,
     )
-    summarize(result)
-    return result
 
 
-def add_cluster_figures(summary: dict, cfg: SimConfig, router: str, rows: list[dict]) -> None:
-    """The cluster's keys of ``summary``: ``instances``, ``router``, ``load_imbalance`` (from the rows'
-    routed tokens) and, with several groups, ``per_instance`` (``rows``, one per instance in order)."""
-    routed = np.array([row["routed_tokens"] for row in rows], dtype=np.float64)
-    summary["instances"] = cfg.instances
-    summary["router"] = router
-    summary["load_imbalance"] = float(routed.max() / routed.mean()) if routed.sum() else 1.0
-    if cfg.instances > 1 or cfg.gpu.dp_attention > 1:
-        summary["per_instance"] = rows
+def cluster_figures(cfg: SimConfig, router: str, rows: list[InstanceRow]) -> ClusterFigures:
+    """The cluster's figures: ``instances``, ``router``, ``load_imbalance`` (from the rows' routed tokens)
+    and, with several groups, ``per_instance`` (``rows``, one per instance in order)."""
+    routed = np.array([row.routed_tokens for row in rows], dtype=np.float64)
+    imbalance = float(routed.max() / routed.mean()) if routed.sum() else 1.0
+    several = cfg.instances > 1 or cfg.gpu.dp_attention > 1
+    return ClusterFigures(cfg.instances, router, imbalance, tuple(rows) if several else None)
 
 
-def instance_figures(inst: InstanceTally, s: dict) -> dict:
+def instance_figures(inst: InstanceTally, s: Summary) -> InstanceRow:
     """One instance's row of the report: what it was sent and how it served it."""
-    return {
-        "instance": inst.index,
-        "requests": s["requests"],
-        "routed_tokens": inst.routed_tokens,
-        "hit_tokens": s["hit_tokens"],
-        "hit_rate_tokens": s["hit_rate_tokens"],
-        "peak_waiting": inst.peak_waiting,
-        "mean_waiting": inst.sum_waiting / inst.steps if inst.steps else 0.0,
-        "mean_pool_use": s["mean_pool_use"],
-        "peak_pool_use": s["peak_pool_use"],
-        "mean_main_bytes": s["mean_main_bytes"],
-        "mean_indexer_bytes": s["mean_indexer_bytes"],
-        "ttft_s": s["ttft_s"],
-        "tpot_s": s["tpot_s"],
-        "makespan_s": s["makespan_s"],
-        "steps": s["steps"],
-    }
+    return InstanceRow(
+        instance=inst.index,
+        requests=s.requests,
+        routed_tokens=inst.routed_tokens,
+        hit_tokens=s.hit_tokens,
+        hit_rate_tokens=s.hit_rate_tokens,
+        peak_waiting=inst.peak_waiting,
+        mean_waiting=inst.sum_waiting / inst.steps if inst.steps else 0.0,
+        mean_pool_use=s.mean_pool_use,
+        peak_pool_use=s.peak_pool_use,
+        mean_main_bytes=s.mean_main_bytes,
+        mean_indexer_bytes=s.mean_indexer_bytes,
+        ttft_s=s.ttft_s,
+        tpot_s=s.tpot_s,
+        makespan_s=s.makespan_s,
+        steps=s.steps,
+    )
 
 
 def sum_timelines(timelines: list[Timeline]) -> Timeline:
     """The sum of timelines (instances of a cluster, groups of an instance): at every sample time of any of
     them, the sum of each one's value then (a value holds over ``(t[i-1], t[i]]``, the convention of
-    ``report._time_weighted``; before its first sample a timeline holds its first value, after its last its
+    ``summary._time_weighted``; before its first sample a timeline holds its first value, after its last its
     last). Each timeline is a start value plus the changes right after its samples' times, so the sum is one
     sort of every change: O(n log n) in the samples, whatever the number of timelines."""
     times = np.unique(np.concatenate([np.asarray(t.time_s) for t in timelines] or [np.zeros(0)]))

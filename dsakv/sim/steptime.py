@@ -419,13 +419,10 @@ class RooflineStepTime:
         ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         c, g = self._const, self.gpu
         q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
-        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
-            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
-        )  # fmt: skip
-        n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
+        pf_tokens, pf_keys, pf_idx_pairs = s.pf_tokens, s.pf_keys, s.pf_idx_pairs
+        n_dec, dec_sum = s.n_dec, s.dec_sum
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
         larger = np.maximum if arrays else max
-        topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         # every DP group's tokens go through the MoE / dense MLP
         moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
@@ -440,38 +437,7 @@ class RooflineStepTime:
         idx_flops = idx_layers * idx_pairs * c["idx_flops_per_pair"]
         idx_bytes = idx_layers * ((pf_keys + dec_sum) * c["idx_key_bytes"] + idx_pairs * 8)
         # Sparse MLA: each query attends to min(position, top-k) keys.
-        dec_pairs = q * dec_topk
-        dec_eff = self.mla_decode_eff
-        if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
-            pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
-        elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
-            pf_rows, pf_eff, dec_eff = pf_pairs, self.mla_prefill_eff, self.mla_prefill_eff
-        else:  # one prefill kernel per chunk: each selected row read once for the chunk
-            pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
-        mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
-        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
-            pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
-        mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
-        if self.mla_dense_short_prefill and pf_tokens:
-            # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
-            # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
-            dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
-            pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
-            mha_s = layers * (
-                pf_idx_pairs * c["mha_flops_per_pair"] / c["mha_rate"]
-                + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"] / c["gemm_rate"]
-            )
-            if breakdown:
-                mha_flops = pick(
-                    dense,
-                    layers * (pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]),
-                    0,
-                )
-            pf_pairs = pick(dense, 0, pf_pairs)
-            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
-            mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
-        else:
-            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+        mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops = self._sparse_mla(s, q, breakdown)
         write_bytes = tokens * c["cell_bytes"]
         bw = c["bw"]
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
@@ -506,6 +472,51 @@ class RooflineStepTime:
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
         secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
         return StepCost(flops, nbytes, secs, total)
+
+    def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
+        """The sparse MLA of a step (each query attends to min(position, top-k) keys): the bytes of the rows
+        it reads, its compute seconds (SGLang's dense MHA of short prefills included), the prefill and decode
+        pairs it computes (top-k padding included) and, with ``breakdown``, the dense prefill's FLOPs (None
+        where it does not apply)."""
+        c, g = self._const, self.gpu
+        topk, layers = c["topk"], c["attn_layers"]
+        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
+            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
+        )  # fmt: skip
+        n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
+        dec_pairs = q * dec_topk
+        dec_eff = self.mla_decode_eff
+        if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
+            pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
+        elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
+            pf_rows, pf_eff, dec_eff = pf_pairs, self.mla_prefill_eff, self.mla_prefill_eff
+        else:  # one prefill kernel per chunk: each selected row read once for the chunk
+            pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
+        mla_bytes = layers * (pf_rows + dec_rows) * c["mla_row_bytes"]
+        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
+            pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
+        mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
+        if self.mla_dense_short_prefill and pf_tokens:
+            # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
+            # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
+            dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
+            pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
+            mha_s = layers * (
+                pf_idx_pairs * c["mha_flops_per_pair"] / c["mha_rate"]
+                + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"] / c["gemm_rate"]
+            )
+            if breakdown:
+                mha_flops = pick(
+                    dense,
+                    layers * (pf_idx_pairs * c["mha_flops_per_pair"] + (pf_keys - pf_tokens) * c["kv_b_flops_per_key"]),
+                    0,
+                )
+            pf_pairs = pick(dense, 0, pf_pairs)
+            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+            mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
+        else:
+            mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+        return mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops
 
     def run_seconds(
         self,

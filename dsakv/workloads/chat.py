@@ -97,6 +97,50 @@ def compare(results_a: list[GenerationResult], results_b: list[GenerationResult]
     return tokens, caches
 
 
+def _pressure_configs(
+    workload: ChatWorkload,
+    pages: int,
+    ps: int,
+    pool_kind: str,
+    preemption: str,
+    new_token_ratio: float,
+    exact: bool,
+    host_bytes: int | None,
+    store_url: str | None,
+    engine_options: dict | None,
+) -> tuple[EngineConfig, EngineConfig]:
+    """The pressured engine's config (``pages`` pages, small batches, the tiers) and the reference's (room
+    for every request at once, no prefix cache)."""
+    # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
+    dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
+    small = EngineConfig(
+        **dtypes,
+        num_pages=pages,
+        page_size=ps,
+        pool_kind=pool_kind,
+        capture_cache=True,
+        host_bytes=host_bytes,
+        store_url=store_url,
+        **(engine_options or {}),
+        scheduler=SchedulerConfig(
+            max_batched_tokens=4 * ps,
+            chunk_tokens=2 * ps,
+            new_token_ratio=new_token_ratio,
+            preemption=preemption,
+        ),
+    )
+    roomy = workload.pages_needed(ps) * workload.num_requests
+    reference = EngineConfig(
+        **dtypes,
+        num_pages=roomy,
+        page_size=ps,
+        prefix_cache=False,
+        capture_cache=True,
+        scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
+    )
+    return small, reference
+
+
 def pressure_summary(
     workload: ChatWorkload,
     *,
@@ -124,32 +168,8 @@ def pressure_summary(
     closing it (``Engine.close``: its event sockets stay up for late subscribers until then).
     """
     ps = page_size
-    # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
-    dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
-    small = EngineConfig(
-        **dtypes,
-        num_pages=pages,
-        page_size=ps,
-        pool_kind=pool_kind,
-        capture_cache=True,
-        host_bytes=host_bytes,
-        store_url=store_url,
-        **(engine_options or {}),
-        scheduler=SchedulerConfig(
-            max_batched_tokens=4 * ps,
-            chunk_tokens=2 * ps,
-            new_token_ratio=new_token_ratio,
-            preemption=preemption,
-        ),
-    )
-    roomy = workload.pages_needed(ps) * workload.num_requests
-    reference = EngineConfig(
-        **dtypes,
-        num_pages=roomy,
-        page_size=ps,
-        prefix_cache=False,
-        capture_cache=True,
-        scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
+    small, reference = _pressure_configs(
+        workload, pages, ps, pool_kind, preemption, new_token_ratio, exact, host_bytes, store_url, engine_options
     )
     engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
     if on_engine is not None:

@@ -54,10 +54,15 @@ def test_mtp_runs_token_keys_whatever_page_keys_says():
         SimConfig(page_keys="bytes")
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason=f"Mooncake trace not present at {TRACE} (shared data absent)")
-def test_digest_keys_give_the_token_keys_figures_on_the_trace_head():
-    head = list(itertools.islice(MooncakeTrace(TRACE), 1500))
-    cfg = SimConfig(instances=2, pool_tokens=400_000)
+@pytest.mark.parametrize("source", ["generated", "shared"])
+def test_digest_keys_give_the_token_keys_figures_on_the_trace_head(source):
+    if source == "shared" and not TRACE.exists():
+        pytest.skip(f"Mooncake trace not present at {TRACE} (shared data absent; the generated case ran)")
+    if source == "shared":
+        head, pool = list(itertools.islice(MooncakeTrace(TRACE), 1500)), 400_000
+    else:
+        head, pool = generate_scenario("chat", seed=5, scale=0.3), 40_000
+    cfg = SimConfig(instances=2, pool_tokens=pool)
     digest = simulate(cfg, head)
     tokens = simulate(replace(cfg, page_keys="tokens"), head)
     assert digest.summary["hit_tokens"] > 0 and digest.summary["evicted_tokens"] > 0
