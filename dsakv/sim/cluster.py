@@ -59,7 +59,7 @@ from dsakv.sim.frontend import FrontEnd
 from dsakv.sim.group import MAX_REQUESTS, PROGRESS_EVERY_STEPS, Group, arrival_seconds
 from dsakv.sim.merge import ClusterParts, InstanceTally, instance_figures, merge_groups, merge_parts, sum_timelines
 from dsakv.sim.report import Counters, RequestRecord, SimResult
-from dsakv.sim.routing import KvAware, Oracle, Router, make_router
+from dsakv.sim.routing import Affinity, KvAware, Oracle, RoundRobin, Router, make_router
 from dsakv.sim.target_loads import TargetLoads
 from dsakv.workloads.traces import TraceRequest
 
@@ -151,6 +151,9 @@ class Cluster:
         self._slots: list[float] | None = None if c is None else [0.0] * c
         self._make_groups(record_sink)
         self._load = TargetLoads(len(self.targets))  # outstanding tokens per target
+        # only a router that reads the targets' loads needs them kept (round-robin and affinity read no state)
+        self._track_loads = self.router is not None and not isinstance(self.router, RoundRobin | Affinity)
+        self._kv_aware = isinstance(self.router, KvAware)  # its event batches carry the simulated time
         self._held: dict[int, tuple[int, int]] = {}  # request id -> (target, its load), while in the cluster
         self._requests = iter(requests)
         # the instance's front-end (dsakv.sim.frontend): every request passes it in send order before routing
@@ -209,7 +212,7 @@ class Cluster:
 
     def _clock(self, now: float) -> None:
         """The simulated time the KV-aware router's event batches carry."""
-        if isinstance(self.router, KvAware):
+        if self._kv_aware:
             self.router.clock_s = now
 
     # ----- arrivals -----------------------------------------------------------------------------------
@@ -233,9 +236,12 @@ class Cluster:
         if inst.run is not None:
             self._cut_run(inst, queued_s)
         tokens = req.input_length + req.output_length
-        self._load.add(target, tokens)
         inst.routed_tokens += tokens
         inst.routed_requests += 1
+        if not self._track_loads:
+            group.add(req, arrival_s, rid)
+            return inst
+        self._load.add(target, tokens)
         self._held[rid] = (target, tokens)
         before = len(group.records)
         group.add(req, arrival_s, rid)
@@ -255,7 +261,7 @@ class Cluster:
 
     def _settle(self, group: Group, before: int) -> None:
         """Requests that left ``group`` since it held ``before`` records no longer load their target."""
-        if len(group.records) > before:
+        if self._track_loads and len(group.records) > before:
             for request_id in group.records.column("id")[before:]:  # the ids alone: no record object is made
                 target, tokens = self._held.pop(request_id)
                 self._load.add(target, -tokens)
@@ -341,6 +347,8 @@ class Cluster:
     def _step(self, inst: Instance, now: float) -> float | None:
         """Plan every group of ``inst`` at ``now``; run the non-empty plans to the slowest group's end.
         Returns that end, or None when no group could run anything (the instance sleeps)."""
+        if len(inst.groups) == 1:
+            return self._step_one(inst, inst.groups[0], now)
         self._clock(now)
         plans = []
         for group in inst.groups:
@@ -382,6 +390,37 @@ class Cluster:
         if self._check_every and inst.steps % self._check_every == 0:
             for group in inst.groups:
                 group.scheduler.check_integrity()
+        return end
+
+    def _step_one(self, inst: Instance, group: Group, now: float) -> float | None:
+        """``_step`` of an instance of one group (no lockstep to price): the same operations, without the
+        lists of plans the groups of an instance need."""
+        self._clock(now)
+        group.finish_loads(now)
+        scheduler = group.scheduler
+        plan = None if scheduler.is_idle else scheduler.step()
+        if plan is None or not plan.items:
+            if plan is not None:  # nothing could run (its requests may be loading)
+                group.note_admitted(plan, now)
+                group.transfer(plan, now)
+                scheduler.update(plan, [])
+            load_s = group.next_load_s()
+            return None if load_s is None else max(now, load_s)  # wake when a load-back ends, else sleep
+        end = now + (group.transfer(plan, now) + group.price(plan))
+        self._clock(end)
+        before = len(group.records)
+        group.run_step(plan, now, end)
+        self._settle(group, before)
+        if self.observer is not None:
+            self.observer(AppliedSteps(group.target, group, now, (end,), plan=plan))
+        inst.steps += 1
+        self._steps += 1
+        waiting = len(scheduler.waiting)
+        inst.sum_waiting += waiting
+        if waiting > inst.peak_waiting:
+            inst.peak_waiting = waiting
+        if self._check_every and inst.steps % self._check_every == 0:
+            scheduler.check_integrity()
         return end
 
     # ----- the whole run --------------------------------------------------------------------------
