@@ -321,7 +321,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             ep=cfg.ep,
             moe_a2a=cfg.moe_a2a,
             weight_dtype=setting.weight_dtype,
-            mtp_draft=cfg.mtp,
+            num_draft_tokens=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
             mla_mixed_batch=vllm_mixed_batch(
                 layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy

@@ -211,8 +211,8 @@ class RooflineStepTime:
     tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
     group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
-    bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
-    (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
+    bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
+    (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
     expected yield, for reports; a step with MTP decodes also pays ``mtp_step_s``, speculative decoding's own work.
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
@@ -239,7 +239,7 @@ class RooflineStepTime:
     ep: int = 1
     moe_a2a: str = "none"
     weight_dtype: str | None = None
-    mtp_draft: int = 0
+    num_draft_tokens: int = 0
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
@@ -360,7 +360,7 @@ class RooflineStepTime:
     @property
     def tokens_per_decode(self) -> float:
         """Expected tokens one decode step yields per request (1 without MTP)."""
-        return 1.0 + self.mtp_draft * self.mtp_accept
+        return 1.0 + self.num_draft_tokens * self.mtp_accept
 
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
@@ -368,8 +368,8 @@ class RooflineStepTime:
         return 1.0 if not c["experts"] else 1.0 - c["expert_miss"] ** tokens
 
     def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
-        """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
-        return sum(n for n, _ in prefill) + len(decode) * (1 + self.mtp_draft)
+        """Tokens one group's step computes: its prefill tokens and ``1 + num_draft_tokens`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.num_draft_tokens)
 
     def cost(
         self,
@@ -385,7 +385,7 @@ class RooflineStepTime:
 
     def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
         """The batch reduced to the integer aggregates ``price`` needs."""
-        q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
+        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
         topk = self._const["topk"]
         # Decode sums: the plain sum is C-level; the clipped ones need a pass only past top-k (equal when q = 1).
@@ -418,7 +418,7 @@ class RooflineStepTime:
         dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
         ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         c, g = self._const, self.gpu
-        q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
+        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs = s.pf_tokens, s.pf_keys, s.pf_idx_pairs
         n_dec, dec_sum = s.n_dec, s.dec_sum
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
@@ -448,7 +448,7 @@ class RooflineStepTime:
         write_s = write_bytes / bw
         coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
         draft_s = 0.0
-        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
+        if n_dec and self.num_draft_tokens:  # the draft passes and speculative decoding's own per-step work (fact 15)
             draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
             draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
         # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
@@ -470,7 +470,7 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
-        secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
+        secs.update(collectives=coll_s, num_draft_tokens=draft_s, floor=floor_s, overhead=overhead_s)
         return StepCost(flops, nbytes, secs, total)
 
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
@@ -557,7 +557,7 @@ class RooflineStepTime:
         decode = [c + first_step for c in contexts]
         if not chunk and steps >= ARRAY_STRETCH_STEPS and decode:
             low = min(decode)  # the tables are indexed by the context sum: never below 0
-            if low >= 0 and (len(decode) == 1 or low >= (1 + self.mtp_draft) * self._const["topk"]):
+            if low >= 0 and (len(decode) == 1 or low >= (1 + self.num_draft_tokens) * self._const["topk"]):
                 return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
             return np.array(
@@ -581,7 +581,7 @@ class RooflineStepTime:
         first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
         dec_sum = first.dec_sum + len(decode) * j
-        q = 1 + self.mtp_draft
+        q = 1 + self.num_draft_tokens
         dec_topk = _clipped_run(decode, first.dec_topk, topk, j)
         dec_rows = dec_topk if q == 1 else _clipped_run(decode, first.dec_rows, q * topk, j)
         if chunk:
@@ -596,7 +596,7 @@ class RooflineStepTime:
 
     def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
         """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
-        least ``(1 + mtp_draft) * topk``), or of a single decode: such a step's price depends only on the decode
+        least ``(1 + num_draft_tokens) * topk``), or of a single decode: such a step's price depends only on the decode
         count, the context sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the
         context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
         whole, and stored.
@@ -658,7 +658,7 @@ class RooflineStepTime:
         return nbytes, count
 
     def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
-        """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
+        """``num_draft_tokens`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
         steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
         decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, and its two
         collectives' latency, at least ``layer_min_s`` (one layer), plus one layer's floor (and indexer floor) each."""
@@ -671,7 +671,7 @@ class RooflineStepTime:
         one = max(one + (2 * g.link_latency_s if self.tp > 1 else 0.0), self.layer_min_s)  # fact 14: one layer
         idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
         one += self.layer_floor_s + idx_floor
-        return self.mtp_draft * one
+        return self.num_draft_tokens * one
 
     def step_seconds(
         self,
@@ -685,7 +685,7 @@ class RooflineStepTime:
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
-            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
             "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "indexer",
             "gemm_eff",
