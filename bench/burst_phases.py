@@ -80,7 +80,7 @@ def phases(anchor: dict, traces: Path, settings: dict[str, float] | None = None)
     if "frontend_s" in step_params:
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
-    step_params.setdefault("indexer", calibrate.has_indexer(anchor))
+    step_params.setdefault("has_indexer", calibrate.has_indexer(anchor))
     setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))

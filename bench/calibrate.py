@@ -22,7 +22,7 @@ and ``kv`` empty: their commands set neither). ``--set NAME=VALUE`` (repeatable)
 without changing the defaults.
 
 Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
-DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
+DSA preset) are priced with ``RooflineStepTime(has_indexer=False)``.
 
 Every figure is the client's: each request reaches the engine ``FRONTEND_S`` after the client sends it (fitted,
 docs/steptime.md). Lengths follow the row's benchmark client: a ``range_ratio`` column r draws each request's
@@ -299,7 +299,7 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     if "frontend_s" in step_params:
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
-    step_params.setdefault("indexer", has_indexer(anchor))
+    step_params.setdefault("has_indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))

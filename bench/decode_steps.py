@@ -56,7 +56,7 @@ def weighted_median(pairs: list[tuple[float, int]]) -> float:
 def decode_steps(anchor: dict, traces: Path) -> str:
     cfg = calibrate.sim_config(anchor)
     setup = build_setup(cfg)
-    model = dataclasses.replace(setup.step_time, indexer=calibrate.has_indexer(anchor))
+    model = dataclasses.replace(setup.step_time, has_indexer=calibrate.has_indexer(anchor))
     recorder = RecordingStepTime(model)
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))

@@ -245,7 +245,7 @@ class RooflineStepTime:
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
-    indexer: bool = True
+    has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
@@ -297,7 +297,7 @@ class RooflineStepTime:
         c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
-            if p.name == "embedding" or (p.name.startswith("indexer") and not self.indexer):
+            if p.name == "embedding" or (p.name.startswith("indexer") and not self.has_indexer):
                 continue  # the embedding is a gather of the batch's rows; a model without the indexer has no indexer
             if p.name == "lm_head":
                 c["lm_head_bytes"] = per_rank_bytes
@@ -329,12 +329,12 @@ class RooflineStepTime:
         c["attn_tp"] = attn_tp
         c["layers"] = spec.num_hidden_layers + lay.mtp_layers
         # Per-step constants of cost(): layer counts, per-pair / per-row figures, peaks and bandwidths.
-        idx_layers = lay.num_indexer_layers if self.indexer else 0
+        idx_layers = lay.num_indexer_layers if self.has_indexer else 0
         c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, idx_layers, spec.index_topk
         c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
         c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
         c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
-        c["cell_bytes"] = lay.cell_bytes if self.indexer else lay.main_bytes_per_token
+        c["cell_bytes"] = lay.cell_bytes if self.has_indexer else lay.main_bytes_per_token
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
@@ -687,7 +687,7 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
             "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "indexer",
+            "has_indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
             "indexer_floor_s", "layer_min_s", "mtp_step_s", "overhead_s",

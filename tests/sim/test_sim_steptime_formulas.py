@@ -109,7 +109,7 @@ def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_ch
     assert st.indexer_floor_s == pytest.approx(9 / 20 * st.layer_floor_s)
     expected = layers * st.layer_floor_s + idx_layers * st.indexer_floor_s
     assert st.cost([], [10]).seconds["floor"] == pytest.approx(expected)
-    dense = RooflineStepTime(glm52, indexer=False, layer_min_s=0.0)
+    dense = RooflineStepTime(glm52, has_indexer=False, layer_min_s=0.0)
     assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.layer_floor_s)
 
 
@@ -129,13 +129,13 @@ def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
     # Fact 14: Kimi-K2 (61 DeepSeek-V3 layers, no indexer), SGLang TP8, concurrency 1, 1,024-token prompts: TPOT
     # 11.4 ms (sgl-project/sglang#13466). The DeepSeek preset without the indexer prices that step at 11.4 ms.
     lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
-    st = RooflineStepTime(lay, gpu_kind("H200"), indexer=False, weight_dtype="fp8")
+    st = RooflineStepTime(lay, gpu_kind("H200"), has_indexer=False, weight_dtype="fp8")
     assert st.step_seconds([], [1024 + 8]) == pytest.approx(0.0114, rel=0.01)
 
 
 def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):
     # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes; sparse MLA stays.
-    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, indexer=False)
+    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, has_indexer=False)
     a, b = dsa.cost([(1000, 0)], [3000] * 8), dense.cost([(1000, 0)], [3000] * 8)
     assert a.flops["indexer"] > 0 and b.flops["indexer"] == 0 == b.bytes["indexer"] == b.seconds["indexer"]
     assert b.flops["sparse_mla"] == a.flops["sparse_mla"] and b.bytes["sparse_mla"] == a.bytes["sparse_mla"]
