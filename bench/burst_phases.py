@@ -33,8 +33,9 @@ from collections import Counter
 from pathlib import Path
 
 from dsakv.errors import DsakvError
+from dsakv.sim import run
+from dsakv.sim.cluster import AppliedSteps
 from dsakv.sim.config import build_setup
-from dsakv.sim.loop import Simulation
 from dsakv.sim.source import Source, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,19 +44,22 @@ import calibrate  # noqa: E402
 PEAKS = Path(__file__).resolve().parent / "calibration" / "peaks.csv"
 
 
-class TokenClock(Simulation):
-    """The replay's simulation, recording each step's end and the output tokens it emitted (``emitted``). It steps
-    one step at a time (no run advanced at once), so every step passes ``run_step``: the same records either way."""
+class TokenClock:
+    """A step observer of the replay (``dsakv.sim.run(..., observer=)``) recording each step's end and the output
+    tokens it emitted, every DP group's (``emitted``). The replay steps one step at a time (no run advanced at
+    once: ``analytic_decode=False``), so every step is a plan: the same records either way."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs, analytic_decode=False)
+    def __init__(self) -> None:
         self.emitted: list[tuple[float, int]] = []
 
-    def run_step(self, plan, now, end=None):
-        tokens = sum(1 for item in plan.items if item.sample)
-        end = super().run_step(plan, now, end)
+    def __call__(self, steps: AppliedSteps) -> None:
+        end, tokens = steps.ends[-1], sum(1 for item in steps.plan.items if item.sample)
+        if self.emitted and self.emitted[-1][0] == end:  # another DP group of the same lockstep step
+            tokens += self.emitted.pop()[1]
         self.emitted.append((end, tokens))
-        return end
+
+    def run(self, cfg, setup, requests, counters=None):
+        return run(cfg, requests, setup=setup, counters=counters, analytic_decode=False, observer=self)
 
 
 def peak_tokens_per_second(emitted: list[tuple[float, int]], start: float, scale: int = 1) -> int:
@@ -76,22 +80,22 @@ def phases(anchor: dict, traces: Path, settings: dict[str, float] | None = None)
     if "frontend_s" in step_params:
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
-    step_params.setdefault("indexer", calibrate.has_indexer(anchor))
+    step_params.setdefault("has_indexer", calibrate.has_indexer(anchor))
     setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
-    sim = TokenClock(cfg, setup, requests, opened.counters)
-    result = sim.run()
+    sim = TokenClock()
+    result = sim.run(cfg, setup, requests, opened.counters)
     done = [r for r in result.records if r.outcome == "finished"]
-    start, dp = min(r.arrival_s for r in done), cfg.gpu.dp_attention
+    start = min(r.arrival_s for r in done)
     return {
         "queued": statistics.fmean(r.admit_s - r.arrival_s for r in done),
         "prefill": statistics.fmean(r.first_token_s - r.admit_s for r in done),
         "ttft": statistics.fmean(r.ttft_s for r in done),
         "span": statistics.fmean(r.finish_s - r.first_token_s for r in done),
         "duration": max(r.finish_s for r in done) - start,
-        "peak": peak_tokens_per_second(sim.emitted, start, dp),
-        "batch": max(tokens for _, tokens in sim.emitted) * dp,
+        "peak": peak_tokens_per_second(sim.emitted, start),
+        "batch": max(tokens for _, tokens in sim.emitted),
         "outputs": statistics.fmean(r.output_tokens for r in done),
         "records": sorted(done, key=lambda r: r.id),
         "timeline": result.timeline,

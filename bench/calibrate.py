@@ -1,4 +1,4 @@
-"""Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime.md, calibration).
+"""Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime-log.md, calibration).
 
     python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--set NAME=VALUE ...]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
@@ -30,7 +30,7 @@ and ``kv`` empty: their commands set neither). ``--set NAME=VALUE`` (repeatable)
 without changing the defaults.
 
 Rows of a model without the lightning indexer (an ``indexer`` column 0, or an ``r1-*`` id: DeepSeek-R1 on the
-DSA preset) are priced with ``RooflineStepTime(indexer=False)``.
+DSA preset) are priced with ``RooflineStepTime(has_indexer=False)``.
 
 Every figure is the client's: each request reaches the engine ``FRONTEND_S`` after the client sends it (fitted,
 docs/steptime.md). Lengths follow the row's benchmark client: a ``range_ratio`` column r draws each request's
@@ -65,8 +65,8 @@ from pathlib import Path
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
+from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.workloads.traces import TraceRequest
@@ -413,11 +413,10 @@ def _figures(result, cfg: SimConfig) -> dict:
     done = [r for r in result.records if r.outcome == "finished"]
     if not done:
         raise DsakvError("no request finished in the replay")
-    dp, gpus = cfg.gpu.dp_attention, cfg.gpu.num_gpus
+    gpus = cfg.gpu.num_gpus
     duration = max(r.finish_s for r in done) - min(r.arrival_s for r in done)
-    # Group 0 stands for each of the dp groups.
-    out_tok_s = sum(r.output_tokens for r in done) * dp / duration
-    in_tok_s = sum(r.input_tokens for r in done) * dp / duration
+    out_tok_s = sum(r.output_tokens for r in done) / duration  # every DP group simulated
+    in_tok_s = sum(r.input_tokens for r in done) / duration
     tpots = [r.tpot_s for r in done if r.tpot_s is not None]
     per_request = {
         "ttft_ms": [1000 * r.ttft_s for r in done],
@@ -427,7 +426,7 @@ def _figures(result, cfg: SimConfig) -> dict:
     }
     whole = {
         "duration_s": duration,
-        "req_s": len(done) * dp / duration,
+        "req_s": len(done) / duration,
         "out_tok_s": out_tok_s,
         "out_tok_s_gpu": out_tok_s / gpus,
         "in_tok_s": in_tok_s,
@@ -455,13 +454,13 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     if "frontend_s" in step_params:
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
-    step_params.setdefault("indexer", has_indexer(anchor))
+    step_params.setdefault("has_indexer", has_indexer(anchor))
     if step_params:
         setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     with tempfile.TemporaryDirectory() as tmp:
         opened = open_source(Source(trace=str(trace_of(anchor, traces, Path(tmp)))))
         requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
-    figures = _figures(simulate(cfg, requests, setup=setup, counters=opened.counters), cfg)
+    figures = _figures(run(cfg, requests, setup=setup, counters=opened.counters), cfg)
     rows, family = [], family_of(anchor)
     for metric, value, how in published:
         ours = figures[metric](how)

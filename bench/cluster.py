@@ -34,9 +34,9 @@ from pathlib import Path
 
 from dsakv.cache.radix import PAGE_KEYS
 from dsakv.errors import DsakvError
+from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.routing import ROUTERS
-from dsakv.sim.shards import run_sharded
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import MooncakeTrace, TraceRequest
 
@@ -105,18 +105,18 @@ def main() -> None:
     requests = ScaledTrace(args.trace, args.scale)
     t0, cpu0 = time.perf_counter(), _cpu_s()
     analytic = not args.no_analytic
-    run = run_sharded(cfg, requests, setup=build_setup(cfg), analytic_decode=analytic)
+    result = run(cfg, requests, setup=build_setup(cfg), analytic_decode=analytic)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
-    s = run.result.summary
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + sum(run.worker_peak_rss_bytes)  # KiB
+    s = result.summary
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + sum(result.worker_peak_rss_bytes)  # KiB
     what = requests.what
-    workers_cpu = run.worker_cpu_s
+    workers_cpu = result.worker_cpu_s
     critical = cpu - sum(workers_cpu) + max(workers_cpu, default=0.0)  # this process's CPU + the slowest worker's
     figures = {
         "requests": s["requests"],
         "wall_s": wall,
         "cpu_s": cpu,
-        "worker_cpu_s": list(run.worker_cpu_s),
+        "worker_cpu_s": list(result.worker_cpu_s),
         "critical_path_s": critical,
         "requests_per_s": s["requests"] / wall,
         "peak_rss_bytes": peak_rss,

@@ -18,8 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from dsakv.sim import run as simulate
 from dsakv.sim.config import build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.source import Source, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +56,7 @@ def weighted_median(pairs: list[tuple[float, int]]) -> float:
 def decode_steps(anchor: dict, traces: Path) -> str:
     cfg = calibrate.sim_config(anchor)
     setup = build_setup(cfg)
-    model = dataclasses.replace(setup.step_time, indexer=calibrate.has_indexer(anchor))
+    model = dataclasses.replace(setup.step_time, has_indexer=calibrate.has_indexer(anchor))
     recorder = RecordingStepTime(model)
     opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
     requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))

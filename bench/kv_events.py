@@ -64,10 +64,10 @@ def cluster_run(cfg: SimConfig, source: Source) -> dict:
     """One cluster run of ``source``: its wall time, summary, records and (over ZMQ) the batches sent."""
     setup = build_setup(cfg)
     opened = open_source(source)
-    cluster = Cluster(cfg, setup, opened.requests, opened.counters)
+    cluster = Cluster(cfg, setup, opened.requests)
     try:
         t0 = time.perf_counter()
-        result = cluster.run()
+        result = cluster.result(cluster.run(), opened.counters)
         wall_s = time.perf_counter() - t0
         subscribers = getattr(cluster.router.feed, "subscribers", [])
         batches = sum(sub.next_seq for sub in subscribers)

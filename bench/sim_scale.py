@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.workloads.traces import MooncakeTrace, TraceRequest
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 from dsakv.cli.gpu_args import parse_float
 from dsakv.errors import DsakvError
+from dsakv.sim import run as sim_run
 from dsakv.sim.config import SimConfig
 from dsakv.sim.emitlog import LOG_FORMATS, LogEmitter
-from dsakv.sim.loop import simulate
 from dsakv.sim.report import SimResult
 from dsakv.sim.step_settings import Settings, load_step_settings
 
@@ -58,7 +58,7 @@ def emit_run(args: argparse.Namespace, cfg: SimConfig, requests: Iterable, run: 
     with out:
         emitter = LogEmitter(out, args.log_format, run["setup"], interval)
         kwargs = {k: v for k, v in run.items() if k != "analytic_decode"}
-        return simulate(cfg, requests, analytic_decode=False, step_observer=emitter, **kwargs)
+        return sim_run(cfg, requests, analytic_decode=False, observer=emitter, **kwargs)
 
 
 __all__ = ["add_emit_arguments", "check_emit_args", "emit_run", "step_settings"]

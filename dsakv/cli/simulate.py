@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from dataclasses import fields
 from functools import partial
 
 from rich.console import Console
@@ -41,14 +42,13 @@ from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.endpoint import check_instance_endpoints
 from dsakv.scheduler.config import SCHEDULE_POLICIES
 from dsakv.scheduler.policies import PREEMPTION_MODES
-from dsakv.sim.cluster import run_simulation
+from dsakv.sim import run as sim_run
 from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
-from dsakv.sim.loop import arrival_seconds
+from dsakv.sim.group import arrival_seconds
 from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
 from dsakv.sim.rowstream import RowStream
-from dsakv.sim.shards import run_sharded
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source, source_requests
 from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import SweepRow, run_sweep
@@ -63,6 +63,18 @@ OUT_FILES = ("config.json", "summary.json", "requests.jsonl", "metrics.csv", "sw
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="trace-driven simulation of the twin cache at GLM-5.3 scale")
+    _workload_flags(p)
+    _model_flags(p)
+    add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
+    _cache_flags(p)
+    _engine_flags(p)
+    _tier_flags(p)
+    _cluster_flags(p)
+    _output_flags(p)
+    return p
+
+
+def _workload_flags(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--trace", help="Mooncake JSON-lines trace (timestamp ms, input_length, output_length, hash_ids)")
     w.add_argument(
@@ -74,6 +86,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument(
         "--time-scale", default=f"{DEFAULT.time_scale:g}", help="multiply arrival times (2 = replay twice as slowly)"
     )
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model and cache layout")
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
@@ -83,7 +98,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
     m.add_argument("--page-size", help="tokens per page (default 64 x kpool: the indexer's physical page is 64)")
     m.add_argument("--mtp-accept", default=str(DEFAULT.mtp_accept), help="acceptance probability of each draft token")
-    add_gpu_arguments(p, batched_help="the scheduler's budget per step; sizes the top-k buffer")
+
+
+def _cache_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("cache and scheduler")
     s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
     s.add_argument(
@@ -117,6 +134,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument(
         "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
     )
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("engine (step time and scheduling policy, docs/steptime.md)")
     e.add_argument("--ep", default=str(DEFAULT.ep), help="expert-parallel ranks (divides the TP size; 1 = TP experts)")
     e.add_argument("--moe-a2a", default=DEFAULT.moe_a2a, help=f"MoE collectives: {', '.join(MOE_A2A)}")
@@ -138,6 +158,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="service seconds per request of the one front-end process requests pass in send order (a queue)",
     )
     e.add_argument("--frontend-token-s", help="service seconds per prompt token of that front-end process")
+
+
+def _tier_flags(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("lower tiers (host memory and a shared store, docs/tiers.md)")
     t.add_argument("--host-bytes", help="host memory per node for the KV host tier: 2TB, 500GB, 1.5TiB or unbounded")
     t.add_argument("--host-tokens", help="host tier size in tokens instead of bytes")
@@ -162,6 +185,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=str(DEFAULT.write_threshold),
         help="write_through_selective: device hits before a page is written down",
     )
+
+
+def _cluster_flags(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("cluster (docs/routing.md)")
     c.add_argument("--instances", default=str(DEFAULT.instances), help="engine instances, each of the GPU setting")
     c.add_argument(
@@ -186,6 +212,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="step every decode step one by one (same figures, slower; by default runs of plain decode steps are "
         "advanced at once)",
     )
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument(
         "--sweep", action="append", help=f"KEY=V1,V2 (repeat for a product) or 'what-if'; keys: {', '.join(SWEEP_KEYS)}"
@@ -202,7 +231,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     o.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
     o.add_argument("--json", action="store_true", help="print every figure as JSON")
     add_emit_arguments(p)
-    return p
 
 
 def parse_routers(text: str) -> list[str]:
@@ -248,54 +276,49 @@ def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
     check_instance_endpoints("--kv-events", args.kv_events, "--kv-events-replay", args.kv_events_replay, instances)
 
 
+# How a flag becomes its SimConfig field: by the field's type (``--chunk-tokens`` -> ``chunk_tokens: int``), except
+# these parsers, the integers that may be 0, and the fields ``build_config`` derives from several flags.
+_PARSERS = {
+    "mtp_accept": parse_fraction,
+    "new_token_ratio": parse_share,
+    "host_bytes": parse_tier_bytes,
+    "indexer": parse_indexer,  # a full-layer count in ASCII digits only
+}
+_FROM_ZERO = frozenset({"mtp", "pool_tokens", "seed", "host_tokens", "store_tokens"})
+_DERIVED = frozenset({"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings"})
+
+
+def flag_fields(args: argparse.Namespace) -> dict:
+    """Every ``SimConfig`` field a flag of the same name sets (``--kv-dtype`` -> ``kv_dtype``), parsed by the
+    field's type under the flag's name; a flag not given leaves its field's default."""
+    out = {}
+    for f in fields(SimConfig):
+        if f.name in _DERIVED or not hasattr(args, f.name):
+            continue
+        text, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if f.name in _PARSERS:
+            out[f.name] = _PARSERS[f.name](flag, text)
+        elif text is None:
+            continue
+        elif f.type.startswith("int"):
+            out[f.name] = parse_int(flag, text, 0 if f.name in _FROM_ZERO else 1)
+        elif f.type.startswith("float"):
+            out[f.name] = parse_float(flag, text)
+        else:
+            out[f.name] = text
+    return out
+
+
 def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
     routers = parse_routers(args.router)
     _kv_events(args, routers)
     cfg = SimConfig(
-        model=args.model,
-        config=args.config,
+        **flag_fields(args),
         gpu=gpu_setting(args),  # the same flags and checks as dsakv plan
         available_bytes=available_bytes(args),
-        kv_dtype=args.kv_dtype,
-        kpool=parse_int("--kpool", args.kpool),
-        page_size=parse_int("--page-size", args.page_size),
-        mtp=parse_int("--mtp", args.mtp, 0),
-        mtp_accept=parse_fraction("--mtp-accept", args.mtp_accept),
-        indexer=parse_indexer("--indexer", args.indexer),  # ASCII digits only
-        pool_tokens=parse_int("--pool-tokens", args.pool_tokens, 0),
-        eviction_policy=args.eviction_policy,
-        insert_mode=args.insert_mode,
         prefix_cache=not args.no_prefix_cache,
-        page_keys=args.page_keys,
-        preemption=args.preemption,
-        chunk_tokens=parse_int("--chunk-tokens", args.chunk_tokens),
-        max_running=parse_int("--max-running", args.max_running),
-        new_token_ratio=parse_share("--new-token-ratio", args.new_token_ratio),
-        time_scale=parse_float("--time-scale", args.time_scale),
-        step_model=args.step_model,
-        seed=parse_int("--seed", args.seed, 0),
-        ep=parse_int("--ep", args.ep),
-        moe_a2a=args.moe_a2a,
-        schedule_policy=args.schedule_policy,
-        max_concurrency=parse_int("--max-concurrency", args.max_concurrency),
-        frontend_s=0.0 if args.frontend_s is None else parse_float("--frontend-s", args.frontend_s),
-        frontend_request_s=0.0
-        if args.frontend_request_s is None
-        else parse_float("--frontend-request-s", args.frontend_request_s),
-        frontend_token_s=0.0
-        if args.frontend_token_s is None
-        else parse_float("--frontend-token-s", args.frontend_token_s),
-        host_bytes=parse_tier_bytes("--host-bytes", args.host_bytes),
-        host_tokens=parse_int("--host-tokens", args.host_tokens, 0),
         store_bytes=_store_bytes(args),
-        store_tokens=parse_int("--store-tokens", args.store_tokens, 0),
-        store_gbps=parse_float("--store-gbps", args.store_gbps),
-        write_policy=args.write_policy,
-        write_threshold=parse_int("--write-threshold", args.write_threshold),
-        instances=parse_int("--instances", args.instances),
         router=routers[0],
-        kv_events=args.kv_events,
-        kv_events_replay=args.kv_events_replay,
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)
         step_settings=step_settings(args),
         workers=1 if args.sweep or len(routers) > 1 or args.workers is None else parse_int("--workers", args.workers),
@@ -366,10 +389,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.emit_log:  # one group, step by step, its log written as it runs (cli/emit_args.py)
                 result = emit_run(args, cfg, opened.requests, run)
-            elif cfg.workers > 1:  # each worker reads the source again
-                result = run_sharded(cfg, partial(source_requests, source), **run).result
-            else:
-                result = run_simulation(cfg, opened.requests, **run)
+            else:  # with workers, each reads the source again
+                requests = partial(source_requests, source) if cfg.workers > 1 else opened.requests
+                result = sim_run(cfg, requests, **run)
         finally:
             if bar:
                 bar.stop()

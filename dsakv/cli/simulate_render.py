@@ -55,8 +55,6 @@ def render_summary(result: SimResult, setup, source, console: Console) -> None:
         t.add_row(f"  rejected: {reason}", f"{n:,}")
     if s["skipped_lines"] or s["reordered_lines"]:
         t.add_row("trace lines skipped / out of order", f"{s['skipped_lines']:,} / {s['reordered_lines']:,}")
-    if s["other_group_requests"]:
-        t.add_row("requests routed to the other DP-attention groups", f"{s['other_group_requests']:,}")
     t.add_row("input tokens / output tokens", f"{s['input_tokens']:,} / {s['output_tokens']:,}")
     t.add_row(
         "input tokens of admitted / rejected requests",

@@ -97,56 +97,14 @@ def admit(
     offloaded one takes new pages for its host copy, restored by the executor. The caller pops it from the
     waiting queue and plans its first chunk.
     """
-    alloc, radix, ps, cfg = state.allocator, state.radix, state.page_size, state.config
-    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_draft_tokens, ps)
+    cfg = state.config
+    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_draft_tokens, state.page_size)
     if req.status is Status.OFFLOADED:
-        if work_end(req.offloaded_tokens, req.num_tokens, budget, cfg, ps) == req.offloaded_tokens:
-            return False  # nothing to compute this step: it would hold restored pages and do nothing
-        n = pages_for(req.offloaded_tokens, ps)
-        evictable = radix.evictable_tokens // ps if radix is not None else 0
-        if max(estimate, n) + outstanding > alloc.num_free + evictable:
-            return False
-        if not take_pages(state, req, req.offloaded_tokens, plan, scheduled, may_preempt=False):
-            return False
-        req.stats.pages_written -= n  # restored, not written by compute
-        req.stats.restored_pages += n
-        state.stats.restored_pages += n
-        plan.restores.append(HostCopy(req.id, list(req.pages), req.offloaded_tokens))
-        req.num_computed, req.offloaded_tokens = req.offloaded_tokens, 0
+        admitted = _admit_offloaded(state, req, plan, outstanding, budget, scheduled, estimate)
     else:
-        hit_tokens = evictable = 0
-        lower: list[int] = []
-        if radix is not None:
-            key = req.radix_key(req.num_tokens)
-            peek = radix.peek(key)
-            hit_tokens = peek.matched_tokens
-            evictable = (radix.evictable_tokens - peek.evictable_tokens) // ps  # once the hit is locked
-            if state.tiers is not None:
-                lower = lower_hit(state, req, hit_tokens // ps)
-        if not lower and work_end(hit_tokens, req.num_tokens, budget, cfg, ps) == hit_tokens:
-            return False  # nothing to compute this step (budget below a page): it would hold a lock and wait
-        if estimate - hit_tokens // ps + outstanding > alloc.num_free + evictable:
-            return False
-        hit_pages, node = [], None
-        if radix is not None:
-            match = radix.match(key)
-            hit_pages, node = match.pages, match.node
-            radix.lock(node)
-        req.pages, req.num_shared_pages, req.node = list(hit_pages), len(hit_pages), node
-        req.num_computed = len(hit_pages) * ps
-        tiers = state.tiers
-        if tiers is not None and hit_pages and tiers.policy.name == WRITE_THROUGH_SELECTIVE:
-            hashes = extend_hashes(state.hash_fn, key, ps, len(hit_pages), req.page_hashes)
-            tiers.device_hit(hashes[: len(hit_pages)], hit_pages)
-        if lower:
-            lower = plan_load_backs(state, req, lower, plan, scheduled)
-        hit = req.num_computed + sum(lower) * ps
-        if req.stats.admit_step is None:
-            req.stats.hit_tokens = hit
-            req.stats.hit_tokens_host = lower[0] * ps if lower else 0
-            req.stats.hit_tokens_store = lower[1] * ps if lower else 0
-        else:
-            req.stats.resume_hit_tokens += hit
+        admitted = _admit_with_hit(state, req, plan, outstanding, budget, scheduled, estimate)
+    if not admitted:
+        return False
     req.estimated_pages = estimate
     if req.stats.admit_step is None:
         req.stats.admit_step = plan.step
@@ -159,6 +117,83 @@ def admit(
     else:
         req.status = Status.RUNNING
         state.running.append(req)
+    return True
+
+
+def _admit_offloaded(
+    state: SchedulerState,
+    req: Request,
+    plan: BatchPlan,
+    outstanding: int,
+    budget: int,
+    scheduled: set[int],
+    estimate: int,
+) -> bool:
+    """An offloaded request takes new pages for its host copy (restored by the executor), if it has work
+    within ``budget`` and the page budget allows; False changes nothing."""
+    alloc, radix, ps, cfg = state.allocator, state.radix, state.page_size, state.config
+    if work_end(req.offloaded_tokens, req.num_tokens, budget, cfg, ps) == req.offloaded_tokens:
+        return False  # nothing to compute this step: it would hold restored pages and do nothing
+    n = pages_for(req.offloaded_tokens, ps)
+    evictable = radix.evictable_tokens // ps if radix is not None else 0
+    if max(estimate, n) + outstanding > alloc.num_free + evictable:
+        return False
+    if not take_pages(state, req, req.offloaded_tokens, plan, scheduled, may_preempt=False):
+        return False
+    req.stats.pages_written -= n  # restored, not written by compute
+    req.stats.restored_pages += n
+    state.stats.restored_pages += n
+    plan.restores.append(HostCopy(req.id, list(req.pages), req.offloaded_tokens))
+    req.num_computed, req.offloaded_tokens = req.offloaded_tokens, 0
+    return True
+
+
+def _admit_with_hit(
+    state: SchedulerState,
+    req: Request,
+    plan: BatchPlan,
+    outstanding: int,
+    budget: int,
+    scheduled: set[int],
+    estimate: int,
+) -> bool:
+    """A new or recompute-preempted request: peek at its prefix hit (device, then the lower tiers) to decide;
+    once admitted, match and lock the device hit, tell a selective write policy of it, plan the lower-tier
+    load-backs and record the hit. False changes nothing."""
+    alloc, radix, ps, cfg = state.allocator, state.radix, state.page_size, state.config
+    hit_tokens = evictable = 0
+    lower: list[int] = []
+    if radix is not None:
+        key = req.radix_key(req.num_tokens)
+        peek = radix.peek(key)
+        hit_tokens = peek.matched_tokens
+        evictable = (radix.evictable_tokens - peek.evictable_tokens) // ps  # once the hit is locked
+        if state.tiers is not None:
+            lower = lower_hit(state, req, hit_tokens // ps)
+    if not lower and work_end(hit_tokens, req.num_tokens, budget, cfg, ps) == hit_tokens:
+        return False  # nothing to compute this step (budget below a page): it would hold a lock and wait
+    if estimate - hit_tokens // ps + outstanding > alloc.num_free + evictable:
+        return False
+    hit_pages, node = [], None
+    if radix is not None:
+        match = radix.match(key)
+        hit_pages, node = match.pages, match.node
+        radix.lock(node)
+    req.pages, req.num_shared_pages, req.node = list(hit_pages), len(hit_pages), node
+    req.num_computed = len(hit_pages) * ps
+    tiers = state.tiers
+    if tiers is not None and hit_pages and tiers.policy.name == WRITE_THROUGH_SELECTIVE:
+        hashes = extend_hashes(state.hash_fn, key, ps, len(hit_pages), req.page_hashes)
+        tiers.device_hit(hashes[: len(hit_pages)], hit_pages)
+    if lower:
+        lower = plan_load_backs(state, req, lower, plan, scheduled)
+    hit = req.num_computed + sum(lower) * ps
+    if req.stats.admit_step is None:
+        req.stats.hit_tokens = hit
+        req.stats.hit_tokens_host = lower[0] * ps if lower else 0
+        req.stats.hit_tokens_store = lower[1] * ps if lower else 0
+    else:
+        req.stats.resume_hit_tokens += hit
     return True
 
 

@@ -71,50 +71,19 @@ def plan_run(
     chunk, ``_refusal``) or finishes one, but with ``finish`` the last may (``finishes``: the first step that
     samples a request's last token ends the run); every page they take comes off the free list or, with
     ``evict``, from evicting the prefix cache (never from preempting)."""
-    running, pending, config = state.running, state.pending, state.config
-    if (
-        not running
-        or state.in_flight is not None
-        or state.loading
-        or state.tiers is not None
-        or state.insert_as_written
-        or config.num_draft_tokens
-        or len(running) > config.max_batched_tokens
-        or pending.freed_pages
-        or pending.offloads
-        or pending.preempted
-    ):
+    if not _runnable(state):
         return NO_RUN
-    ps = state.page_size
-    newest = running[-1]
-    if (
-        state.waiting
-        and len(running) < config.max_running
-        and config.max_batched_tokens - len(running) >= ps
-        and newest.num_computed == newest.prompt_len + len(newest.outputs) - 1
-    ):
-        return NO_RUN  # nobody prefills: the budget the decodes leave admits the head (``_refusal``), step by step
-    finish_at = None  # the first step that samples a request's last token
-    prefill = None
-    last = len(running) - 1
-    contexts = []
-    for i, req in enumerate(running):
-        if req.status is not Status.RUNNING or req.eos_token_id is not None:
-            return NO_RUN
-        total = req.prompt_len + len(req.outputs)
-        if req.num_computed != total - 1 or req.stats.first_token_step is None:
-            if i < last or not chunks or config.schedule_policy != "mixed" or total - req.num_computed < 2:
-                return NO_RUN
-            prefill = req
-            continue
-        contexts.append(total)
-        left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
-        finish_at = left if finish_at is None or left < finish_at else finish_at
+    config, running, ps = state.config, state.running, state.page_size
+    scan = _scan_running(running, chunks, config)
+    if scan is None:
+        return NO_RUN
+    contexts, prefill, finish_at = scan
     steps = None if finish_at is None else finish_at + finish  # through the finishing step, with finish
     if limit is not None and (steps is None or limit < steps):
         steps = limit
     plan_chunks: list[tuple[int, int]] = []
     joining = None
+    last = len(running) - 1
     if prefill is not None:
         plan_chunks = _chunks(prefill, config.max_batched_tokens - last, config, ps, steps)
         c = len(plan_chunks)
@@ -137,30 +106,99 @@ def plan_run(
     del plan_chunks[steps:]
     takes = _decode_takes(running[: len(contexts)], steps, ps)
     if prefill is not None:
-        held = len(prefill.pages)
-        for j, (n, start) in enumerate(plan_chunks):
-            need = -(-(start + n) // ps) - held  # pages_for(start + n) - held
-            if need > 0:
-                takes.append((j, last, need))
-                held += need
-        if joining is not None:  # its decodes: a page at each page boundary from step len(chunks) on
-            first = max(held * ps + 1 - (joining + len(plan_chunks)), 0) + len(plan_chunks)
-            takes += [(j, last, 1) for j in range(first, steps, ps)]
+        takes += _prefill_takes(prefill, last, plan_chunks, joining, steps, ps)
     takes.sort()
-    available = state.allocator.num_free
-    if evict and state.radix is not None:
-        available += state.radix.evictable_tokens // ps
-    for j, _, pages in takes:  # the first step short of pages ends the run (it would preempt)
-        available -= pages
-        if available < 0:
-            if not j:
-                return NO_RUN
-            steps = j
-            takes = [t for t in takes if t[0] < j]
-            del plan_chunks[j:]
-            break
+    steps = _steps_with_pages(state, evict, takes, steps)
+    if not steps:
+        return NO_RUN
+    takes = [t for t in takes if t[0] < steps]
+    del plan_chunks[steps:]
     finishes = finish and finish_at is not None and steps == finish_at + 1
     return RunPlan(steps, takes, plan_chunks, contexts, joining if len(plan_chunks) < steps else None, finishes)
+
+
+def _runnable(state: SchedulerState) -> bool:
+    """Whether the next steps may form a run at all: requests running and nothing else in motion (no plan in
+    flight, nothing loading or pending, no tiers or drafts, inserts at finish), and, when somebody waits, a
+    prefill under way or no budget the decodes leave that could admit the head (``_refusal``)."""
+    running, pending, config = state.running, state.pending, state.config
+    if (
+        not running
+        or state.in_flight is not None
+        or state.loading
+        or state.tiers is not None
+        or state.insert_as_written
+        or config.num_draft_tokens
+        or len(running) > config.max_batched_tokens
+        or pending.freed_pages
+        or pending.offloads
+        or pending.preempted
+    ):
+        return False
+    newest = running[-1]
+    # nobody prefills: the budget the decodes leave admits the head (``_refusal``), step by step
+    return not (
+        state.waiting
+        and len(running) < config.max_running
+        and config.max_batched_tokens - len(running) >= state.page_size
+        and newest.num_computed == newest.prompt_len + len(newest.outputs) - 1
+    )
+
+
+def _scan_running(
+    running: Sequence[Request], chunks: bool, config
+) -> tuple[list[int], Request | None, int | None] | None:
+    """The decodes' contexts, the prefilling request (the newest only, with ``chunks`` under ``mixed``; None:
+    every request decodes) and the first step that samples a decode's last token (None: no decode); None
+    when a request can neither decode plainly nor prefill a chunk a step."""
+    finish_at = None
+    prefill = None
+    last = len(running) - 1
+    contexts = []
+    for i, req in enumerate(running):
+        if req.status is not Status.RUNNING or req.eos_token_id is not None:
+            return None
+        total = req.prompt_len + len(req.outputs)
+        if req.num_computed != total - 1 or req.stats.first_token_step is None:
+            if i < last or not chunks or config.schedule_policy != "mixed" or total - req.num_computed < 2:
+                return None
+            prefill = req
+            continue
+        contexts.append(total)
+        left = req.max_new_tokens - len(req.outputs) - 1  # steps before the one that finishes it
+        finish_at = left if finish_at is None or left < finish_at else finish_at
+    return contexts, prefill, finish_at
+
+
+def _prefill_takes(
+    prefill: Request, index: int, chunks: list[tuple[int, int]], joining: int | None, steps: int, ps: int
+) -> list[tuple[int, int, int]]:
+    """``(step, index, pages)`` of the pages the prefilling request (running index ``index``) takes: for each
+    chunk the pages past those it holds, then, once it decodes (``joining``), one at each page boundary."""
+    takes = []
+    held = len(prefill.pages)
+    for j, (n, start) in enumerate(chunks):
+        need = -(-(start + n) // ps) - held  # pages_for(start + n) - held
+        if need > 0:
+            takes.append((j, index, need))
+            held += need
+    if joining is not None:  # its decodes: a page at each page boundary from step len(chunks) on
+        first = max(held * ps + 1 - (joining + len(chunks)), 0) + len(chunks)
+        takes += [(j, index, 1) for j in range(first, steps, ps)]
+    return takes
+
+
+def _steps_with_pages(state: SchedulerState, evict: bool, takes: list[tuple[int, int, int]], steps: int) -> int:
+    """The steps of the run before the first one short of pages (it would preempt): ``takes`` (sorted by
+    step) come off the free list and, with ``evict``, the evictable cache."""
+    available = state.allocator.num_free
+    if evict and state.radix is not None:
+        available += state.radix.evictable_tokens // state.page_size
+    for j, _, pages in takes:
+        available -= pages
+        if available < 0:
+            return j
+    return steps
 
 
 def _refused_steps(

@@ -13,7 +13,7 @@ Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention 
 group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the
 replicated indexer K of all ``page_size x dcp`` tokens), so the allocator and the radix tree work at that
 granularity, as the engine's do. Under DP attention the setup is that of one attention-DP group (its own
-pool and prefix cache); ``dsakv.sim.loop`` routes requests to the groups round-robin.
+pool and prefix cache); the driver (``dsakv.sim.cluster``) routes each request to a group by the router.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from dsakv.spec.patterns import apply_indexer_pattern, indexer_patterns
 STEP_MODELS = ("roofline", "constant")
 UNBOUNDED = "unbounded"  # a tier size without limit
 # Largest pool the simulator runs (2**23 pages: 536,870,912 tokens at 64 per page). The page allocator keeps a
-# Python list of the free page ids (about 40 B a page, 340 MB at the limit); real DSA pools are a few
+# flag byte per page and, once the pool has cycled, an 8-byte id per free page (9 B a page, 75 MB at the limit,
+# with the radix tree's per-page arrays on top); real DSA pools are a few
 # thousand to a million pages (GLM-5.3 on 8 x H200: 9,064; the tiny model on one MI300X: 934,874).
 MAX_SIM_POOL_PAGES = 2**23
 
@@ -313,7 +314,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         raise DsakvError(
             f"{what}: {pages:,} pages of {tokens_per_page} tokens; the simulator takes at most "
             f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * tokens_per_page:,} tokens): its page allocator "
-            f"keeps every free page id in memory, about 40 B each"
+            f"keeps a flag byte and, once used, an 8-byte id per free page in memory"
         )
     if cfg.step_model == "constant":
         step_time = ConstantStepTime()
@@ -327,7 +328,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             ep=cfg.ep,
             moe_a2a=cfg.moe_a2a,
             weight_dtype=setting.weight_dtype,
-            mtp_draft=cfg.mtp,
+            num_draft_tokens=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
             mla_mixed_batch=vllm_mixed_batch(
                 layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy

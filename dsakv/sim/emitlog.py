@@ -1,7 +1,8 @@
 """``dsakv simulate --emit-log FILE --log-format sglang|vllm``: a simulated run's log in an engine's format.
 
-``LogEmitter`` is the loop's step observer (``Simulation.step_observer``, called once per step after the step
-is applied, with the plan and the step's start and end in simulated seconds). It writes what the engine would
+``LogEmitter`` is the driver's step observer (``dsakv.sim.run(..., observer=)``, called with an
+``AppliedSteps`` once per step after the step is applied: the group, the plan and the step's start and end in
+simulated seconds). It writes what the engine would
 print for the same run, with the same meaning (``dsakv.telemetry.log_lines`` lists the formats and their sources):
 
 * SGLang: a server-args line (``decode_log_interval``), the pool's allocation line (``#tokens``: the pool's tokens,
@@ -25,6 +26,7 @@ from typing import IO, Any
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.scheduler import BatchPlan
+from dsakv.sim.cluster import AppliedSteps
 from dsakv.sim.config import SimSetup
 
 LOG_FORMATS = ("sglang", "vllm")
@@ -96,8 +98,14 @@ class LogEmitter:
         cached = sim.radix.evictable_tokens // sim.setup.page_tokens if sim.radix is not None else 0
         return (alloc.num_allocated - cached) * sim.setup.page_tokens
 
-    # ----- the loop's observer ------------------------------------------------------------------------------
-    def __call__(self, sim: Any, plan: BatchPlan, start_s: float, end_s: float) -> None:
+    # ----- the driver's observer ----------------------------------------------------------------------------
+    def __call__(self, steps: AppliedSteps) -> None:
+        if steps.plan is None:  # a run of steps: its items are not the log's to read one by one
+            raise DsakvError("--emit-log: the run must be stepped one step at a time (analytic_decode=False)")
+        self.step(steps.group, steps.plan, steps.start_s, steps.ends[-1])
+
+    def step(self, sim: Any, plan: BatchPlan, start_s: float, end_s: float) -> None:
+        """The lines the engine prints after one applied step of ``sim`` (a ``Group``)."""
         chunks = [it for it in plan.items if it.end - it.start > 1]
         decodes = [it for it in plan.items if it.end - it.start <= 1]
         admitted = {r.id for r in plan.admitted}

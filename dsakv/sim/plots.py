@@ -41,13 +41,25 @@ def _bins(t_end: float, n: int = 60) -> np.ndarray:
 def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     plt = _pyplot()
     out = Path(out_dir)
-    tl, recs = result.timeline, result.records
+    t = np.asarray(result.timeline.time_s)
+    t_end = float(t[-1]) if t.size else 0.0
+    admitted = [r for r in result.records if r.admit_s is not None]
+    paths = [
+        _pool_use_plot(out / "pool_use.png", result, plt),
+        _hit_rate_plot(out / "hit_rate.png", admitted, t_end, plt),
+        _prefix_cdf_plot(out / "prefix_cdf.png", admitted, result.cell.tokens_per_page, plt),
+        _timeline_plot(out / "timeline.png", result, t_end, plt),
+    ]
+    if "per_instance" in result.summary:
+        paths.append(_instances_plot(out / "instances.png", result.summary["per_instance"], plt))
+    return paths
+
+
+def _pool_use_plot(path: Path, result: SimResult, plt) -> Path:
+    tl = result.timeline
     t = np.asarray(tl.time_s)
     used = np.asarray(tl.used_pages, dtype=np.float64)
     cached = np.asarray(tl.cache_only_pages, dtype=np.float64)
-    t_end = float(t[-1]) if t.size else 0.0
-    paths = []
-
     fig, ax = plt.subplots(figsize=(8, 4.4))
     main, idx = used * result.page_main_bytes / GIB, used * result.page_indexer_bytes / GIB
     ax.stackplot(t, main, idx, labels=["main KV", "indexer K"], step="post", alpha=0.8)
@@ -66,9 +78,10 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     )
     ax.set(xlabel="simulated time (s)", ylabel="GiB per rank (2^30 B)", title="Pool use: main KV vs indexer K")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=8, frameon=False)
-    paths.append(_save(fig, out / "pool_use.png", plt))
+    return _save(fig, path, plt)
 
-    admitted = [r for r in recs if r.admit_s is not None]
+
+def _hit_rate_plot(path: Path, admitted: list, t_end: float, plt) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4))
     if admitted:
         arr = np.array([r.arrival_s for r in admitted])
@@ -89,26 +102,31 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
         title="Prefix-cache hit rate by tokens (admitted requests)",
     )
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out / "hit_rate.png", plt))
+    return _save(fig, path, plt)
 
+
+def _prefix_cdf_plot(path: Path, admitted: list, page_tokens: int, plt) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     if admitted:
         p = np.sort(np.array([r.hit_tokens for r in admitted]))
         ax.step(p, np.arange(1, p.size + 1) / p.size, where="post")
         if p.max() > 0:
-            ax.set_xscale("symlog", linthresh=result.cell.tokens_per_page)
+            ax.set_xscale("symlog", linthresh=page_tokens)
     ax.set(
         xlabel="cached prefix P (tokens)", ylabel="fraction of admitted requests", title="CDF of cached-prefix length"
     )
-    paths.append(_save(fig, out / "prefix_cdf.png", plt))
+    return _save(fig, path, plt)
 
+
+def _timeline_plot(path: Path, result: SimResult, t_end: float, plt) -> Path:
+    recs = result.records
     fig, ax = plt.subplots(figsize=(8, 4))
     edges = _bins(t_end)
     width = edges[1] - edges[0]
     series = {
         "admitted": [r.admit_s for r in recs if r.admit_s is not None],
         "finished": [r.finish_s for r in recs if r.finish_s is not None],
-        "preempted": list(tl.preempt_time_s),
+        "preempted": list(result.timeline.preempt_time_s),
         "rejected": [r.arrival_s for r in recs if r.outcome == "rejected"],
     }
     bottom = np.zeros(edges.size - 1)
@@ -125,10 +143,7 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
         title="Admissions, preemptions and rejections (stacked); finishes",
     )
     ax.legend(fontsize=8)
-    paths.append(_save(fig, out / "timeline.png", plt))
-    if "per_instance" in result.summary:
-        paths.append(_instances_plot(out / "instances.png", result.summary["per_instance"], plt))
-    return paths
+    return _save(fig, path, plt)
 
 
 def _instances_plot(path: Path, rows: list[dict], plt) -> Path:

@@ -4,32 +4,34 @@ Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per
 (``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are the planner's rank
 pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FLOPs are of the lightning indexer over all indexer layers
 (``dsakv.planner.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
-never change afterwards; the loop's own counts (steps, evictions, preemptions, DP routing) and the trace
-reader's (skipped and reordered lines) travel in ``Counters``.
+never change afterwards; the driver's counts (steps, evictions, preemptions) and the trace reader's (skipped
+and reordered lines) travel in ``Counters``.
 
 A run keeps its records in a ``RecordTable``: one typed array per field (8 bytes a figure, about 220 bytes a
 request, instead of a ``RequestRecord`` object and its boxed numbers, about 1 KB), read back as
-``RequestRecord`` objects one at a time; ``summarize`` sums the columns (exact integers, in record order).
+``RequestRecord`` objects one at a time; ``dsakv.sim.summary.summarize`` sums the columns (exact integers, in
+record order).
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 from array import array
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dsakv.planner.budget import PoolCapacity, RankCell
 from dsakv.planner.savings import prefix_savings
 from dsakv.scheduler.request import Request
+from dsakv.sim.transfers import TierCounters, TierSetup
 from dsakv.spec.layout import CacheLayout
 
-PERCENTILES = (50, 90, 99)
+if TYPE_CHECKING:
+    from dsakv.sim.summary import Summary
 
 
 @dataclass(slots=True)
@@ -277,10 +279,27 @@ class RecordTable(Sequence):
         self._reasons = {position[row]: reason for row, reason in self._reasons.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class GroupCounts:
+    """One DP group's counts the records cannot give: the steps that evicted (the group's own count) and the
+    scheduler's totals (``SchedulerStats``: evicted tokens, preemptions, offloaded pages)."""
+
+    eviction_steps: int = 0
+    evicted_tokens: int = 0
+    preemptions: int = 0
+    offloaded_pages: int = 0
+
+    @staticmethod
+    def total(counts: Iterable[GroupCounts]) -> GroupCounts:
+        counts = list(counts)
+        return GroupCounts(*(sum(getattr(c, f.name) for c in counts) for f in fields(GroupCounts)))
+
+
 @dataclass
 class Counters:
-    """Counts the records cannot give: the loop's (steps, evictions, preemptions, offloads, DP routing) and
-    the trace reader's (``skipped_lines``, ``reordered_lines``). ``docs/metrics.md`` defines each one."""
+    """The run's counts the records cannot give: the driver's (steps, the groups' evictions, preemptions,
+    offloads: ``GroupCounts``) and the trace reader's (``skipped_lines``, ``reordered_lines``; a source seeds
+    them). ``docs/metrics.md`` defines each one."""
 
     steps: int = 0
     evicted_tokens: int = 0
@@ -289,8 +308,7 @@ class Counters:
     offloaded_pages: int = 0
     skipped_lines: int = 0
     reordered_lines: int = 0
-    dp_attention: int = 1  # attention-DP groups; the loop simulates group 0
-    other_group_requests: int = 0  # requests routed to the other groups
+    dp_attention: int = 1  # attention-DP groups of each instance (every group simulated)
 
 
 @dataclass
@@ -329,16 +347,26 @@ class Timeline:
     def sample_run(self, times: Sequence[float], used: np.ndarray, cached: np.ndarray, running: int) -> None:
         """The samples at the ends of a run of steps (``used`` / ``cached``: int64, one per step): what
         ``sample`` at each step end makes, in one pass, on a timeline of one sample per step (a ``merge_equal``
-        one is given a ``sample`` at the end of each stretch of equal values instead: ``Simulation.observe_run``)."""
+        one is given a ``sample`` at the end of each stretch of equal values instead: ``Group.observe_run``)."""
         self.time_s.extend(times)
         self.used_pages.extend(used.tolist())
         self.cache_only_pages.extend(cached.tolist())
         self.running.extend([running] * len(times))
 
 
+@dataclass(frozen=True, slots=True)
+class TierUse:
+    """The lower tiers of a run: their setup (``sim.transfers.TierSetup``: sizes, bytes per entry) and what
+    they moved (``TierCounters``, every group's together)."""
+
+    setup: TierSetup
+    counters: TierCounters
+
+
 @dataclass
 class SimResult:
-    """Everything one run produced; ``summary`` is filled by ``summarize``."""
+    """Everything one run produced; ``figures`` is its typed summary (``dsakv.sim.summary``), ``summary`` the
+    same rendered to the JSON object of ``--json`` (made once, on first use)."""
 
     config: dict
     layout: CacheLayout
@@ -348,8 +376,15 @@ class SimResult:
     records: RecordTable  # or any sequence of ``RequestRecord`` (``summarize`` tables it)
     timeline: Timeline
     counters: Counters
-    summary: dict = field(default_factory=dict)
-    tiers: tuple[Any, Any] | None = None  # (sim.transfers.TierSetup, TierCounters) when the run had lower tiers
+    figures: Summary
+    tiers: TierUse | None = None  # when the run had lower tiers
+    # a run split among worker processes: each worker's peak resident set (bytes) and CPU seconds (user + system)
+    worker_peak_rss_bytes: tuple[int, ...] = ()
+    worker_cpu_s: tuple[float, ...] = ()
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        return self.figures.to_dict()
 
     @property
     def page_main_bytes(self) -> int:
@@ -360,167 +395,3 @@ class SimResult:
     def page_indexer_bytes(self) -> int:
         """Indexer-K bytes of one pool page on one rank (all ``page_size x dcp`` tokens: replicated)."""
         return self.cell.indexer_page_bytes
-
-
-def _pct(values: np.ndarray) -> dict[str, float | None]:
-    if not len(values):
-        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
-    arr = np.asarray(values, dtype=np.float64)
-    out = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
-    out["mean"] = float(arr.mean())
-    return out
-
-
-def _time_weighted(t: np.ndarray, v: np.ndarray) -> float:
-    """Mean of a step function sampled at step ends: value v[i] holds over (t[i-1], t[i]]."""
-    if t.size == 0 or t[-1] <= 0:
-        return float(v.mean()) if v.size else 0.0
-    dt = np.diff(np.concatenate(([0.0], t)))
-    return float((v * dt).sum() / t[-1])
-
-
-def summarize(result: SimResult) -> dict:
-    """Summary figures (``docs/metrics.md``) from the records, the timeline and the loop's counters.
-
-    Integer figures are exact sums of the record columns (Python ints, in record order); the times go
-    through numpy as float64 in record order, so a record list and its table give the same summary."""
-    recs, timeline, counts = result.records, result.timeline, result.counters
-    if not isinstance(recs, RecordTable):
-        recs = RecordTable(recs)
-    col = recs.column
-    admitted = [not math.isnan(t) for t in col("admit_s")]
-    finished = recs.outcome_mask("finished")
-    rejected = recs.outcome_mask("rejected")
-
-    def total(name: str, mask: list[bool] | None = None) -> int:
-        values = col(name)
-        return sum(values if mask is None else itertools.compress(values, mask))
-
-    input_adm = total("input_tokens", admitted)
-    hit = total("hit_tokens", admitted)
-    num_admitted, num_finished, num_rejected = sum(admitted), sum(finished), sum(rejected)
-    hit_host = total("hit_tokens_host", admitted)
-    hit_store = total("hit_tokens_store", admitted)
-    t, used = np.asarray(timeline.time_s), np.asarray(timeline.used_pages, dtype=np.float64)
-    makespan = float(t[-1]) if t.size else 0.0
-    page_main, page_idx = result.page_main_bytes, result.page_indexer_bytes
-    out_tokens = total("output_tokens")
-    fin = np.asarray(finished, dtype=bool)
-    arrival = np.asarray(col("arrival_s"), dtype=np.float64)[fin]
-    first_token = np.asarray(col("first_token_s"), dtype=np.float64)[fin]
-    finish = np.asarray(col("finish_s"), dtype=np.float64)[fin]
-    outputs = np.asarray(col("output_tokens"), dtype=np.int64)[fin]
-    ttft = (first_token - arrival)[~np.isnan(first_token)]
-    has_tpot = ~np.isnan(finish) & ~np.isnan(first_token) & (outputs >= 2)
-    tpot = (finish - first_token)[has_tpot] / (outputs[has_tpot] - 1)
-    reasons = itertools.compress(col("reason"), rejected)
-    s = {
-        "requests": len(recs),
-        "admitted": num_admitted,
-        "finished": num_finished,
-        "rejected": num_rejected,
-        "rejected_reasons": dict(Counter(map(_reason_kind, reasons))),
-        "unfinished": len(recs) - num_finished - num_rejected,
-        "skipped_lines": counts.skipped_lines,
-        "reordered_lines": counts.reordered_lines,
-        "dp_attention": counts.dp_attention,
-        "other_group_requests": counts.other_group_requests,
-        "input_tokens": total("input_tokens"),
-        "admitted_input_tokens": input_adm,
-        "rejected_input_tokens": total("input_tokens", rejected),
-        "output_tokens": out_tokens,
-        "hit_tokens": hit,
-        "hit_tokens_device": hit - hit_host - hit_store,
-        "hit_tokens_host": hit_host,
-        "hit_tokens_store": hit_store,
-        "hit_rate_tokens": hit / input_adm if input_adm else 0.0,
-        "hit_rate_requests": (
-            sum(1 for h in itertools.compress(col("hit_tokens"), admitted) if h) / num_admitted if num_admitted else 0.0
-        ),
-        "computed_tokens": total("computed_tokens"),
-        "pages_written": total("pages_written"),
-        "pages_saved": total("pages_saved"),
-        "main_bytes_written": total("main_bytes_written"),
-        "indexer_bytes_written": total("indexer_bytes_written"),
-        "main_bytes_saved": total("main_bytes_saved"),
-        "indexer_bytes_saved": total("indexer_bytes_saved"),
-        "indexer_pairs_saved": total("indexer_pairs_saved"),
-        "indexer_pairs_paid": total("indexer_pairs_paid"),
-        "indexer_cross_pairs_paid": total("indexer_cross_pairs_paid"),
-        "indexer_flops_saved": total("indexer_flops_saved"),
-        "indexer_flops_paid": total("indexer_flops_paid"),
-        "evicted_tokens": counts.evicted_tokens,
-        "evictions": counts.eviction_steps,
-        "preemptions": counts.preemptions,
-        "offloaded_pages": counts.offloaded_pages,
-        "tail_waste_tokens_mean": float(np.mean(list(itertools.compress(col("tail_waste_tokens"), finished))))
-        if num_finished
-        else 0.0,
-        "tail_waste_bytes_mean": float(np.mean(list(itertools.compress(col("tail_waste_bytes"), finished))))
-        if num_finished
-        else 0.0,
-        "pool_pages": result.capacity_pages,
-        "pool_tokens": result.capacity_pages * result.cell.tokens_per_page,
-        "pool_main_bytes": result.capacity_pages * page_main,
-        "pool_indexer_bytes": result.capacity_pages * page_idx,
-        "peak_used_pages": int(used.max()) if used.size else 0,
-        "peak_main_bytes": int(used.max()) * page_main if used.size else 0,
-        "peak_indexer_bytes": int(used.max()) * page_idx if used.size else 0,
-        "mean_used_pages": _time_weighted(t, used),
-        "mean_main_bytes": _time_weighted(t, used) * page_main,
-        "mean_indexer_bytes": _time_weighted(t, used) * page_idx,
-        "peak_pool_use": float(used.max()) / result.capacity_pages if used.size and result.capacity_pages else 0.0,
-        "mean_pool_use": _time_weighted(t, used) / result.capacity_pages if result.capacity_pages else 0.0,
-        "steps": counts.steps,
-        "makespan_s": makespan,
-        "ttft_s": _pct(ttft),
-        "tpot_s": _pct(tpot),
-        "e2e_s": _pct(finish - arrival),
-        "output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
-        "input_tokens_per_s": input_adm / makespan if makespan else 0.0,
-        "computed_tokens_per_s": total("computed_tokens") / makespan if makespan else 0.0,
-    }
-    s.update(tier_summary(result))
-    result.summary = s
-    return s
-
-
-def tier_summary(result: SimResult) -> dict:
-    """Bytes the lower tiers moved, per tier and per cache (zero without tiers): ``store_bytes_read`` /
-    ``store_bytes_written`` in total, and ``tier_bytes`` split into main KV and indexer K (indexer on full
-    layers only, in every tier, as on the device)."""
-    zero = {"host_bytes_read": 0, "host_bytes_written": 0, "store_bytes_read": 0, "store_bytes_written": 0}
-    if result.tiers is None:
-        return {**zero, "tier_bytes": None, "load_backs": 0, "write_back_stall_s": 0.0}
-    setup, c = result.tiers
-    main, idx = setup.entry_main_bytes, setup.entry_indexer_bytes
-    pages = {
-        "host_bytes_read": c.host_pages_read,
-        "host_bytes_written": c.host_pages_written,
-        "store_bytes_read": c.store_pages_read,
-        "store_bytes_written": c.store_pages_written,
-    }
-    split = {
-        tier: {
-            way: {"main": pages[f"{tier}_bytes_{way}"] * main, "indexer": pages[f"{tier}_bytes_{way}"] * idx}
-            for way in ("read", "written")
-        }
-        for tier in ("host", "store")
-    }
-    return {
-        **{k: n * (main + idx) for k, n in pages.items()},
-        "tier_bytes": split,
-        "load_backs": c.load_backs,
-        "write_back_stall_s": c.write_back_stall_s,
-    }
-
-
-def _reason_kind(reason: str) -> str:
-    """Group rejection reasons by cause (the full text stays in the per-request record)."""
-    if "context limit" in reason:
-        return "exceeds context limit"
-    if "whole pool" in reason:
-        return "larger than the pool"
-    if "empty" in reason:
-        return "empty prompt"
-    return reason or "unknown"

@@ -17,7 +17,7 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   wins.
 * ``oracle``: the longest hit of any radix tree, ignoring load (ties: least loaded); the upper bound of a
   per-request prefix match (not of a run's total hit: docs/routing.md shows why). It reads the trees' own
-  events synchronously into an exact global index (``dsakv.sim.holders.PageHolders``), so its choice costs
+  events synchronously into an exact global index (``dsakv.sim.page_holders.PageHolders``), so its choice costs
   the request's hit pages, not a peek at every tree (``Oracle.choose_by_scan``, the reference it equals).
 
 KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and compares it)::
@@ -44,7 +44,7 @@ from dsakv.cache.key import TOKEN_BYTES, RadixKey
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.index import PrefixIndex, WorkerId
 from dsakv.planner.budget import RankCell
-from dsakv.sim.holders import PageHolders
+from dsakv.sim.page_holders import PageHolders
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class ClusterView(Protocol):
 
     def least_loaded_target(self) -> int:
         """The target with the fewest ``load_tokens``; ties to the lowest target (``least_loaded`` over every
-        target, without scanning them: ``dsakv.sim.loads.TargetLoads``)."""
+        target, without scanning them: ``dsakv.sim.target_loads.TargetLoads``)."""
         ...
 
     def peek_hit_tokens(self, target: int, key: RadixKey) -> int:

@@ -211,8 +211,8 @@ class RooflineStepTime:
     tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
     group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
-    bf16 combine) instead of all-reducing. ``mtp_draft`` draft tokens per decode are verified each step
-    (``1 + mtp_draft`` query rows) and cost ``mtp_draft`` draft-model passes; ``tokens_per_decode`` is the
+    bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
+    (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
     expected yield, for reports; a step with MTP decodes also pays ``mtp_step_s``, speculative decoding's own work.
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
@@ -239,13 +239,13 @@ class RooflineStepTime:
     ep: int = 1
     moe_a2a: str = "none"
     weight_dtype: str | None = None
-    mtp_draft: int = 0
+    num_draft_tokens: int = 0
     mtp_accept: float = 0.8
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
-    indexer: bool = True
+    has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
     mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
@@ -297,7 +297,7 @@ class RooflineStepTime:
         c["lm_head_bytes"] = c["lm_head_flops_per_row"] = c["expert_flops_per_token"] = 0.0
         for p in parts:
             per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
-            if p.name == "embedding" or (p.name.startswith("indexer") and not self.indexer):
+            if p.name == "embedding" or (p.name.startswith("indexer") and not self.has_indexer):
                 continue  # the embedding is a gather of the batch's rows; a model without the indexer has no indexer
             if p.name == "lm_head":
                 c["lm_head_bytes"] = per_rank_bytes
@@ -329,13 +329,13 @@ class RooflineStepTime:
         c["attn_tp"] = attn_tp
         c["layers"] = spec.num_hidden_layers + lay.mtp_layers
         # Per-step constants of cost(): layer counts, per-pair / per-row figures, peaks and bandwidths.
-        idx_layers = lay.num_indexer_layers if self.indexer else 0
+        idx_layers = lay.num_indexer_layers if self.has_indexer else 0
         c["attn_layers"], c["idx_layers"], c["topk"] = lay.num_attention_layers, idx_layers, spec.index_topk
         c["idx_flops_per_pair"] = spec.indexer_flops_per_pair
         c["idx_key_bytes"] = lay.indexer_row_bytes / lay.index_kpool
         c["kpool"] = lay.index_kpool
         c["mla_row_bytes"] = lay.main_row_bytes / self.dcp
-        c["cell_bytes"] = lay.cell_bytes if self.indexer else lay.main_bytes_per_token
+        c["cell_bytes"] = lay.cell_bytes if self.has_indexer else lay.main_bytes_per_token
         c["lin_peak"] = self.gpu.fp8_flops if dtype == "fp8" else self.gpu.bf16_flops
         c["bw"] = self.gpu.hbm_bytes_per_s * self.bw_eff
         c["link_bw"] = self.gpu.link_bytes_per_s * self.link_eff
@@ -361,7 +361,7 @@ class RooflineStepTime:
     @property
     def tokens_per_decode(self) -> float:
         """Expected tokens one decode step yields per request (1 without MTP)."""
-        return 1.0 + self.mtp_draft * self.mtp_accept
+        return 1.0 + self.num_draft_tokens * self.mtp_accept
 
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
@@ -369,8 +369,8 @@ class RooflineStepTime:
         return 1.0 if not c["experts"] else 1.0 - c["expert_miss"] ** tokens
 
     def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
-        """Tokens one group's step computes: its prefill tokens and ``1 + mtp_draft`` query rows per decode."""
-        return sum(n for n, _ in prefill) + len(decode) * (1 + self.mtp_draft)
+        """Tokens one group's step computes: its prefill tokens and ``1 + num_draft_tokens`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.num_draft_tokens)
 
     def cost(
         self,
@@ -386,7 +386,7 @@ class RooflineStepTime:
 
     def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
         """The batch reduced to the integer aggregates ``price`` needs."""
-        q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
+        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
         n_dec = len(decode)
         topk = self._const["topk"]
         # Decode sums: the plain sum is C-level; the clipped ones need a pass only past top-k (equal when q = 1).
@@ -419,14 +419,11 @@ class RooflineStepTime:
         dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
         ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         c, g = self._const, self.gpu
-        q = 1 + self.mtp_draft  # query rows per decode (the token + its drafts)
-        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
-            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
-        )  # fmt: skip
-        n_dec, dec_sum, dec_topk, dec_rows = s.n_dec, s.dec_sum, s.dec_topk, s.dec_rows
+        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
+        pf_tokens, pf_keys, pf_idx_pairs = s.pf_tokens, s.pf_keys, s.pf_idx_pairs
+        n_dec, dec_sum = s.n_dec, s.dec_sum
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
         larger = np.maximum if arrays else max
-        topk = c["topk"]
         tokens = pf_tokens + n_dec * q  # this DP group's tokens
         # every DP group's tokens go through the MoE / dense MLP
         moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
@@ -443,6 +440,53 @@ class RooflineStepTime:
         idx_flops = idx_layers * idx_pairs * c["idx_flops_per_pair"]
         idx_bytes = idx_layers * ((pf_keys + dec_sum) * c["idx_key_bytes"] + idx_pairs * 8)
         # Sparse MLA: each query attends to min(position, top-k) keys.
+        mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops = self._sparse_mla(s, q, breakdown)
+        write_bytes = tokens * c["cell_bytes"]
+        bw = c["bw"]
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
+        linear_s = larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"])
+        moe_s = larger(moe_flops / c["moe_rate"], moe_bytes / bw)
+        mla_s = larger(mla_compute_s, mla_bytes / bw)
+        idx_s = larger(idx_flops / c["idx_rate"], idx_bytes / bw)
+        write_s = write_bytes / bw
+        coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
+        draft_s = 0.0
+        if n_dec and self.num_draft_tokens:  # the draft passes and speculative decoding's own per-step work (fact 15)
+            draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+            draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+        # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
+        components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = components - draft_s  # the draft passes are forwards of their own
+            floor_s = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
+        else:
+            floor_s = 0.0
+        overhead_s = self.overhead_s if tokens else 0.0
+        total = components + floor_s + overhead_s
+        if not breakdown:
+            return total
+        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
+        if mha_flops is not None:
+            mla_flops = mla_flops + mha_flops
+        flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
+        nbytes = {"linear": c["lin_bytes"], "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
+        flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
+        secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
+        secs.update(collectives=coll_s, num_draft_tokens=draft_s, floor=floor_s, overhead=overhead_s)
+        return StepCost(flops, nbytes, secs, total)
+
+    def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
+        """The sparse MLA of a step (each query attends to min(position, top-k) keys): the bytes of the rows
+        it reads, its compute seconds (SGLang's dense MHA of short prefills included), the prefill and decode
+        pairs it computes (top-k padding included) and, with ``breakdown``, the dense prefill's FLOPs (None
+        where it does not apply)."""
+        c, g = self._const, self.gpu
+        topk, layers = c["topk"], c["attn_layers"]
+        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
+            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
+        )  # fmt: skip
+        n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
         dec_pairs = q * dec_topk
         dec_eff = self.mla_decode_eff
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
@@ -475,40 +519,7 @@ class RooflineStepTime:
             mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
         else:
             mla_compute_s = (c["mla_layer_flops"] * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
-        write_bytes = tokens * c["cell_bytes"]
-        bw = c["bw"]
-        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
-        linear_s = larger(lin_flops / c["gemm_rate"], c["lin_bytes_s"])
-        moe_s = larger(moe_flops / c["moe_rate"], moe_bytes / bw)
-        mla_s = larger(mla_compute_s, mla_bytes / bw)
-        idx_s = larger(idx_flops / c["idx_rate"], idx_bytes / bw)
-        write_s = write_bytes / bw
-        coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
-        draft_s = 0.0
-        if n_dec and self.mtp_draft:  # the draft passes and speculative decoding's own per-step work (fact 15)
-            draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
-            draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
-        # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
-        components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
-        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = components - draft_s  # the draft passes are forwards of their own
-            floor_s = c["floor_s"] + larger(0.0, c["layer_min_s"] - work)
-        else:
-            floor_s = 0.0
-        overhead_s = self.overhead_s if tokens else 0.0
-        total = components + floor_s + overhead_s
-        if not breakdown:
-            return total
-        mla_flops = layers * (pf_pairs + dec_pairs) * c["mla_flops_per_pair"]
-        if mha_flops is not None:
-            mla_flops = mla_flops + mha_flops
-        flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {"linear": c["lin_bytes"], "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
-        flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
-        flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
-        secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
-        secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
-        return StepCost(flops, nbytes, secs, total)
+        return mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops
 
     def run_seconds(
         self,
@@ -549,7 +560,7 @@ class RooflineStepTime:
         decode = [c + first_step for c in contexts]
         if not chunk and steps >= ARRAY_STRETCH_STEPS and decode:
             low = min(decode)  # the tables are indexed by the context sum: never below 0
-            if low >= 0 and (len(decode) == 1 or low >= (1 + self.mtp_draft) * self._const["topk"]):
+            if low >= 0 and (len(decode) == 1 or low >= (1 + self.num_draft_tokens) * self._const["topk"]):
                 return self._saturated_decodes(decode, steps, dp)
         if steps < ARRAY_STRETCH_STEPS:
             return np.array(
@@ -573,7 +584,7 @@ class RooflineStepTime:
         first = self.sums((), decode)
         j = np.arange(steps, dtype=np.int64)
         dec_sum = first.dec_sum + len(decode) * j
-        q = 1 + self.mtp_draft
+        q = 1 + self.num_draft_tokens
         dec_topk = _clipped_run(decode, first.dec_topk, topk, j)
         dec_rows = dec_topk if q == 1 else _clipped_run(decode, first.dec_rows, q * topk, j)
         if chunk:
@@ -588,7 +599,7 @@ class RooflineStepTime:
 
     def _saturated_decodes(self, decode: list[int], steps: int, dp: tuple[int | None, int | None]) -> np.ndarray:
         """``_run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
-        least ``(1 + mtp_draft) * topk``), or of a single decode: such a step's price depends only on the decode
+        least ``(1 + num_draft_tokens) * topk``), or of a single decode: such a step's price depends only on the decode
         count, the context sum and ``dp``, so it is read from ``_saturated`` (key: count and ``dp``; entry: the
         context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
         whole, and stored.
@@ -650,7 +661,7 @@ class RooflineStepTime:
         return nbytes, count
 
     def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
-        """``mtp_draft`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
+        """``num_draft_tokens`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
         steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
         decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, and its two
         collectives' latency, at least ``layer_min_s`` (one layer), plus one layer's floor (and indexer floor) each."""
@@ -663,7 +674,7 @@ class RooflineStepTime:
         one = max(one + (2 * g.link_latency_s if self.tp > 1 else 0.0), self.layer_min_s)  # fact 14: one layer
         idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
         one += self.layer_floor_s + idx_floor
-        return self.mtp_draft * one
+        return self.num_draft_tokens * one
 
     def step_seconds(
         self,
@@ -677,9 +688,9 @@ class RooflineStepTime:
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
-            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "mtp_draft", "mtp_accept", "mla_mixed_batch",
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
             "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "indexer",
+            "has_indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
             "indexer_floor_s", "layer_min_s", "mtp_step_s", "overhead_s",

@@ -26,10 +26,9 @@ from functools import partial
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import run_simulation
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import arrival_seconds
-from dsakv.sim.shards import run_sharded
+from dsakv.sim.group import arrival_seconds
+from dsakv.sim.runner import run
 from dsakv.sim.source import Source, check_rereadable, open_source, source_requests
 from dsakv.spec.patterns import indexer_patterns
 
@@ -99,11 +98,9 @@ def _run_point(job: tuple[str, SimConfig, dict, Source]) -> SweepRow:
         setup = build_setup(cfg)
         opened = open_source(source)
         arrival_seconds(opened.last_timestamp_ms, cfg.time_scale, opened.last_line)  # before the run, not late in it
-        if cfg.workers > 1:  # its workers open the source again (a sweep's sources are re-readable)
-            run = run_sharded(cfg, partial(source_requests, source), setup=setup, counters=opened.counters)
-            result = run.result
-        else:
-            result = run_simulation(cfg, opened.requests, setup=setup, counters=opened.counters)
+        # with workers, each opens the source again (a sweep's sources are re-readable)
+        requests = partial(source_requests, source) if cfg.workers > 1 else opened.requests
+        result = run(cfg, requests, setup=setup, counters=opened.counters)
     except DsakvError as exc:
         return SweepRow(label, cfg, None, str(exc))
     return SweepRow(label, cfg, result.summary)

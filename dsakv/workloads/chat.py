@@ -97,6 +97,53 @@ def compare(results_a: list[GenerationResult], results_b: list[GenerationResult]
     return tokens, caches
 
 
+def _pressure_configs(
+    workload: ChatWorkload,
+    pages: int,
+    ps: int,
+    pool_kind: str,
+    preemption: str,
+    new_token_ratio: float,
+    exact: bool,
+    host_bytes: int | None,
+    store_url: str | None,
+    engine_options: dict | None,
+    reference_options: dict | None = None,
+) -> tuple[EngineConfig, EngineConfig]:
+    """The pressured engine's config (``pages`` pages, small batches, the tiers) and the reference's (room
+    for every request at once, no prefix cache)."""
+    group = ps * (engine_options or {}).get("dcp", 1)  # a DCP group's page: page_size x dcp tokens
+    # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
+    dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
+    small = EngineConfig(
+        **dtypes,
+        num_pages=pages,
+        page_size=ps,
+        pool_kind=pool_kind,
+        capture_cache=True,
+        host_bytes=host_bytes,
+        store_url=store_url,
+        **(engine_options or {}),
+        scheduler=SchedulerConfig(
+            max_batched_tokens=4 * group,
+            chunk_tokens=2 * group,
+            new_token_ratio=new_token_ratio,
+            preemption=preemption,
+        ),
+    )
+    roomy = workload.pages_needed(ps) * workload.num_requests
+    reference = EngineConfig(
+        **dtypes,
+        num_pages=roomy,
+        page_size=ps,
+        prefix_cache=False,
+        capture_cache=True,
+        **(reference_options or {}),
+        scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
+    )
+    return small, reference
+
+
 def pressure_summary(
     workload: ChatWorkload,
     *,
@@ -127,34 +174,18 @@ def pressure_summary(
     in the pressured one, the reference runs the MTP layer without drafts, so both hold the same layers).
     """
     ps = page_size
-    group = ps * (engine_options or {}).get("dcp", 1)  # a DCP group's page: page_size x dcp tokens
-    # A checkpoint model (``DsaModel``) runs in both engines; ``exact`` picks the fp32 cache mode.
-    dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if exact else {}
-    small = EngineConfig(
-        **dtypes,
-        num_pages=pages,
-        page_size=ps,
-        pool_kind=pool_kind,
-        capture_cache=True,
-        host_bytes=host_bytes,
-        store_url=store_url,
-        **(engine_options or {}),
-        scheduler=SchedulerConfig(
-            max_batched_tokens=4 * group,
-            chunk_tokens=2 * group,
-            new_token_ratio=new_token_ratio,
-            preemption=preemption,
-        ),
-    )
-    roomy = workload.pages_needed(ps) * workload.num_requests
-    reference = EngineConfig(
-        **dtypes,
-        num_pages=roomy,
-        page_size=ps,
-        prefix_cache=False,
-        capture_cache=True,
-        **(reference_options or {}),
-        scheduler=SchedulerConfig(max_batched_tokens=roomy * ps, chunk_tokens=roomy * ps, new_token_ratio=1.0),
+    small, reference = _pressure_configs(
+        workload,
+        pages,
+        ps,
+        pool_kind,
+        preemption,
+        new_token_ratio,
+        exact,
+        host_bytes,
+        store_url,
+        engine_options,
+        reference_options,
     )
     engine, ref_engine = Engine(small, model=model), Engine(reference, model=model)
     if on_engine is not None:

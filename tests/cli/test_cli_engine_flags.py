@@ -46,7 +46,7 @@ def test_engine_flags_reach_the_step_time_and_the_scheduler(capsys, trace):
     assert sgl["config"]["setup"]["scheduler"]["schedule_policy"] == "prefill_first"
     assert _step_time(sgl)["mla_mixed_batch"] is False and _step_time(base)["mla_mixed_batch"] is True
     mtp = _run(capsys, trace, "--mtp", "2")
-    assert _step_time(mtp)["mtp_draft"] == 2 and mtp["steps"] < base["steps"]
+    assert _step_time(mtp)["num_draft_tokens"] == 2 and mtp["steps"] < base["steps"]
 
 
 def test_weight_dtype_reaches_the_step_time(capsys, trace):

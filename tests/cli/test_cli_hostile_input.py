@@ -161,7 +161,7 @@ def _never(*args, **kwargs):
 
 def test_an_out_problem_is_reported_before_the_simulation_runs(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
-    monkeypatch.setattr(simulate_cli, "run_simulation", _never)
+    monkeypatch.setattr(simulate_cli, "sim_run", _never)
     assert_one_line_error(main([*SMALL, "--out", str(tmp_path / "file" / "run")]), capsys.readouterr().err)
 
 

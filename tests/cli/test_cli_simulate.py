@@ -12,7 +12,7 @@ from dsakv.cli.output import dumps
 from dsakv.cli.simulate import build_config
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import run_simulation
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
 from dsakv.sim.source import Source, open_source
 from dsakv.workloads.scenarios import generate_scenario
@@ -93,7 +93,7 @@ def test_out_requests_jsonl_is_written_during_the_run_as_the_sorted_records_give
     assert main([*argv, "--out", str(out)]) == 0
     cfg, source = build_config(build_parser().parse_args(argv))
     opened = open_source(source)
-    records = run_simulation(cfg, opened.requests, counters=opened.counters).records
+    records = simulate(cfg, opened.requests, counters=opened.counters).records
     assert (out / "requests.jsonl").read_text() == "".join(dumps(r.to_dict()) + "\n" for r in records)
 
 

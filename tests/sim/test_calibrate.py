@@ -219,8 +219,8 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
     anchor = next(csv.DictReader(open(path, newline="")))
     cfg = phases.calibrate.sim_config(anchor)
     requests = list(phases.open_source(phases.Source(trace=str(tmp_path / "traces" / "tiny-sgl-c2.jsonl"))).requests)
-    clock = phases.TokenClock(cfg, phases.build_setup(cfg), requests)
-    records = clock.run().records
+    clock = phases.TokenClock()
+    records = clock.run(cfg, phases.build_setup(cfg), requests).records
     assert sum(t for _, t in clock.emitted) == sum(r.output_tokens for r in records) == 4 * 5
     peaks = tmp_path / "peaks.csv"
     peaks.write_text("id,peak_out_tok_s,median_itl_ms,src\ntiny-sgl-c2,100,10,x\n")

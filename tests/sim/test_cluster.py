@@ -10,9 +10,9 @@ import pytest
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import Cluster, run_simulation, simulate_cluster, sum_timelines
+from dsakv.sim import run as simulate
+from dsakv.sim.cluster import Cluster, sum_timelines
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.report import Timeline
 from dsakv.sim.routing import ROUTERS, KvAware
 from dsakv.workloads.scenarios import generate_scenario
@@ -27,7 +27,7 @@ def chat():
 def test_one_instance_of_one_group_is_the_single_loop_figure_for_figure(chat):
     cfg = SimConfig(pool_tokens=40_000)  # a small pool: evictions happen
     single = simulate(cfg, chat, check_every=40)
-    cluster = simulate_cluster(cfg, chat, check_every=40)
+    cluster = simulate(cfg, chat, check_every=40)
     assert single.summary["evicted_tokens"] > 0
     assert list(cluster.records) == list(single.records)
     assert {k: v for k, v in cluster.summary.items() if k in single.summary} == single.summary
@@ -46,9 +46,9 @@ def _pair(long_prompt: int) -> list[TraceRequest]:
 def test_a_long_prefill_in_one_dp_group_stalls_the_other_groups_decode():
     lockstep = SimConfig(gpu=GpuSetting(dp_attention=2))  # round-robin: request 0 to group 0, 1 to group 1
     apart = SimConfig(instances=2)  # the same two requests on two instances: no lockstep
-    alone = simulate_cluster(lockstep, _pair(32_000)[:1]).records[0]
-    together = simulate_cluster(lockstep, _pair(32_000)).records[0]
-    separate = simulate_cluster(replace(apart, gpu=GpuSetting(dp_attention=2)), _pair(32_000)).records[0]
+    alone = simulate(lockstep, _pair(32_000)[:1]).records[0]
+    together = simulate(lockstep, _pair(32_000)).records[0]
+    separate = simulate(replace(apart, gpu=GpuSetting(dp_attention=2)), _pair(32_000)).records[0]
     assert together.tpot_s > alone.tpot_s  # group 1's prefill chunks set the step time of group 0's decodes
     assert separate.tpot_s == pytest.approx(alone.tpot_s)  # instance 1's prefill does not touch instance 0
 
@@ -68,7 +68,7 @@ def test_uneven_dp_groups_step_with_the_sum_of_their_tokens_in_the_moe():
     cfg = SimConfig(gpu=GpuSetting(dp_attention=2))
     setup = build_setup(cfg)
     reqs = [TraceRequest(0.0, 600, 4, (3 * i, 3 * i + 1)) for i in range(3)]
-    first = {r.id: r.first_token_s for r in simulate_cluster(cfg, reqs, setup=setup).records}
+    first = {r.id: r.first_token_s for r in simulate(cfg, reqs, setup=setup).records}
     st = setup.step_time
     step = max(st.step_seconds([(600, 0)] * n, [], 1800, 0) for n in (2, 1))
     assert first[0] == first[1] == first[2] == pytest.approx(step)
@@ -81,15 +81,14 @@ def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(cha
     for _, sim in cluster.targets:
         assert sim.timeline.merge_equal  # a cluster's timelines are bounded by events: sampled per step here
         sim.timeline.merge_equal = False
-    result = cluster.run(check_every=25)
+    result = cluster.result(cluster.run(check_every=25))
     for inst in cluster.instances:
         times = [list(sim.timeline.time_s) for sim in inst.groups]
         assert all(t == times[0] for t in times) and len(times[0]) == inst.steps
     assert result.summary["requests"] == len(chat)  # every request simulated, none counted aside
-    assert result.summary["other_group_requests"] == 0
     assert result.summary["pool_pages"] == 8 * build_setup(cfg).pages
     merged = Cluster(cfg, build_setup(cfg), chat)
-    again = merged.run()
+    again = merged.result(merged.run())
     for (_, sim), (_, kept) in zip(merged.targets, cluster.targets):  # the same step function, where it changes
         assert list(zip(sim.timeline.time_s, sim.timeline.used_pages, sim.timeline.cache_only_pages,
                         sim.timeline.running)) == _merged(kept.timeline)  # fmt: skip
@@ -105,7 +104,7 @@ def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(cha
 
 def test_cluster_figures_add_up_over_the_instances(chat):
     cfg = SimConfig(instances=3, router="least-loaded", step_model="constant")
-    s = run_simulation(cfg, chat).summary
+    s = simulate(cfg, chat).summary
     rows = s["per_instance"]
     assert sum(r["requests"] for r in rows) == s["requests"] == len(chat)
     assert sum(r["hit_tokens"] for r in rows) == s["hit_tokens"]
@@ -132,13 +131,13 @@ def test_sum_of_timelines_holds_each_instance_last_sample():
 @pytest.mark.parametrize("router", ROUTERS)
 def test_every_router_serves_every_request_with_intact_caches(chat, router):
     cfg = SimConfig(instances=3, router=router, pool_tokens=40_000, step_model="constant")
-    s = simulate_cluster(cfg, chat, check_every=30).summary
+    s = simulate(cfg, chat, check_every=30).summary
     assert s["router"] == router and s["finished"] == len(chat)
 
 
 def test_oracle_hits_at_least_what_round_robin_hits_on_conversations(chat):
     figures = {
-        r: simulate_cluster(SimConfig(instances=4, router=r, step_model="constant"), chat).summary["hit_tokens"]
+        r: simulate(SimConfig(instances=4, router=r, step_model="constant"), chat).summary["hit_tokens"]
         for r in ("round-robin", "oracle")
     }
     assert figures["oracle"] > figures["round-robin"]
@@ -148,7 +147,7 @@ def test_kv_aware_index_equals_the_trees_page_for_page(chat):
     cfg = SimConfig(instances=3, router="kv-aware", pool_tokens=12_800, step_model="constant")
     cluster = Cluster(cfg, build_setup(cfg), chat)
     cluster.run()
-    assert sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0  # removals reached the index too
+    assert sum(sim.counters().evicted_tokens for _, sim in cluster.targets) > 0  # removals reached the index too
     router = cluster.router
     assert isinstance(router, KvAware) and router.index.events_applied > 0 and router.index.anomalies == 0
     for t, (_, sim) in enumerate(cluster.targets):
@@ -169,7 +168,7 @@ def test_a_cluster_reports_its_groups_tier_traffic(chat):
     """The lower tiers' bytes of a one-group cluster are the single loop's (the cluster sums its groups')."""
     cfg = SimConfig(pool_tokens=40_000, host_tokens=20_000, store_bytes="unbounded")
     single = simulate(cfg, chat).summary
-    cluster = simulate_cluster(cfg, chat).summary
+    cluster = simulate(cfg, chat).summary
     assert single["store_bytes_written"] > 0 and single["host_bytes_written"] > 0
     for key in ("host_bytes_read", "host_bytes_written", "store_bytes_read", "store_bytes_written", "tier_bytes"):
         assert cluster[key] == single[key], key

@@ -9,10 +9,9 @@ import pytest
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import simulate_cluster
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
 from dsakv.sim.frontend import FrontEnd
-from dsakv.sim.loop import simulate
 from dsakv.workloads.traces import TraceRequest
 
 
@@ -60,14 +59,6 @@ def test_simulated_burst_waits_for_the_front_end_in_send_order():
     assert all(a.ttft_s <= b.ttft_s for a, b in zip(plain, served))
 
 
-def test_other_dp_groups_requests_pass_the_same_front_end():
-    # DP attention 4: the simulated group 0 gets requests 0, 4, 8, ...; each waits for every earlier request of
-    # every group, so group 0's k-th request is queued at (4k + 1) x service (0.1 s: the engine idles between).
-    cfg = SimConfig(model="tiny", gpu=GpuSetting(num_gpus=4, dp_attention=4), step_model="constant", pool_tokens=4096)
-    records = sorted(simulate(replace(cfg, frontend_request_s=0.1), _burst(12)).records, key=lambda r: r.id)
-    assert [r.admit_s for r in records] == pytest.approx([(4 * k + 1) * 0.1 for k in range(3)])
-
-
 def test_cluster_of_one_instance_queues_through_one_front_end():
     # Two DP groups of one instance share the front-end: the i-th request (either group) reaches the engine at
     # (i + 1) x service (0.1 s: longer than a request's four 20 ms steps, so each is admitted as it arrives).
@@ -78,7 +69,7 @@ def test_cluster_of_one_instance_queues_through_one_front_end():
         pool_tokens=4096,
         frontend_request_s=0.1,
     )
-    records = sorted(simulate_cluster(cfg, _burst(6)).records, key=lambda r: r.id)
+    records = sorted(simulate(cfg, _burst(6)).records, key=lambda r: r.id)
     assert [r.admit_s for r in records] == pytest.approx([(i + 1) * 0.1 for i in range(6)])
 
 

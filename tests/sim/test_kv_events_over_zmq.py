@@ -15,7 +15,8 @@ from dsakv.kvevents.endpoint import instance_endpoint
 from dsakv.kvevents.index import PrefixIndex
 from dsakv.kvevents.zmq_feed import ZmqEventFeed
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import Cluster, run_simulation
+from dsakv.sim import run as simulate
+from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.workloads.scenarios import generate_scenario
 
@@ -38,7 +39,7 @@ def run_cluster(cfg: SimConfig, requests, drop_on_pub=None) -> tuple[Cluster, ob
         if drop_on_pub is not None:
             for pub in cluster.router.feed.publishers:
                 pub.drop_on_pub = drop_on_pub
-        result = cluster.run(check_every=25)
+        result = cluster.result(cluster.run(check_every=25))
         cluster.router.feed.sync()
     finally:
         cluster.close()
@@ -124,8 +125,8 @@ def test_a_drain_that_cannot_finish_raises_instead_of_hanging():
 
 def test_the_one_instance_run_goes_through_the_cluster_when_it_publishes(chat):
     cfg = SimConfig(router="kv-aware", pool_tokens=12_800, step_model="constant")
-    in_process = run_simulation(cfg, chat)
-    over_zmq = run_simulation(replace(cfg, kv_events=LOOPBACK, kv_events_replay=LOOPBACK), chat)
+    in_process = simulate(cfg, chat)
+    over_zmq = simulate(replace(cfg, kv_events=LOOPBACK, kv_events_replay=LOOPBACK), chat)
     assert list(over_zmq.records) == list(in_process.records)
     assert {k: v for k, v in over_zmq.summary.items() if k in in_process.summary} == in_process.summary
 

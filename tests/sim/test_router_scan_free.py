@@ -14,8 +14,8 @@ import pytest
 from dsakv.planner.deployment import GpuSetting
 from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loads import TargetLoads
 from dsakv.sim.routing import KvAware, LeastLoaded, Oracle, least_loaded
+from dsakv.sim.target_loads import TargetLoads
 from dsakv.workloads.scenarios import generate_scenario
 
 
@@ -93,7 +93,7 @@ def test_kv_aware_scoring_only_hit_targets_chooses_as_the_full_scan(chat, dp, lo
     setup = build_setup(cfg)
     router = CheckedKvAware(setup.cell, setup.page_tokens, cfg.instances, load_weight=load_weight)
     cluster = _run(cfg, chat, router)
-    assert len(router.choices) == len(chat) and sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0
+    assert len(router.choices) == len(chat) and sum(sim.counters().evicted_tokens for _, sim in cluster.targets) > 0
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
     if load_weight == 0:
         assert router.choices.count(0) > len(chat) // 2  # load-blind: no hit, the lowest target
@@ -118,7 +118,7 @@ def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp,
     setup = build_setup(cfg)
     router = CheckedOracle(setup.page_tokens, mtp > 0, setup.page_tokens if cfg.radix_page_keys == "digest" else 0)
     cluster = _run(cfg, chat, router)
-    assert len(router.choices) == len(chat) and sum(sim.counters.evicted_tokens for _, sim in cluster.targets) > 0
+    assert len(router.choices) == len(chat) and sum(sim.counters().evicted_tokens for _, sim in cluster.targets) > 0
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
     for t, (_, sim) in enumerate(cluster.targets):  # the index holds exactly what every tree holds
         assert router.holders.hashes_of(t) == sim.radix.page_hashes()

@@ -12,11 +12,11 @@ import pytest
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import run_simulation
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
 from dsakv.sim.report import RecordTable, SimResult
 from dsakv.sim.routing import Affinity, RoundRobin
-from dsakv.sim.shards import ShardStream, run_sharded
+from dsakv.sim.shards import ShardStream
 from dsakv.sim.source import Source, source_requests
 from dsakv.sim.sweep import run_sweep
 from dsakv.workloads.scenarios import generate_scenario
@@ -30,7 +30,7 @@ BASE = SimConfig(gpu=GpuSetting(dp_attention=2), instances=5, pool_tokens=12_000
 @pytest.fixture(scope="module")
 def one_process():
     """The reference: each router's run in this process."""
-    return {router: run_sharded(replace(BASE, router=router), CHAT).result for router in ("round-robin", "affinity")}
+    return {router: simulate(replace(BASE, router=router), CHAT) for router in ("round-robin", "affinity")}
 
 
 def _assert_same_run(got: SimResult, want: SimResult) -> None:
@@ -55,8 +55,8 @@ def test_workers_give_the_one_process_result_exactly(one_process, router, worker
     want = one_process[router]
     assert want.summary["evicted_tokens"] > 0 and want.summary["load_backs"] > 0  # the run is not trivial
     assert len(want.summary["per_instance"]) == 5
-    run = run_sharded(replace(BASE, router=router, workers=workers), CHAT)
-    _assert_same_run(run.result, want)
+    run = simulate(replace(BASE, router=router, workers=workers), CHAT)
+    _assert_same_run(run, want)
     assert len(run.worker_peak_rss_bytes) == workers and min(run.worker_peak_rss_bytes) > 0
     assert len(run.worker_cpu_s) == workers and min(run.worker_cpu_s) > 0
 
@@ -65,7 +65,7 @@ def test_workers_give_the_one_process_result_exactly(one_process, router, worker
 def test_workers_whose_instances_get_no_request_merge_exactly(count):
     requests = partial(list, [TraceRequest(float(i), 600 + 100 * i, 4, (0, i + 1)) for i in range(count)])
     cfg = SimConfig(instances=4, step_model="constant")
-    _assert_same_run(run_sharded(replace(cfg, workers=3), requests).result, run_sharded(cfg, requests).result)
+    _assert_same_run(simulate(replace(cfg, workers=3), requests), simulate(cfg, requests))
 
 
 def test_a_worker_keeps_only_its_instances_requests_as_it_reads():
@@ -94,8 +94,8 @@ def test_a_worker_keeps_only_its_instances_requests_as_it_reads():
 def test_progress_and_record_sink_see_every_request_of_every_worker():
     cfg = SimConfig(instances=3, workers=2, pool_tokens=12_000)  # worker 0 runs one group: its timeline as in 3
     ticks, sunk = [], []
-    result = run_sharded(cfg, CHAT, progress=ticks.append, record_sink=sunk.append).result
-    _assert_same_run(result, run_sharded(replace(cfg, workers=1), CHAT).result)
+    result = simulate(cfg, CHAT, progress=ticks.append, record_sink=sunk.append)
+    _assert_same_run(result, simulate(replace(cfg, workers=1), CHAT))
     assert ticks == sorted(ticks) and ticks[-1] == len(result.records) > 0
     assert [r.id for r in sunk] == list(range(len(result.records)))
     assert sunk == list(result.records)
@@ -113,17 +113,17 @@ def test_a_sweep_point_runs_its_workers():
 def test_an_error_in_a_worker_is_raised_in_the_parent_as_one_line():
     late = TraceRequest(1e20, 600, 4, (0, 1), line=7)
     with pytest.raises(DsakvError, match="trace line 7: timestamp"):
-        run_sharded(SimConfig(instances=2, workers=2), partial(list, [late]))
+        simulate(SimConfig(instances=2, workers=2), partial(list, [late]))
 
 
 def test_a_request_factory_that_cannot_pickle_is_one_error():
     with pytest.raises(DsakvError, match="workers = 2: each worker calls the request factory, which must pickle"):
-        run_sharded(SimConfig(instances=2, workers=2), lambda: [])
+        simulate(SimConfig(instances=2, workers=2), lambda: [])
 
 
 def test_a_worker_that_dies_is_an_error_naming_its_exit():
     with pytest.raises(DsakvError, match=r"worker [01] of 2 exited \(3\) before sending its figures"):
-        run_sharded(SimConfig(instances=2, workers=2), partial(os._exit, 3))
+        simulate(SimConfig(instances=2, workers=2), partial(os._exit, 3))
 
 
 @pytest.mark.parametrize(
@@ -142,6 +142,6 @@ def test_runs_workers_cannot_split_are_refused_naming_the_field(kwargs, needle):
         SimConfig(**kwargs)
 
 
-def test_run_simulation_refuses_workers_it_cannot_start():
-    with pytest.raises(DsakvError, match="workers = 2: run_simulation runs one stream"):
-        run_simulation(SimConfig(instances=2, workers=2), [])
+def test_workers_refuse_a_stream_they_cannot_read_again():
+    with pytest.raises(DsakvError, match="workers = 2: each worker reads the requests again"):
+        simulate(SimConfig(instances=2, workers=2), [])

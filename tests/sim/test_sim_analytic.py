@@ -16,11 +16,15 @@ from dsakv.scheduler import Scheduler
 from dsakv.scheduler.config import SchedulerConfig
 from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import Simulation
 from dsakv.sim.routing import KvAware
 from dsakv.workloads.scenarios import generate_scenario
 
 TIMELINE = ("time_s", "used_pages", "cache_only_pages", "running", "preempt_time_s")
+
+
+def _result(cluster: Cluster):
+    """The driver's run (every scheduler checked every 7 steps) merged into its ``SimResult``."""
+    return cluster.result(cluster.run(check_every=7))
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +53,14 @@ def _same_runs(step, analytic):
 )
 def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
-    step = Simulation(cfg, setup, chat, analytic_decode=False)
-    analytic = Simulation(cfg, setup, chat)
-    a, b = step.run(check_every=7), analytic.run(check_every=7)
+    step = Cluster(cfg, setup, chat, analytic_decode=False)
+    analytic = Cluster(cfg, setup, chat)
+    a, b = _result(step), _result(analytic)
     _same_runs(a, b)
     assert b.summary["steps"] > 1000
     assert cfg.pool_tokens is None or b.summary["evicted_tokens"] > 0
-    assert analytic.allocator.free_stack() == step.allocator.free_stack()  # the same pages, in the same order
+    (_, g_step), (_, g_analytic) = step.targets[0], analytic.targets[0]
+    assert g_analytic.allocator.free_stack() == g_step.allocator.free_stack()  # the same pages, in the same order
 
 
 @pytest.mark.parametrize(
@@ -72,7 +77,7 @@ def test_a_cluster_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
     step = Cluster(cfg, setup, chat, analytic_decode=False)
     analytic = Cluster(cfg, setup, chat)
-    a, b = step.run(check_every=7), analytic.run(check_every=7)
+    a, b = _result(step), _result(analytic)
     _same_runs(a, b)
     for (_, sa), (_, sb) in zip(step.targets, analytic.targets):
         assert list(sb.records) == list(sa.records)  # every request went to the same group

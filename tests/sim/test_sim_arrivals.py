@@ -11,8 +11,9 @@ import pytest
 from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError
 from dsakv.scheduler.request import Request, check_prompt
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import MAX_ARRIVAL_S, Simulation, arrival_seconds, simulate
+from dsakv.sim.group import MAX_ARRIVAL_S, Group, arrival_seconds
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest, mooncake_tokens
 
 BACKLOG, PROMPT = 1000, 8192  # 1,000 requests of 8,192 tokens, all arriving at once
@@ -21,10 +22,11 @@ BACKLOG, PROMPT = 1000, 8192  # 1,000 requests of 8,192 tokens, all arriving at 
 def test_a_waiting_backlog_holds_no_token_ids():
     reqs = [TraceRequest(0.0, PROMPT, 8, tuple(range(16 * i, 16 * i + 16)), i + 1) for i in range(BACKLOG)]
     cfg = SimConfig(step_model="constant", pool_tokens=64 * 400, max_running=4)
-    sim = Simulation(cfg, build_setup(cfg), iter(reqs))
+    sim = Group(cfg, build_setup(cfg))
     tracemalloc.start()
     try:
-        sim.arrive(0.0)
+        for rid, req in enumerate(reqs):
+            sim.add(req, 0.0, rid)
         current, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

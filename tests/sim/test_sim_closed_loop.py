@@ -10,9 +10,8 @@ import pytest
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
-from dsakv.sim.cluster import simulate_cluster
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
-from dsakv.sim.loop import simulate
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import TraceRequest
 
@@ -76,7 +75,7 @@ def chat_burst():
 def test_one_instance_closed_loop_cluster_is_the_single_loop_figure_for_figure(chat_burst):
     cfg = SimConfig(pool_tokens=40_000, max_concurrency=3)
     single = simulate(cfg, chat_burst, check_every=40)
-    cluster = simulate_cluster(cfg, chat_burst, check_every=40)
+    cluster = simulate(cfg, chat_burst, check_every=40)
     assert list(cluster.records) == list(single.records)
     assert {k: v for k, v in cluster.summary.items() if k in single.summary} == single.summary
     assert list(cluster.timeline.used_pages) == list(single.timeline.used_pages)
@@ -92,7 +91,7 @@ def test_cluster_closed_loop_keeps_at_most_c_in_flight_and_runs_every_request(ch
     cfg = SimConfig(
         instances=instances, router=router, gpu=GpuSetting(dp_attention=dp), pool_tokens=40_000, max_concurrency=c
     )
-    result = simulate_cluster(cfg, chat_burst, check_every=40)
+    result = simulate(cfg, chat_burst, check_every=40)
     records = sorted(result.records, key=lambda r: r.arrival_s)
     assert len(records) == len(chat_burst) and all(r.outcome == "finished" for r in records)
     assert _peak_in_flight(records) == c  # never more than C, and the client keeps C going

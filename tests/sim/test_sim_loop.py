@@ -12,8 +12,9 @@ import pytest
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.savings import prefix_savings
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import Simulation, simulate
+from dsakv.sim.group import Group
 from dsakv.sim.report import Counters
 from dsakv.sim.source import Source, open_source
 from dsakv.spec.layout import CacheLayout
@@ -169,10 +170,25 @@ def test_what_if_layouts_change_pool_capacity():
     assert _pool_tokens(SimConfig(gpu=GpuSetting(dcp=2))) > base
 
 
-@pytest.mark.skipif(not DATA.exists(), reason=f"Mooncake trace not present at {DATA} (shared data absent)")
-def test_mooncake_trace_head_runs_with_prefix_hits():
-    res = simulate(SimConfig(), itertools.islice(MooncakeTrace(DATA), 200))
-    assert res.summary["finished"] == 200 and res.summary["hit_tokens"] > 0
+@pytest.mark.parametrize("source", ["generated", "shared"])
+def test_mooncake_trace_head_runs_with_prefix_hits(source, tmp_path):
+    if source == "shared" and not DATA.exists():
+        pytest.skip(f"Mooncake trace not present at {DATA} (shared data absent; the generated case ran)")
+    path = DATA if source == "shared" else _write_trace(tmp_path, generate_scenario("chat", seed=3, scale=0.5))
+    res = simulate(SimConfig(), itertools.islice(MooncakeTrace(path), 200))
+    assert res.summary["finished"] == min(200, res.summary["requests"]) > 0 and res.summary["hit_tokens"] > 0
+
+
+def _write_trace(tmp_path, requests) -> str:
+    """``requests`` as a Mooncake JSON-lines file (a generated stand-in for the shared trace)."""
+    path = tmp_path / "generated.jsonl"
+    rows = (
+        {"timestamp": r.timestamp_ms, "input_length": r.input_length, "output_length": r.output_length,
+         "hash_ids": list(r.hash_ids)}
+        for r in requests
+    )  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
 
 
 @pytest.mark.parametrize("mode", ["finish", "allocate"])
@@ -185,7 +201,7 @@ def test_mtp_drafts_leak_no_page_at_finish(mode):
 def test_allocator_keeps_the_planner_scratch_pages_out_of_the_pool():
     cfg = SimConfig(**CONST)
     setup = build_setup(cfg)
-    sim = Simulation(cfg, setup, [])
+    sim = Group(cfg, setup)
     assert sim.allocator.first_page == setup.capacity.scratch_pages == 1
     assert sim.allocator.num_pages == setup.pages == setup.capacity.pages
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dsakv.errors import DsakvError
-from dsakv.sim.cluster import simulate_cluster
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import Simulation, simulate
+from dsakv.sim.group import Group
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import MooncakeTrace
 
@@ -39,8 +39,8 @@ def test_digest_keys_give_the_token_keys_figures_with_evictions():
 def test_digest_keys_give_the_token_keys_figures_on_a_cluster(router):
     chat = generate_scenario("chat", seed=1, scale=0.1)
     cfg = SimConfig(pool_tokens=40_000, instances=3, router=router)
-    digest = simulate_cluster(cfg, chat, check_every=40)
-    tokens = simulate_cluster(replace(cfg, page_keys="tokens"), chat, check_every=40)
+    digest = simulate(cfg, chat, check_every=40)
+    tokens = simulate(replace(cfg, page_keys="tokens"), chat, check_every=40)
     assert digest.summary["hit_tokens"] > 0
     _same_run(digest, tokens)
 
@@ -48,17 +48,22 @@ def test_digest_keys_give_the_token_keys_figures_on_a_cluster(router):
 def test_mtp_runs_token_keys_whatever_page_keys_says():
     cfg = SimConfig(mtp=1)
     assert cfg.page_keys == "digest" and cfg.radix_page_keys == "tokens"
-    assert Simulation(cfg, build_setup(cfg), []).radix.page_keys == "tokens"
-    assert Simulation(SimConfig(), build_setup(SimConfig()), []).radix.page_keys == "digest"
+    assert Group(cfg, build_setup(cfg)).radix.page_keys == "tokens"
+    assert Group(SimConfig(), build_setup(SimConfig())).radix.page_keys == "digest"
     with pytest.raises(DsakvError, match="page_keys"):
         SimConfig(page_keys="bytes")
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason=f"Mooncake trace not present at {TRACE} (shared data absent)")
-def test_digest_keys_give_the_token_keys_figures_on_the_trace_head():
-    head = list(itertools.islice(MooncakeTrace(TRACE), 1500))
-    cfg = SimConfig(instances=2, pool_tokens=400_000)
-    digest = simulate_cluster(cfg, head)
-    tokens = simulate_cluster(replace(cfg, page_keys="tokens"), head)
+@pytest.mark.parametrize("source", ["generated", "shared"])
+def test_digest_keys_give_the_token_keys_figures_on_the_trace_head(source):
+    if source == "shared" and not TRACE.exists():
+        pytest.skip(f"Mooncake trace not present at {TRACE} (shared data absent; the generated case ran)")
+    if source == "shared":
+        head, pool = list(itertools.islice(MooncakeTrace(TRACE), 1500)), 400_000
+    else:
+        head, pool = generate_scenario("chat", seed=5, scale=0.3), 40_000
+    cfg = SimConfig(instances=2, pool_tokens=pool)
+    digest = simulate(cfg, head)
+    tokens = simulate(replace(cfg, page_keys="tokens"), head)
     assert digest.summary["hit_tokens"] > 0 and digest.summary["evicted_tokens"] > 0
     _same_run(digest, tokens)

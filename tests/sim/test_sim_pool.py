@@ -9,8 +9,8 @@ import pytest
 
 from dsakv.cli import main
 from dsakv.planner.deployment import GpuSetting
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.workloads.traces import TraceRequest
 
 GPU_FLAGS = [
@@ -67,12 +67,13 @@ def test_dcp_pages_hold_page_size_times_dcp_tokens_and_hits_follow_them():
     assert res.records[0].tail_waste_tokens == (-(1300 + 4)) % 128
 
 
-def test_dp_attention_simulates_group_zero_with_every_dth_request():
+def test_dp_attention_simulates_every_group():
     reqs = [_req(i * 1000, [i], 100) for i in range(10)]
     res = simulate(SimConfig(gpu=GpuSetting(tp=8, dp_attention=4), step_model="constant"), reqs)
-    assert [r.line for r in res.records] == [0, 0, 0] and res.summary["requests"] == 3
-    assert [r.arrival_s for r in res.records] == [0.0, 4.0, 8.0]
-    assert res.summary["dp_attention"] == 4 and res.summary["other_group_requests"] == 7
+    assert res.summary["requests"] == res.summary["finished"] == 10
+    assert [r.arrival_s for r in res.records] == [float(i) for i in range(10)]
+    assert res.summary["dp_attention"] == 4 and "other_group_requests" not in res.summary
+    assert res.summary["pool_pages"] == 4 * build_setup(SimConfig(gpu=GpuSetting(tp=8, dp_attention=4))).pages
 
 
 def test_rejected_input_tokens_are_reported_beside_the_hit_rate():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
-from dsakv.sim.loop import simulate
 from dsakv.workloads.scenarios import generate_scenario
 
 

@@ -1,5 +1,5 @@
 """The simulator's compact bookkeeping (issue 14, scale): records as typed columns, the same figures as the
-plain objects gave, and a summary pinned to the figures the code before it produced."""
+plain objects gave, and a summary whose figures follow from its records and timeline."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ import tracemalloc
 from array import array
 from dataclasses import fields, replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsakv.scheduler.request import check_prompt
+from dsakv.sim import run as simulate
+from dsakv.sim.cluster import Cluster
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import Simulation, simulate
-from dsakv.sim.report import RecordTable, RequestRecord, summarize
+from dsakv.sim.group import Group
+from dsakv.sim.report import RecordTable, RequestRecord
+from dsakv.sim.summary import summarize
 from dsakv.workloads.scenarios import generate_scenario
 from dsakv.workloads.traces import MooncakePrompt, TraceRequest
 
@@ -25,24 +29,28 @@ def result():
     return simulate(SimConfig(pool_tokens=40_000), generate_scenario("mixed", seed=1, scale=0.1))
 
 
-def test_summary_is_pinned_to_the_figures_before_the_compact_bookkeeping(result):
-    """Equal to the code of commit 8a0cce5 (records as objects, list free stack, capped hash ids) under that
-    commit's step time; re-pinned when the re-fitted step time (docs/steptime.md) merged, and again for the
-    second calibration pass (facts 11-14), which move the times and so the interleaving. A change of the
-    bookkeeping must leave every figure here as it is."""
-    s = result.summary
-    assert (s["requests"], s["finished"], s["steps"], s["preemptions"]) == (80, 57, 15339, 0)
-    assert (s["hit_tokens"], s["pages_written"], s["evicted_tokens"]) == (833408, 3633, 152448)
-    assert s["indexer_flops_paid"] == 429463933452288
-    assert s["makespan_s"] == 546.2467070592124
-    assert s["ttft_s"] == {
-        "p50": 0.34250038111269987,
-        "p90": 5.6148486632713706,
-        "p99": 15.672018622980268,
-        "mean": 2.1155999418105766,
-    }
-    assert s["tpot_s"]["p99"] == 0.02801103412047837 and s["tpot_s"]["mean"] == 0.016571992473714978
-    assert s["tail_waste_bytes_mean"] == 1716616.8421052631 and s["mean_pool_use"] == 0.9873544434958469
+def test_summary_figures_follow_from_the_records_and_the_timeline(result):
+    """Every figure derived here from the records, the timeline and the cell, not pinned: a change of the
+    bookkeeping (or of the step time, which moves the interleaving) must keep these relations."""
+    s, recs, cell = result.summary, list(result.records), result.cell
+    assert s["requests"] == len(recs) == 80 and s["finished"] + s["rejected"] + s["unfinished"] == 80
+    assert s["finished"] > 0 and s["evicted_tokens"] > 0 and s["evicted_tokens"] % cell.tokens_per_page == 0
+    admitted = [r for r in recs if r.admit_s is not None]
+    finished = [r for r in recs if r.outcome == "finished"]
+    assert s["hit_tokens"] == sum(r.hit_tokens for r in admitted) > 0
+    assert s["pages_written"] == sum(r.pages_written for r in recs)
+    assert s["main_bytes_written"] == sum(r.main_bytes_written for r in recs) > 0
+    assert s["indexer_flops_paid"] == sum(r.indexer_flops_paid for r in recs)
+    times = list(result.timeline.time_s)
+    assert s["makespan_s"] == times[-1] >= max(r.finish_s for r in finished)
+    assert s["steps"] >= len(times) > 0  # one sample per step of the one group
+    ttft = np.array([r.first_token_s - r.arrival_s for r in finished])
+    assert s["ttft_s"]["p50"] == float(np.percentile(ttft, 50)) and s["ttft_s"]["mean"] == float(ttft.mean())
+    assert s["ttft_s"]["p50"] <= s["ttft_s"]["p90"] <= s["ttft_s"]["p99"]
+    assert s["tail_waste_bytes_mean"] == float(np.mean([r.tail_waste_bytes for r in finished]))
+    used, t = np.asarray(result.timeline.used_pages, dtype=np.float64), np.asarray(times)
+    mean_used = float((used * np.diff(np.concatenate(([0.0], t)))).sum() / t[-1])
+    assert s["mean_pool_use"] == mean_used / s["pool_pages"] and 0 < s["mean_pool_use"] <= s["peak_pool_use"] <= 1
 
 
 def test_a_list_of_records_and_its_table_give_the_same_summary(result):
@@ -51,7 +59,8 @@ def test_a_list_of_records_and_its_table_give_the_same_summary(result):
     as_list = list(table)
     assert {r.outcome for r in as_list} == {"finished", "rejected"}  # None times and reasons are in there
     assert [r.id for r in as_list] == sorted(r.id for r in as_list)
-    assert summarize(replace(result, records=as_list, summary={})) == result.summary
+    figures = summarize(as_list, result.timeline, result.counters, result.cell, result.capacity_pages, result.tiers)
+    assert figures.with_cluster(result.figures.cluster) == result.figures
 
 
 times = st.one_of(st.none(), st.floats(0, 1e6, allow_nan=False))
@@ -124,11 +133,12 @@ def test_a_waiting_request_costs_about_a_kilobyte_not_its_boxed_hash_ids():
             yield TraceRequest(0.0, blocks * 512, 10, tuple(range(10**6 + i * blocks, 10**6 + (i + 1) * blocks)))
 
     cfg = SimConfig(step_model="constant")
-    sim = Simulation(cfg, build_setup(cfg), arrivals())
+    sim = Group(cfg, build_setup(cfg))
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
-        sim.arrive(0.0)
+        for rid, req in enumerate(arrivals()):
+            sim.add(req, 0.0, rid)
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -161,10 +171,11 @@ def test_a_trace_prompt_is_checked_on_arrival_without_expanding_it():
 
 def test_the_scheduler_forgets_the_requests_that_left_the_simulation():
     cfg = SimConfig(step_model="constant")
-    sim = Simulation(cfg, build_setup(cfg), generate_scenario("chat", seed=0, scale=0.05))
-    result = sim.run()
-    assert result.summary["finished"] == len(result.records) > 0
-    assert sim.scheduler.done == {} and sim.scheduler.stats.finished == len(result.records)
+    cluster = Cluster(cfg, build_setup(cfg), generate_scenario("chat", seed=0, scale=0.05))
+    parts = cluster.run()
+    (_, group), finished = cluster.targets[0], len(parts.records[0])
+    assert finished > 0 and all(r.outcome == "finished" for r in parts.records[0])
+    assert group.scheduler.done == {} and group.scheduler.stats.finished == finished
 
 
 def test_cluster_bench_copies_shift_hash_ids_by_the_top_id_and_keep_every_other_field(load_file_module, repo_dir):

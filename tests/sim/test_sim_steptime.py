@@ -61,7 +61,7 @@ def test_dcp_divides_main_kv_reads_only(glm):
 
 
 def test_mtp_yields_more_tokens_per_decode(glm):
-    assert RooflineStepTime(glm.layout, mtp_draft=1).tokens_per_decode == pytest.approx(1.8)
+    assert RooflineStepTime(glm.layout, num_draft_tokens=1).tokens_per_decode == pytest.approx(1.8)
     assert glm.tokens_per_decode == 1
 
 
@@ -113,10 +113,10 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
     assert _clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)
 
 
-@pytest.mark.parametrize("options", [{}, {"mtp_draft": 2}, {"mla_padded_topk": True, "dp_attention": 2}])
+@pytest.mark.parametrize("options", [{}, {"num_draft_tokens": 2}, {"mla_padded_topk": True, "dp_attention": 2}])
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
-    # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.loop) rely on it.
+    # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.group) rely on it.
     model = RooflineStepTime(glm.layout, **options)
     run = model.run_seconds(contexts, steps)
     assert [float(t) for t in run] == [model.step_seconds([], [c + j for c in contexts]) for j in range(steps)]
@@ -124,7 +124,7 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
     assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
 
 
-@pytest.mark.parametrize("options", [{}, {"mtp_draft": 1}, {"dp_attention": 2}])
+@pytest.mark.parametrize("options", [{}, {"num_draft_tokens": 1}, {"dp_attention": 2}])
 @given(
     st.lists(
         st.tuples(st.lists(st.integers(-150, 300), min_size=1, max_size=3), st.integers(1, 60), st.booleans()),
@@ -138,7 +138,7 @@ def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, opti
     # top-k too), are read back; the others, whose context sums say less, never touch the tables. Bit for bit
     # the steps either way; dp passed or not.
     model = RooflineStepTime(glm.layout, **options)
-    least = (1 + model.mtp_draft) * model.layout.spec.index_topk
+    least = (1 + model.num_draft_tokens) * model.layout.spec.index_topk
     for offsets, steps, with_dp in runs:
         contexts = [least + o for o in offsets] if len(offsets) > 1 else [1 + 10 * (offsets[0] + 150)]
         dp = (2 * len(contexts), 2 * len(contexts)) if with_dp else (None, None)

@@ -83,10 +83,10 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
 
 def test_mtp_costs_one_draft_pass_per_draft_token_and_its_own_work_once_per_step(glm52):
     step = RooflineStepTime(glm52).mtp_step_s
-    one = RooflineStepTime(glm52, mtp_draft=1).cost([], [4096] * 16).seconds["mtp_draft"] - step
-    two = RooflineStepTime(glm52, mtp_draft=2).cost([], [4096] * 16).seconds["mtp_draft"] - step
+    one = RooflineStepTime(glm52, num_draft_tokens=1).cost([], [4096] * 16).seconds["num_draft_tokens"] - step
+    two = RooflineStepTime(glm52, num_draft_tokens=2).cost([], [4096] * 16).seconds["num_draft_tokens"] - step
     assert one > 0 and two == pytest.approx(2 * one)
-    assert RooflineStepTime(glm52, mtp_draft=2).cost([(4096, 0)], []).seconds["mtp_draft"] == 0
+    assert RooflineStepTime(glm52, num_draft_tokens=2).cost([(4096, 0)], []).seconds["num_draft_tokens"] == 0
 
 
 def test_batch_one_mtp_step_follows_deepseek_v32s_published_speedup():
@@ -94,7 +94,9 @@ def test_batch_one_mtp_step_follows_deepseek_v32s_published_speedup():
     # throughput at batch 1 (sgl-project/sglang#20809): an MTP step lasts 2.65 / 1.51 plain steps.
     spec, b200 = ModelSpec.preset("deepseek-v3.2"), gpu_kind("B200")
     plain = RooflineStepTime(CacheLayout(spec, kv_dtype="bf16"), b200, weight_dtype="fp8")
-    mtp = RooflineStepTime(CacheLayout(spec, kv_dtype="bf16", mtp_layers=1), b200, weight_dtype="fp8", mtp_draft=3)
+    mtp = RooflineStepTime(
+        CacheLayout(spec, kv_dtype="bf16", mtp_layers=1), b200, weight_dtype="fp8", num_draft_tokens=3
+    )
     ratio = mtp.step_seconds([], [1032]) / plain.step_seconds([], [1032])
     assert ratio == pytest.approx(2.65 / 1.51, rel=0.01)
 
@@ -107,7 +109,7 @@ def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_ch
     assert st.indexer_floor_s == pytest.approx(9 / 20 * st.layer_floor_s)
     expected = layers * st.layer_floor_s + idx_layers * st.indexer_floor_s
     assert st.cost([], [10]).seconds["floor"] == pytest.approx(expected)
-    dense = RooflineStepTime(glm52, indexer=False, layer_min_s=0.0)
+    dense = RooflineStepTime(glm52, has_indexer=False, layer_min_s=0.0)
     assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.layer_floor_s)
 
 
@@ -127,13 +129,13 @@ def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
     # Fact 14: Kimi-K2 (61 DeepSeek-V3 layers, no indexer), SGLang TP8, concurrency 1, 1,024-token prompts: TPOT
     # 11.4 ms (sgl-project/sglang#13466). The DeepSeek preset without the indexer prices that step at 11.4 ms.
     lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
-    st = RooflineStepTime(lay, gpu_kind("H200"), indexer=False, weight_dtype="fp8")
+    st = RooflineStepTime(lay, gpu_kind("H200"), has_indexer=False, weight_dtype="fp8")
     assert st.step_seconds([], [1024 + 8]) == pytest.approx(0.0114, rel=0.01)
 
 
 def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):
     # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes; sparse MLA stays.
-    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, indexer=False)
+    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, has_indexer=False)
     a, b = dsa.cost([(1000, 0)], [3000] * 8), dense.cost([(1000, 0)], [3000] * 8)
     assert a.flops["indexer"] > 0 and b.flops["indexer"] == 0 == b.bytes["indexer"] == b.seconds["indexer"]
     assert b.flops["sparse_mla"] == a.flops["sparse_mla"] and b.bytes["sparse_mla"] == a.bytes["sparse_mla"]
@@ -318,7 +320,7 @@ def test_dp_attention_collectives_follow_the_formula(dsv32):
 
 
 def test_one_mtp_draft_pass_follows_the_formula(dsv32):
-    st = RooflineStepTime(dsv32, mtp_draft=1)
+    st = RooflineStepTime(dsv32, num_draft_tokens=1)
     c, g, n = st._const, st.gpu, 16
     layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(n)) / c["layers"]
     flops = n * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
@@ -326,13 +328,13 @@ def test_one_mtp_draft_pass_follows_the_formula(dsv32):
     compute = flops / (g.fp8_flops * st.moe_eff)
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
     expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
-    assert st.cost([], [4096] * n).seconds["mtp_draft"] == pytest.approx(expected + st.mtp_step_s)
+    assert st.cost([], [4096] * n).seconds["num_draft_tokens"] == pytest.approx(expected + st.mtp_step_s)
 
 
 def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(dsv32):
     # One draft pass: the layer's MLP and experts on all 13 groups' decodes (experts read where those touch),
     # its attention and the lm_head on this group's 1.
-    st = RooflineStepTime(dsv32, dp_attention=2, mtp_draft=1)
+    st = RooflineStepTime(dsv32, dp_attention=2, num_draft_tokens=1)
     c, g, mine, every = st._const, st.gpu, 1, 13
     layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(every)) / c["layers"]
     flops = (mine * c["attn_flops"] + every * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
@@ -341,5 +343,5 @@ def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(d
     memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
     expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
     cost = st.cost([], [4096] * mine, dp_tokens=2 * every, dp_decodes=every)
-    assert cost.seconds["mtp_draft"] == pytest.approx(expected + st.mtp_step_s)
-    assert st.cost([], [4096] * mine).seconds["mtp_draft"] < expected + st.mtp_step_s  # balanced: 2 x 1 decodes
+    assert cost.seconds["num_draft_tokens"] == pytest.approx(expected + st.mtp_step_s)
+    assert st.cost([], [4096] * mine).seconds["num_draft_tokens"] < expected + st.mtp_step_s  # balanced: 2 x 1 decodes

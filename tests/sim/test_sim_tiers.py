@@ -14,8 +14,8 @@ from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.scheduler import BatchPlan
 from dsakv.scheduler.tiers import LoadBack, WriteBack
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.loop import simulate
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import MOONCAKE_BLOCK, TraceRequest, read_mooncake
 
@@ -81,7 +81,7 @@ def test_unbounded_store_hits_equal_the_page_walk_on_a_generated_trace(policy):
     assert [by_line[r.line] for r in requests] == walk_hit_tokens(requests)
     assert s["hit_tokens"] == s["hit_tokens_device"] + s["hit_tokens_host"] + s["hit_tokens_store"]
     assert s["hit_tokens_store"] > 0 and s["hit_tokens_host"] == 0
-    setup = result.tiers[0]
+    setup = result.tiers.setup
     page_bytes = setup.entry_main_bytes + setup.entry_indexer_bytes
     assert s["store_bytes_read"] == s["hit_tokens_store"] // PAGE * page_bytes
     assert s["tier_bytes"]["store"]["read"]["indexer"] == s["hit_tokens_store"] // PAGE * setup.entry_indexer_bytes

@@ -7,9 +7,9 @@ import json
 
 from dsakv.cli import main
 from dsakv.engine.engine import Engine, EngineConfig
+from dsakv.sim import run as simulate
 from dsakv.sim import timeseries
 from dsakv.sim.config import SimConfig
-from dsakv.sim.loop import simulate
 from dsakv.workloads.scenarios import generate_scenario
 
 SMALL = ["simulate", "--scenario", "chat", "--scale", "0.05", "--step-model", "constant", "--no-plots"]

@@ -1,63 +1,40 @@
-"""The discrete-event loop: trace requests arrive over simulated time and the real ``Scheduler`` (with the
-real ``PageAllocator`` and ``RadixCache``, no pool) serves them; a step-time model stands in for the GPU.
+"""One DP group of one engine instance, clock-free: its own ``PageAllocator``, ``RadixCache`` and ``Scheduler``
+(the engine's classes, no pool), its requests' trackers and records, its counters and pool timeline.
 
-One iteration (``Simulation.run``)::
+A ``Group`` never advances time: the one driver (``dsakv.sim.cluster.Cluster``, for every run, one group of
+one instance included) hands it requests (``add``) and step start and end times; the group samples, prices
+and applies what its scheduler plans::
 
-    arrive:  add every request whose arrival time <= now      (prompt as hash ids: expanded at admission;
-                                                                the trace's tenant / cache_salt is its namespace)
-    idle?    jump the clock to the next arrival
-    plan   = scheduler.step()                                  (admission, chunked prefill, decode, eviction, preemption)
-    sample:  one dummy token per sampled item (drafts accepted with probability mtp_accept, seeded)
-    price:   dt = step_time(prefill chunks, decode contexts) + host copies of offload/restore
-             + stall for eviction write-backs (lower tiers; load-backs overlap: dsakv.sim.transfers)
-    loads:   before each step, requests whose load-backs have ended by now compute from it on; an idle
-             loop jumps to the next arrival or load-back end
-    now += dt; scheduler.update(plan, sampled); finished requests become ``RequestRecord``s
+    plan   = group.scheduler.step()             (admission, chunked prefill, decode, eviction, preemption)
+    sample:  one dummy token per sampled item   (drafts accepted with probability mtp_accept, seeded)
+    price:   step_time(prefill chunks, decode contexts) + host copies of offload/restore
+             + stall for eviction write-backs   (lower tiers; load-backs overlap: dsakv.sim.transfers)
+    apply:   run_step(plan, start, end)         (scheduler.update; finished requests become ``RequestRecord``s)
 
 Runs of steps (``analytic_decode``, on by default): when every running request decodes one token per step,
 or the newest one prefills a chunk per step beside them (the ``mixed`` policy; its last chunk samples its first
 token, then it decodes with the others), with no drafts, lower tiers or loads, and nobody waiting who could be
-admitted, the steps up to the first one that finishes a request (included), or up to the first one that needs a
-page the free list and the evictable cache cannot give or starts at or after the next arrival (excluded), are
-applied at once (``Scheduler.advance_run``: the same pages, evictions, tokens and finishes in the same order;
-the step-time model prices the run as arrays, ``run_seconds``; the clock adds the step times one by one).
-Records, timeline and figures equal stepping them one by one, bit for bit (tests/sim/test_sim_analytic.py);
-``analytic_decode=False`` (``--no-analytic-decode``) steps them.
-
-Under DP attention (``d`` groups, each with its own pool and prefix cache) requests are routed round-robin,
-request ``i`` to group ``i mod d`` (SGLang's default load balancing); the groups do not share pages, so the
-loop simulates group 0 with every ``d``-th request and every figure is that group's (``dp_attention`` and
-``other_group_requests`` in the summary say so).
-
-Closed loop (``SimConfig.max_concurrency = C``, a benchmark client's max concurrency): request ``k`` starts
-when request ``k - C`` has left (or at its trace time, if later), and that start is its arrival (TTFT is
-measured from it). Under DP attention group 0 runs ``ceil(C / d)`` of the client's slots. A cluster
-(``dsakv.sim.cluster``, which ``run_simulation`` runs for DP attention) gives every group one shared heap of
-the client's slots (``client_slots``), so a request leaving any group frees a slot for the next request.
-
-Front-end (``dsakv.sim.frontend``): a request the client sends at ``t`` passes one serial front-end process
-(``SimConfig.frontend_request_s`` + ``frontend_token_s`` per prompt token, in send order; under DP attention every
-group's requests pass the same process) and reaches the scheduler's queue ``SimConfig.frontend_s = L`` after its
-service ends (with no service time: at ``t + L``); its arrival stays ``t``, so TTFT and the makespan include both.
+admitted, ``plan_run`` plans the steps up to the first one that finishes a request (included), or up to the
+first one that needs a page the free list and the evictable cache cannot give (excluded); ``run_seconds``
+prices them as arrays and ``apply_run`` applies the first k at once (``Scheduler.advance_run``: the same pages,
+evictions, tokens and finishes in the same order). Records, timeline and figures equal stepping them one by
+one, bit for bit (tests/sim/test_sim_analytic.py).
 
 Each request generates exactly its trace ``output_length`` tokens (EOS is ignored). Output token ids are
 one id per request, counted down from ``2**32 - 1``, so no output page ever matches another request's
 prompt (prompt token ids lie below ``WIDE_TOKEN_LIMIT``, 2**31 + 2**30: ``dsakv.workloads.traces``), for up to
 2**30 requests. Hash ids are unbounded (the trace's wide ids need pages of at least 3 tokens dividing 512:
-checked at the first request that has one). Deterministic: the same config, trace and seed give the same
+checked at the first request that has one). Deterministic: the same config, requests and seed give the same
 records.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import itertools
-import math
 import random
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,9 +47,8 @@ from dsakv.scheduler import BatchPlan, Request, Scheduler
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.runs import NO_RUN, RunPlan, RunTake
 from dsakv.scheduler.tiers import SchedulerTiers
-from dsakv.sim.config import SimConfig, SimSetup, build_setup
-from dsakv.sim.frontend import FrontEnd
-from dsakv.sim.report import Counters, RecordTable, RequestRecord, SimResult, Timeline, make_record, summarize
+from dsakv.sim.config import SimConfig, SimSetup
+from dsakv.sim.report import GroupCounts, RecordTable, RequestRecord, Timeline, make_record
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
@@ -115,47 +91,37 @@ class LiveRequest:
     first_token_s: float | None = None
 
 
-class Simulation:
-    """One run: a fresh allocator, radix tree and scheduler sized by ``setup``, fed ``requests`` in arrival
-    order. ``run()`` drives it to the end and returns the ``SimResult``; the steps it is made of
-    (``arrive``, ``sample``, ``price``, ``leave``) change only this object."""
+class Group:
+    """One DP group: a fresh allocator, radix tree and scheduler sized by ``setup``. Clock-free: the driver
+    (``dsakv.sim.cluster.Cluster``) adds its requests and gives every step its start and end; the methods
+    (``add``, ``sample``, ``price``, ``run_step``, ``plan_run`` / ``apply_run``, ``leave``) change only this
+    object (and push to ``client_slots``, the driver's closed-loop heap, when a request leaves).
+
+    ``event_sink`` gets the radix tree's events (a KV-aware or oracle router indexes them; a run of steps then
+    never evicts the tree); ``record_sink`` each record as its request leaves (``sim.rowstream``)."""
 
     def __init__(
         self,
         cfg: SimConfig,
         setup: SimSetup,
-        requests: Iterable[TraceRequest],
-        counters: Counters | None = None,
+        *,
         event_sink: Callable[[CacheEvent], None] | None = None,
         analytic_decode: bool = True,
         record_sink: Callable[[RequestRecord], None] | None = None,
         client_slots: list[float] | None = None,
     ) -> None:
         self.cfg, self.setup = cfg, setup
-        self.record_sink = record_sink  # also given each record as its request leaves (``sim.rowstream``)
-        # called as observer(sim, plan, start_s, end_s) after each step run_step applies (``sim.emitlog``)
-        self.step_observer: Callable[[Simulation, BatchPlan, float, float], None] | None = None
+        self.target = 0  # the driver's index of this group (group x instances + instance)
+        self.record_sink = record_sink
         self.analytic_decode = analytic_decode  # advance runs of steps at once (plan_run)
-        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink: a
-        # cluster's KV-aware or oracle router)
+        # a run may evict the prefix cache when nobody watches the tree change step by step (its event sink)
         self.evict_in_runs = event_sink is None
         # a run may carry one request's prefill chunks (the mixed policy) unless its step time depends on other
-        # groups' chunks (a cluster of DP-attention groups clears this)
+        # groups' chunks (the driver clears this under DP attention)
         self.chunks_in_runs = True
         self._run = NO_RUN  # the run plan_run planned last, which apply_run applies
         self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
-        self.radix = None
-        if cfg.prefix_cache:
-            # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
-            # hidden state of the token before a match break), so a hit drops its last matched page.
-            self.radix = RadixCache(
-                self.allocator,
-                eviction_policy=cfg.eviction_policy,
-                insert_mode=cfg.insert_mode,
-                speculative=cfg.mtp > 0,
-                event_sink=event_sink,  # a cluster's KV-aware or oracle router indexes the tree's events
-                page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
-            )
+        self.radix = self._radix(event_sink)
         self.transfers, tiers = None, None
         if setup.tiers is not None:  # lower tiers: metadata indexes, priced by the transfer model
             t = setup.tiers
@@ -166,81 +132,48 @@ class Simulation:
             self.transfers = TransferModel(t)
         self.scheduler = Scheduler(self.allocator, self.radix, setup.scheduler, tiers=tiers)
         self._loads: list[tuple[float, int]] = []  # (done_s, request id) of pending load-backs, a heap
-        self.counters = replace(counters or Counters(), dp_attention=setup.setting.dp_attention)
+        self.steps = 0  # steps with work (the scheduler's own count includes empty plans)
+        self.eviction_steps = 0  # steps (or steps of runs) that evicted
         self.live: dict[int, LiveRequest] = {}  # request id -> its tracker, while in the simulation
         self.records = RecordTable()  # compact columns: a long trace's records cost bytes, not objects
         self.timeline = Timeline()
         self._rng = random.Random(cfg.seed)
-        self.frontend = FrontEnd(cfg.frontend_s, cfg.frontend_request_s, cfg.frontend_token_s)
-        self._arrivals = self._route(requests)
-        self._pending: TraceRequest | None = None
-        self._pending_s = 0.0  # arrival time of ``_pending`` (checked: ``arrival_seconds``)
-        self._take_next()
-        self._serial = 0
         self._wide_ids_checked = False  # pages vetted for wide hash ids (at the first request that has one)
-        conc = cfg.max_concurrency
-        # closed loop: a heap of the times each client slot is free again (None: open loop); a cluster's groups
-        # share its one client's heap (``client_slots``): a request leaving any group frees a slot
-        if client_slots is None and conc is not None:
-            client_slots = [0.0] * math.ceil(conc / self.counters.dp_attention)
+        # closed loop: the driver's heap of the times each client slot is free again (None: open loop)
         self._slots = client_slots
 
-    # ----- arrivals -------------------------------------------------------------------------------
-    def _route(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
-        """DP attention: request ``i`` goes to group ``i mod d``; group 0's are simulated, the others counted (and,
-        with a serial front-end, passed through it at their trace times: the open loop, the only one under DP)."""
-        dp = self.counters.dp_attention
-        if dp == 1:
-            yield from requests
-            return
-        frontend, scale = self.frontend, self.cfg.time_scale
-        for i, r in enumerate(requests):
-            if i % dp == 0:
-                yield r
-            else:
-                self.counters.other_group_requests += 1
-                if frontend.serial:
-                    frontend.take(arrival_seconds(r.timestamp_ms, scale, r.line), r.input_length)
-
-    def _take_next(self) -> None:
-        pending = self._pending = next(self._arrivals, None)
-        if pending is not None:
-            self._pending_s = arrival_seconds(pending.timestamp_ms, self.cfg.time_scale, pending.line)
-
-    def _next_send_s(self) -> float | None:
-        """When the client sends the next request: its trace time (closed loop: or when a slot frees, if later)."""
-        if self._pending is None or self._slots == []:
+    def _radix(self, event_sink: Callable[[CacheEvent], None] | None) -> RadixCache | None:
+        if not self.cfg.prefix_cache:
             return None
-        start = self._pending_s
-        return start if self._slots is None else max(start, self._slots[0])
+        # With MTP drafts the tree keys pages on bigrams (EAGLE/MTP engines do: the draft head needs the
+        # hidden state of the token before a match break), so a hit drops its last matched page.
+        cfg = self.cfg
+        return RadixCache(
+            self.allocator,
+            eviction_policy=cfg.eviction_policy,
+            insert_mode=cfg.insert_mode,
+            speculative=cfg.mtp > 0,
+            event_sink=event_sink,
+            page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
+        )
 
-    def next_arrival_s(self) -> float | None:
-        """When the next request reaches the scheduler's queue: through the front-end after the client sent it."""
-        sent_s = self._next_send_s()
-        return None if sent_s is None else self.frontend.queued_s(sent_s, self._pending.input_length)
+    def counters(self) -> GroupCounts:
+        """The group's counts for the summary: its own (steps that evicted) and the scheduler's (evicted
+        tokens, preemptions, offloaded pages: ``SchedulerStats``, not recounted here)."""
+        stats = self.scheduler.stats
+        return GroupCounts(self.eviction_steps, stats.evicted_tokens, stats.preemptions, stats.offloaded_pages)
 
-    def arrive(self, now: float) -> None:
-        """Queue every request that has reached the scheduler by ``now`` (its arrival is the client's send time);
-        one refused (or done) on arrival leaves at once."""
-        frontend = self.frontend
-        while (sent_s := self._next_send_s()) is not None and frontend.queued_s(
-            sent_s, self._pending.input_length
-        ) <= now:
-            frontend.take(sent_s, self._pending.input_length)
-            if self._slots is not None:
-                heapq.heappop(self._slots)
-            if self._serial == MAX_REQUESTS:
-                raise DsakvError(
-                    f"trace line {self._pending.line}: more than {MAX_REQUESTS} requests in one simulation"
-                )
-            self.add(self._pending, sent_s, self._serial)
-            self._serial += 1
-            self._take_next()
+    def drain(self) -> None:
+        """The run is over: every request still queued, loading or running leaves unfinished."""
+        scheduler = self.scheduler
+        for req in list(scheduler.running) + list(scheduler.loading) + list(scheduler.waiting):
+            req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
+            self.leave(req, None, "unfinished")
 
+    # ----- arrivals -------------------------------------------------------------------------------
     def add(self, trace_req: TraceRequest, arrival_s: float, request_id: int) -> Request:
         """Queue one request that arrived at ``arrival_s`` under ``request_id`` (unique in the run; its output
-        token id derives from it); one refused (or done) on arrival leaves at once. ``arrive`` calls it for the
-        requests of this simulation's own stream; ``dsakv.sim.cluster`` for those its router sent here."""
+        token id derives from it); one refused (or done) on arrival leaves at once (the driver routed it here)."""
         if not self._wide_ids_checked and trace_req.hash_ids and max(trace_req.hash_ids) >= DIRECT_HASH_IDS:
             if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
                 raise DsakvError(f"trace line {trace_req.line}: {why}")
@@ -330,11 +263,6 @@ class Simulation:
         """When the first pending load-back ends (None: none is pending)."""
         return self._loads[0][0] if self._loads else None
 
-    def next_event_s(self) -> float | None:
-        """The next arrival or load-back end, whichever is first (None: neither is to come)."""
-        times = [t for t in (self.next_arrival_s(), self._loads[0][0] if self._loads else None) if t is not None]
-        return min(times) if times else None
-
     def note_admitted(self, plan: BatchPlan, now: float) -> None:
         """The plan's admissions happened at ``now`` (also a plan with no item: its requests may be loading)."""
         live = self.live
@@ -350,15 +278,12 @@ class Simulation:
         sampled = self.sample(plan)
         if end is None:
             end = now + self.transfer(plan, now) + self.price(plan)
-        live, counters = self.live, self.counters
+        live = self.live
         self.note_admitted(plan, now)
         if plan.preempted:
-            counters.preemptions += len(plan.preempted)
             self.timeline.preempt_time_s.extend([now] * len(plan.preempted))
-        counters.offloaded_pages += sum(len(h.pages) for h in plan.offloads)
         if plan.evicted_tokens:
-            counters.evicted_tokens += plan.evicted_tokens
-            counters.eviction_steps += 1
+            self.eviction_steps += 1
         for item in plan.items:
             if item.sample:
                 tracker = live[item.request.id]
@@ -366,10 +291,8 @@ class Simulation:
                     tracker.first_token_s = end
         for req in self.scheduler.update(plan, sampled):
             self.leave(req, end, "finished")
-        counters.steps += 1
+        self.steps += 1
         self.observe(end)
-        if self.step_observer is not None:
-            self.step_observer(self, plan, now, end)
         return end
 
     # ----- runs of steps advanced at once ------------------------------------------------------------
@@ -396,17 +319,14 @@ class Simulation:
         ``ends``: the scheduler's state, the counters, the first token of a request whose last chunk the run
         computes, the requests its last step finishes, and the timeline become what ``run_step`` step by step
         makes them (no request is admitted)."""
-        live, counters, running = self.live, self.counters, self.scheduler.running
+        live, running = self.live, self.scheduler.running
         tokens = [live[req.id].output_ids[0] for req in running]
         used, cached = self.allocator.num_allocated, self._cached_pages()
         newest = running[-1]
         run, self._run = self._run, NO_RUN
         taken, finished = self.scheduler.advance_run(run, len(ends), tokens)
-        counters.steps += len(ends)
-        evicting = {t.step for t in taken if t.evicted_tokens}
-        if evicting:
-            counters.evicted_tokens += sum(t.evicted_tokens for t in taken)
-            counters.eviction_steps += len(evicting)
+        self.steps += len(ends)
+        self.eviction_steps += len({t.step for t in taken if t.evicted_tokens})
         tracker = live[newest.id]
         if tracker.first_token_s is None and newest.stats.first_token_step is not None:
             tracker.first_token_s = ends[len(run.chunks) - 1]  # the run's step of its last chunk
@@ -488,99 +408,3 @@ class Simulation:
         self.records.append(record)
         if self.record_sink is not None:
             self.record_sink(record)
-
-    # ----- the whole run --------------------------------------------------------------------------
-    def run(self, progress: Callable[[int], None] | None = None, check_every: int = 0) -> SimResult:
-        """Step until every request has left or no step can make progress and nothing more will arrive."""
-        scheduler, now = self.scheduler, 0.0
-        while True:
-            self.arrive(now)
-            self.finish_loads(now)
-            plan = None if scheduler.is_idle else scheduler.step()
-            if plan is None or not plan.items:
-                if plan is not None:  # nothing could run this step (admitted requests may be loading)
-                    self.note_admitted(plan, now)
-                    self.transfer(plan, now)
-                    scheduler.update(plan, [])
-                next_s = self.next_event_s()
-                if next_s is None:
-                    break  # idle, or stalled with nothing more to come: what remains is unfinished
-                now = max(now, next_s)
-                continue
-            before = self.counters.steps
-            now = self.run_step(plan, now)
-            if (run := self.plan_run()).steps:
-                now = self.advance_run(now, run)
-            steps = self.counters.steps
-            if check_every and steps // check_every > before // check_every:
-                scheduler.check_integrity()
-            if progress is not None and steps // PROGRESS_EVERY_STEPS > before // PROGRESS_EVERY_STEPS:
-                progress(len(self.records))
-        for req in list(scheduler.running) + list(scheduler.loading) + list(scheduler.waiting):
-            req.stats.reason = req.stats.reason or "simulation stalled: no step could make progress"
-            self.leave(req, None, "unfinished")
-        if check_every:
-            scheduler.check_integrity()
-        if progress is not None:
-            progress(len(self.records))
-        return self.result()
-
-    def advance_run(self, now: float, run: RunPlan) -> float:
-        """Run the steps of ``run`` from ``now`` at once, cut before the first step that starts at or after the
-        next arrival (``arrive`` would queue it first); returns the last step's end."""
-        steps = run.steps
-        ends = list(itertools.accumulate(self.run_seconds(run, steps).tolist(), initial=now))
-        next_s = self.next_arrival_s()  # no load-back is pending in a run
-        if next_s is not None:
-            steps = bisect.bisect_left(ends, next_s, hi=steps)  # ends[:steps] are the steps' starts
-        if steps:
-            self.apply_run(ends[1 : steps + 1])
-        return ends[steps]
-
-    def result(self) -> SimResult:
-        self.records.sort_by_id()
-        setup = self.setup
-        result = SimResult(
-            config=self.cfg.to_dict(),
-            layout=setup.layout,
-            cell=setup.cell,
-            capacity=setup.capacity,
-            capacity_pages=setup.pages,
-            records=self.records,
-            timeline=self.timeline,
-            counters=self.counters,
-            tiers=None if self.transfers is None else (setup.tiers, self.transfers.counters),
-        )
-        summarize(result)
-        return result
-
-
-def simulate(
-    cfg: SimConfig,
-    requests: Iterable[TraceRequest],
-    *,
-    setup: SimSetup | None = None,
-    counters: Counters | None = None,
-    progress: Callable[[int], None] | None = None,
-    check_every: int = 0,
-    analytic_decode: bool = True,
-    record_sink: Callable[[RequestRecord], None] | None = None,
-    step_observer: Callable[[Simulation, BatchPlan, float, float], None] | None = None,
-) -> SimResult:
-    """Run ``requests`` (in arrival order) through one scheduler; returns records, timeline and summary.
-
-    ``counters`` seeds the run's counts (the trace reader's ``skipped_lines``, ``reordered_lines``; it is
-    copied, not changed). ``progress`` is called with the number of requests that left the simulation so
-    far, every few hundred steps. ``check_every = n > 0`` runs ``Scheduler.check_integrity`` (allocator and
-    radix too) about every n steps (after each step or run of steps that passes a multiple of n).
-    ``analytic_decode``: advance runs of plain decode steps at once (the same records and figures as step by
-    step, which ``False`` runs; tests/sim/test_sim_analytic.py compares them). ``record_sink`` is called with
-    each request's record as the request leaves (in finish order; ``dsakv.sim.rowstream.RowStream.add``).
-    ``step_observer`` is called after each step ``run_step`` applies (``Simulation.step_observer``; steps advanced
-    as a run are not seen: pass ``analytic_decode=False`` to see every step).
-    """
-    sim = Simulation(
-        cfg, setup or build_setup(cfg), requests, counters, analytic_decode=analytic_decode, record_sink=record_sink
-    )
-    sim.step_observer = step_observer
-    return sim.run(progress, check_every)

@@ -6,9 +6,9 @@ import gc
 
 import pytest
 
-from dsakv.sim.cluster import run_simulation
-from dsakv.sim.collector import YOUNG_THRESHOLD, rare_collections
+from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig
+from dsakv.sim.gc_threshold import YOUNG_THRESHOLD, rare_collections
 from dsakv.workloads.scenarios import generate_scenario
 
 
@@ -39,6 +39,6 @@ def test_a_simulation_runs_with_rare_collections_and_restores_them(thresholds):
     seen = []  # the thresholds while the run reports progress
     chat = generate_scenario("chat", seed=0, scale=0.05)
     cfg = SimConfig(step_model="constant", instances=2)
-    run_simulation(cfg, chat, progress=lambda done: seen.append(gc.get_threshold()))
+    simulate(cfg, chat, progress=lambda done: seen.append(gc.get_threshold()))
     assert seen and set(seen) == {(YOUNG_THRESHOLD, 7, 9)}
     assert gc.get_threshold() == (500, 7, 9)
