@@ -371,8 +371,3 @@ class DcpPool(DcpPageCopies):
                     raise AssertionError(f"dcp pool: rank {r}'s replicated main KV of layer {layer} differs")
         if self.rank_nbytes != P * RankCell(lay, self.dcp, self.replicated).page_bytes:
             raise AssertionError(f"dcp pool: {self.rank_nbytes} bytes a rank; the planner says {P} pages")
-
-
-def rank_page_bytes(layout: CacheLayout, dcp: int) -> int:
-    """Bytes one rank holds per page id: the planner's ``RankCell.page_bytes``."""
-    return RankCell(layout, dcp).page_bytes
