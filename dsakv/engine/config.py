@@ -27,6 +27,7 @@ class EngineConfig:
     pool_kind: str = "slot"  # "slot" (SGLang) or "packed" (vLLM)
     index_kpool: int = 1  # indexer states merged per N tokens: the pool holds them, the compute path refuses N > 1
     dcp: int = 1  # decode-context-parallel ranks (emulated in one process): a page id holds page_size x dcp tokens
+    dcp_replicated: bool = False  # dcp > 1 only: every rank holds the whole pool (no main-KV sharding), docs/pool.md
     kv_dtype: str = "fp8_ds_mla"
     indexer_dtype: str = "fp8"  # "fp32" with kv_dtype "fp32": the exact cache mode (no rounding)
     prefix_cache: bool = True
@@ -66,6 +67,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DsakvError(f"{name} = {value!r}: must be a positive integer")
+        if not isinstance(self.dcp_replicated, bool):
+            raise DsakvError(f"dcp_replicated = {self.dcp_replicated!r}: must be True or False")
+        if self.dcp_replicated and self.dcp == 1:
+            raise DsakvError("dcp_replicated = True: only meaningful with dcp > 1 (one rank holds every token anyway)")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise DsakvError(f"scheduler = {self.scheduler!r}: must be a SchedulerConfig")
         names = {

@@ -192,7 +192,12 @@ class Engine:
             mtp_layers=config.mtp_layers,
         )
         return pool_for_pages(
-            layout, config.num_pages, dcp=config.dcp, padding_slots=config.padding_slots, kind=config.pool_kind
+            layout,
+            config.num_pages,
+            dcp=config.dcp,
+            padding_slots=config.padding_slots,
+            kind=config.pool_kind,
+            dcp_replicated=config.dcp_replicated,
         )
 
     def _start_outputs(self, config: EngineConfig) -> None:

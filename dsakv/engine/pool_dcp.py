@@ -45,7 +45,7 @@ from dsakv.engine.pool_dcp_copies import DcpPageCopies
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kernels import cache_ops
 from dsakv.model.inputs import CheckedSlots, Slots
-from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, RankCell, scratch_pages
+from dsakv.planner.budget import CUDA_GRAPH_PADDING_SLOTS, RankCell, index_buf_pages, scratch_pages
 from dsakv.planner.deployment import check_int
 from dsakv.spec.layout import CacheLayout
 
@@ -60,14 +60,19 @@ def pool_for_pages(
     padding_slots: int = CUDA_GRAPH_PADDING_SLOTS,
     kind: str = "slot",
     device: str | torch.device = "cpu",
+    dcp_replicated: bool = False,
 ) -> TwinPool | DcpPool:
     """The pool of one rank (``dcp = 1``: a ``TwinPool``) or of a DCP group, with ``num_pages`` page ids to hand
-    out: for ``pool_capacity(layout, ..., dcp=dcp).pages`` it holds exactly the planner's ``pool_bytes`` on each
-    rank."""
+    out: for ``pool_capacity(layout, ..., dcp=dcp, dcp_replicated=...).pages`` it holds exactly the planner's
+    ``pool_bytes`` on each rank."""
     check_int("dcp", dcp, 1)
     if dcp == 1:
+        if dcp_replicated is not False:
+            raise DsakvError(f"dcp_replicated = {dcp_replicated!r}: only meaningful with dcp > 1")
         return TwinPool.for_pages(layout, num_pages, padding_slots=padding_slots, kind=kind, device=device)
-    return DcpPool.for_pages(layout, num_pages, dcp, padding_slots=padding_slots, kind=kind, device=device)
+    return DcpPool.for_pages(
+        layout, num_pages, dcp, padding_slots=padding_slots, kind=kind, device=device, replicated=dcp_replicated
+    )
 
 
 def group_layout(rank_layout: CacheLayout, dcp: int) -> CacheLayout:
@@ -101,9 +106,13 @@ class DcpPool(DcpPageCopies):
         dcp: int,
         kind: str = "slot",
         device: str | torch.device = "cpu",
+        replicated: bool = False,
     ) -> None:
         check_choice("pool kind", kind, POOL_KINDS)
         check_int("dcp", dcp, 2)
+        if not isinstance(replicated, bool):
+            raise DsakvError(f"dcp_replicated = {replicated!r}: must be True or False")
+        self.replicated = replicated
         if not isinstance(rank_layout, CacheLayout):
             raise DsakvError(f"layout = {rank_layout!r}: must be a CacheLayout")
         self.layout = group_layout(rank_layout, dcp)
@@ -136,32 +145,46 @@ class DcpPool(DcpPageCopies):
         padding_slots: int = CUDA_GRAPH_PADDING_SLOTS,
         kind: str = "slot",
         device: str | torch.device = "cpu",
+        replicated: bool = False,
     ) -> DcpPool:
         """A DCP pool and its allocator: ``num_pages`` page ids to hand out after the scratch pages."""
         tokens = rank_layout.page_size * dcp
         alloc = PageAllocator(num_pages, tokens, first_page=scratch_pages(tokens, padding_slots))
-        return cls(rank_layout, alloc, dcp, kind, device)
+        return cls(rank_layout, alloc, dcp, kind, device, replicated)
 
     # ----- buffers -------------------------------------------------------------------------------
     def main_shards(self, layer: int) -> int:
-        """Ranks a layer's main KV is split over: ``dcp`` for the model's layers, 1 for MTP (draft) layers."""
-        return self.dcp if self._checker.layer(layer) < self.layout.spec.num_hidden_layers else 1
+        """Ranks a layer's main KV is split over: ``dcp`` for the model's layers, 1 for MTP (draft) layers and
+        for every layer of a ``replicated`` pool."""
+        model_layer = self._checker.layer(layer) < self.layout.spec.num_hidden_layers
+        return self.dcp if model_layer and not self.replicated else 1
+
+    @property
+    def index_buf_pages(self) -> int:
+        """Physical (``page_size``-token) indexer pages of one rank and layer, by SGLang's ``index_buf_size``:
+        for ``size = (P - 1) x page_size`` rank slots when the main KV is sharded, for ``size = (P - 1) x V``
+        group slots in pages of ``V`` tokens (``dcp`` physical pages each) when the pool is replicated; both
+        come to ``P x dcp``."""
+        P, ps, d = self.num_physical_pages, self.rank_layout.page_size, self.dcp
+        if self.replicated:
+            return index_buf_pages((P - 1) * ps * d, ps * d, d, dcp_replicated=True) * d
+        return index_buf_pages((P - 1) * ps, ps, d)
 
     def _main_rows(self, layer: int) -> int:
         return self.rank_layout.page_size * (self.dcp // self.main_shards(layer))
 
     def _rank_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        lay, P, d = self.rank_layout, self.num_physical_pages, self.dcp
+        lay, P, ix = self.rank_layout, self.num_physical_pages, self.index_buf_pages
         u8 = dict(dtype=torch.uint8, device=self.device)
         row, ipb = lay.main_row_bytes, lay.indexer_page_bytes_per_layer
         layers = range(lay.num_attention_layers)
         if self.kind == "slot":
             main = [torch.zeros((P, self._main_rows(la), row), **u8) for la in layers]
-            index = [torch.zeros((P * d if lay.layer_has_indexer(la) else 0, ipb), **u8) for la in layers]
+            index = [torch.zeros((ix if lay.layer_has_indexer(la) else 0, ipb), **u8) for la in layers]
             return main, index
         widths = [self._main_rows(la) * row for la in layers]
         main_blocks = torch.zeros((P, sum(widths)), **u8)  # group "main": one block per page id
-        index_blocks = torch.zeros((P * d, ipb * lay.num_indexer_layers), **u8)  # group "indexer": per 64 tokens
+        index_blocks = torch.zeros((ix, ipb * lay.num_indexer_layers), **u8)  # group "indexer": per 64 tokens
         self._blocks.append((main_blocks, index_blocks))
         offsets = [sum(widths[:la]) for la in layers]
         main = [main_blocks[:, o : o + w].view(P, w // row, row) for o, w in zip(offsets, widths)]
@@ -173,10 +196,10 @@ class DcpPool(DcpPageCopies):
     @property
     def groups(self) -> tuple[KVCacheGroup, ...]:
         """The packed layout's KV-cache groups (the slot layout stores the same bytes per layer)."""
-        cell = RankCell(self.rank_layout, self.dcp)
+        cell = RankCell(self.rank_layout, self.dcp, self.replicated)
         ps = self.rank_layout.page_size
         return (
-            KVCacheGroup("main", ps * self.dcp, cell.main_page_bytes, 1, True),
+            KVCacheGroup("main", ps * self.dcp, cell.main_page_bytes, 1, not self.replicated),
             KVCacheGroup("indexer", ps, self.rank_layout.indexer_page_bytes, self.dcp, False),
         )
 
@@ -346,10 +369,5 @@ class DcpPool(DcpPageCopies):
                     raise AssertionError(f"dcp pool: rank {r}'s indexer K of layer {layer} differs from rank 0's")
                 if self.main_shards(layer) == 1 and not torch.equal(m, self._main[0][layer]):
                     raise AssertionError(f"dcp pool: rank {r}'s replicated main KV of layer {layer} differs")
-        if self.rank_nbytes != P * rank_page_bytes(lay, self.dcp):
+        if self.rank_nbytes != P * RankCell(lay, self.dcp, self.replicated).page_bytes:
             raise AssertionError(f"dcp pool: {self.rank_nbytes} bytes a rank; the planner says {P} pages")
-
-
-def rank_page_bytes(layout: CacheLayout, dcp: int) -> int:
-    """Bytes one rank holds per page id: the planner's ``RankCell.page_bytes``."""
-    return RankCell(layout, dcp).page_bytes

@@ -41,8 +41,10 @@ def check_instance_endpoints(field: str, endpoint: str, replay_field: str, repla
         check_endpoint(name, address)
         if address.startswith("tcp://"):
             host, _, port = address[len("tcp://") :].rpartition(":")
-            if not host or not (port == "*" or port.isdigit()):
-                raise DsakvError(f"{name} = {address!r}: a tcp endpoint must end in :PORT (or :* for free ports)")
+            if not host or not (port == "*" or (port.isascii() and port.isdigit())):
+                raise DsakvError(
+                    f"{name} = {address!r}: a tcp endpoint must end in :PORT, ASCII digits (or :* for free ports)"
+                )
             if port != "*" and int(port) + instances - 1 > 65535:
                 raise DsakvError(
                     f"{name} = {address!r}: {instances} instances bind ports {port} to {int(port) + instances - 1}, "

@@ -64,9 +64,12 @@ class RankCell:
 
     layout: CacheLayout
     dcp: int = 1
+    dcp_replicated: bool = False  # the whole pool replicated on every rank (index_buf_size's dcp_replicated)
 
     def __post_init__(self) -> None:
         check_int("dcp", self.dcp, 1)
+        if not isinstance(self.dcp_replicated, bool):
+            raise DsakvError(f"dcp_replicated = {self.dcp_replicated!r}: must be True or False")
 
     @property
     def tokens_per_page(self) -> int:
@@ -75,8 +78,9 @@ class RankCell:
     @property
     def replicated_main_layers(self) -> int:
         """MTP / draft layers: the draft worker's pools are replicated, not DCP-sharded (SGLang's
-        ``loc_space_scale``), so each rank holds their main rows of every token of the page."""
-        return self.layout.mtp_layers
+        ``loc_space_scale``), so each rank holds their main rows of every token of the page; every layer when
+        the pool is ``dcp_replicated``."""
+        return self.layout.num_attention_layers if self.dcp_replicated else self.layout.mtp_layers
 
     @property
     def main_page_bytes(self) -> int:
@@ -186,10 +190,12 @@ def pool_capacity(
     *,
     available_bytes: int | None = None,
     dcp: int | None = None,
+    dcp_replicated: bool = False,
 ) -> PoolCapacity:
     """Pool pages and tokens per rank, from a GPU setting or from ``available_bytes`` (exactly one).
 
-    ``dcp`` defaults to the setting's (1 without a setting). Zero pages when memory is short.
+    ``dcp`` defaults to the setting's (1 without a setting); ``dcp_replicated``: every rank holds the whole
+    pool (``RankCell.dcp_replicated``). Zero pages when memory is short.
     """
     if (setting is None) == (available_bytes is None):
         raise DsakvError("pool_capacity: give exactly one of a GPU setting or available_bytes")
@@ -200,7 +206,7 @@ def pool_capacity(
         dcp = setting.dcp if dcp is None else dcp
     elif isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes <= 0:
         raise DsakvError(f"available bytes = {available_bytes!r}: must be a positive integer")
-    cell = RankCell(layout, dcp or 1)
+    cell = RankCell(layout, dcp or 1, dcp_replicated)
     physical = max(available_bytes // cell.page_bytes, 0)
     scratch = scratch_pages(layout.page_size, CUDA_GRAPH_PADDING_SLOTS)
     pages = max(physical - scratch, 0)

@@ -25,17 +25,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def raw_rows(pool, pages, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per rank: (main bytes [layers, tokens of the rank, row], indexer bytes [full layers, n, key + scale])."""
     lay, dcp = pool.layout, pool.dcp
+    shards = 1 if dcp == 1 or pool.replicated else dcp  # a dcp_replicated pool holds every row on every rank
     slots = request_slots(pages, n, lay.page_size)
     out = []
     for rank in range(dcp):
-        mine = slots[torch.arange(n) % dcp == rank]
+        mine = slots[torch.arange(n) % shards == rank % shards]
         page, off = mine // lay.page_size, mine % lay.page_size
         if dcp == 1:
             main = torch.stack([pool.main_view(la)[page, off] for la in range(lay.num_attention_layers)])
             index = [pool.read_indexer(la, slots) for la in lay.indexer_layers]
         else:
             views = [pool.rank_main_view(rank, la) for la in range(lay.num_attention_layers)]
-            main = torch.stack([v[page, off // dcp] for v in views])
+            main = torch.stack([v[page, off // shards] for v in views])
             index = [pool.read_indexer(la, slots, rank=rank) for la in lay.indexer_layers]
         keys = torch.stack([torch.cat([k.view(torch.uint8), s.view(torch.uint8).view(-1, 4)], 1) for k, s in index])
         out.append((main, keys))
@@ -107,6 +108,26 @@ def test_dcp_greedy_tokens_and_every_ranks_bytes_equal_one_rank(dcp, kind, preem
         for rank, (main, index) in enumerate(ranks):
             assert torch.equal(main, ref_main[:, torch.arange(n)[torch.arange(n) % dcp == rank]])
             assert torch.equal(index, ref_index)  # the indexer K of every token on every rank
+
+
+@pytest.mark.parametrize("kind", ["slot", "packed"])
+def test_dcp_replicated_pool_gives_one_ranks_tokens_with_every_row_on_every_rank(kind, reference):
+    ref_results, ref_rows = reference
+    group_page = PAGE * 2
+    sched = dict(chunk_tokens=group_page, max_batched_tokens=2 * group_page, new_token_ratio=0.0)
+    engine = Engine(config(num_pages=pages_for(LONGEST, group_page) + 1, dcp=2, dcp_replicated=True, pool_kind=kind,
+                           scheduler=sched))  # fmt: skip
+    assert engine.pool.replicated and all(
+        engine.pool.main_shards(la) == 1 for la in range(engine.layout.num_attention_layers)
+    )
+    rows = capture_ranks(engine)
+    results = run_workload(engine, WORKLOAD)
+    engine.check_integrity()  # incl. every rank's replica identical, and the planner's bytes a rank
+    assert compare(results, ref_results) == (True, True)
+    assert sum(r.stats.hit_tokens for r in results) > 0 and engine.scheduler.stats.evicted_tokens > 0
+    for prompt, ranks in rows.items():
+        ((ref_main, ref_index),) = ref_rows[prompt]
+        assert all(torch.equal(main, ref_main) and torch.equal(index, ref_index) for main, index in ranks)
 
 
 def test_packed_groups_hit_the_same_tokens_as_the_slot_layout():

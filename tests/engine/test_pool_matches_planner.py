@@ -9,7 +9,9 @@ import json
 import pytest
 
 from dsakv.cli import main
+from dsakv.engine.config import EngineConfig
 from dsakv.engine.pool_dcp import DcpPool, pool_for_pages
+from dsakv.errors import DsakvError
 from dsakv.planner.budget import RankCell, index_buf_pages, index_buf_size, pool_capacity
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -23,14 +25,16 @@ def rank_bytes(pool) -> int:
 
 @pytest.mark.parametrize("kind", ["slot", "packed"])
 @pytest.mark.parametrize("kpool", [1, 2, 4])
-@pytest.mark.parametrize("dcp", [1, 2, 4, 8])
+@pytest.mark.parametrize(
+    "dcp, replicated", [(1, False), (2, False), (4, False), (8, False), (2, True), (4, True), (8, True)]
+)
 @pytest.mark.parametrize("mtp_layers", [0, 1])
-def test_planner_pool_is_what_the_pool_allocates(dcp, kpool, kind, mtp_layers):
+def test_planner_pool_is_what_the_pool_allocates(dcp, replicated, kpool, kind, mtp_layers):
     layout = CacheLayout(TINY, page_size=64 * kpool, index_kpool=kpool, mtp_layers=mtp_layers)
-    cell = RankCell(layout, dcp)
+    cell = RankCell(layout, dcp, replicated)
     budget = 3 * cell.page_bytes + cell.page_bytes // 2  # three whole pages and a remainder
-    cap = pool_capacity(layout, available_bytes=budget, dcp=dcp)
-    pool = pool_for_pages(layout, cap.pages, dcp=dcp, kind=kind)
+    cap = pool_capacity(layout, available_bytes=budget, dcp=dcp, dcp_replicated=replicated)
+    pool = pool_for_pages(layout, cap.pages, dcp=dcp, kind=kind, dcp_replicated=replicated)
     pool.check_integrity()
     P = pool.num_physical_pages
     assert (P, pool.allocator.num_pages, pool.allocator.first_page) == (
@@ -44,9 +48,25 @@ def test_planner_pool_is_what_the_pool_allocates(dcp, kpool, kind, mtp_layers):
     main = sum(pool.rank_main_view(0, la).numel() if dcp > 1 else pool.main_view(la).numel()
                for la in range(layout.num_attention_layers))  # fmt: skip
     assert main == P * cell.main_page_bytes and rank_bytes(pool) - main == P * cell.indexer_page_bytes
-    if dcp > 1:  # SGLang's index_buf_size for the model layers' replicated indexer K (one padding page)
+    if dcp > 1 and not replicated:  # SGLang's index_buf_size for the replicated indexer K (one padding page)
         size = (P - 1) * layout.page_size
         assert pool.rank_indexer_view(0, 0).shape[0] == index_buf_pages(size, layout.page_size, dcp) == P * dcp
+    if replicated:  # the whole pool on every rank: size counts the group's tokens, index_buf_size = size
+        V = layout.page_size * dcp
+        size = (P - 1) * V
+        assert index_buf_size(size, V, dcp, dcp_replicated=True) == size
+        assert pool.rank_indexer_view(0, 0).shape[0] == index_buf_pages(size, V, dcp, dcp_replicated=True) * dcp
+        assert main == P * V * layout.main_row_bytes * layout.num_attention_layers  # no layer sharded
+        assert cell.main_bytes(V) == V * layout.main_row_bytes * layout.num_attention_layers
+
+
+def test_dcp_replicated_needs_a_dcp_group():
+    with pytest.raises(DsakvError, match=r"dcp_replicated = True: only meaningful with dcp > 1"):
+        pool_for_pages(CacheLayout(TINY), 4, dcp=1, dcp_replicated=True)
+    with pytest.raises(DsakvError, match=r"dcp_replicated = True: only meaningful with dcp > 1"):
+        EngineConfig(dcp_replicated=True)
+    with pytest.raises(DsakvError, match=r"dcp_replicated = 1: must be True or False"):
+        EngineConfig(dcp=2, dcp_replicated=1)
 
 
 def test_index_buf_size_is_sglangs_rule():
