@@ -97,7 +97,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--mtp", default=str(DEFAULT.mtp), help="MTP draft tokens per decode (0 = off)")
     m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
     m.add_argument("--page-size", help="tokens per page (default 64 x kpool: the indexer's physical page is 64)")
-    m.add_argument("--mtp-accept", default=str(DEFAULT.mtp_accept), help="acceptance probability of each draft token")
+    m.add_argument(
+        "--mtp-accept",
+        default=str(DEFAULT.mtp_accept),
+        help="acceptance probability of each draft token, or a comma list of one per draft position "
+        "(position i accepted only if 1 .. i-1 were)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -276,10 +281,19 @@ def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
     check_instance_endpoints("--kv-events", args.kv_events, "--kv-events-replay", args.kv_events_replay, instances)
 
 
+def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:
+    """``--mtp-accept``: one acceptance probability in (0, 1] for every draft position, or a comma list of one per
+    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against ``--mtp``)."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        return parse_fraction(flag, text)
+    return tuple(parse_fraction(f"{flag} position {i}", part.strip()) for i, part in enumerate(parts, 1))
+
+
 # How a flag becomes its SimConfig field: by the field's type (``--chunk-tokens`` -> ``chunk_tokens: int``), except
 # these parsers, the integers that may be 0, and the fields ``build_config`` derives from several flags.
 _PARSERS = {
-    "mtp_accept": parse_fraction,
+    "mtp_accept": parse_accept,
     "new_token_ratio": parse_share,
     "host_bytes": parse_tier_bytes,
     "indexer": parse_indexer,  # a full-layer count in ASCII digits only

@@ -38,6 +38,7 @@ from dsakv.sim.steptime import (
     MOE_A2A,
     ConstantStepTime,
     RooflineStepTime,
+    check_accept,
     sglang_dense_short_prefill,
     vllm_mixed_batch,
     vllm_padded_topk,
@@ -62,7 +63,9 @@ class SimConfig:
     """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
     DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
     ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
-    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer). ``ep`` / ``moe_a2a``: expert
+    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer); ``mtp_accept``: each draft
+    position's acceptance probability, one for all or a tuple of ``mtp`` (position i accepted only if 1 .. i-1
+    were: ``check_accept``). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
     finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
@@ -93,7 +96,7 @@ class SimConfig:
     kpool: int = 1  # index_kpool: one indexer state per kpool tokens
     page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
     mtp: int = 0
-    mtp_accept: float = 0.8
+    mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
     indexer: str | None = None
     pool_tokens: int | None = None
     eviction_policy: str = "lru"
@@ -149,6 +152,7 @@ class SimConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
+        object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.mtp))
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)

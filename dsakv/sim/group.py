@@ -6,7 +6,7 @@ one instance included) hands it requests (``add``) and step start and end times;
 and applies what its scheduler plans::
 
     plan   = group.scheduler.step()             (admission, chunked prefill, decode, eviction, preemption)
-    sample:  one dummy token per sampled item   (drafts accepted with probability mtp_accept, seeded)
+    sample:  one dummy token per sampled item   (draft position i accepted with mtp_accept's i-th probability once 1 .. i-1 were, seeded)
     price:   step_time(prefill chunks, decode contexts) + host copies of offload/restore
              + stall for eviction write-backs   (lower tiers; load-backs overlap: dsakv.sim.transfers)
     apply:   run_step(plan, start, end)         (scheduler.update; finished requests become ``RequestRecord``s)
@@ -49,6 +49,7 @@ from dsakv.scheduler.runs import NO_RUN, RunPlan, RunTake
 from dsakv.scheduler.tiers import SchedulerTiers
 from dsakv.sim.config import SimConfig, SimSetup
 from dsakv.sim.report import GroupCounts, RecordTable, RequestRecord, Timeline, make_record
+from dsakv.sim.steptime import accept_positions
 from dsakv.sim.transfers import TransferModel
 from dsakv.workloads.traces import (
     DIRECT_HASH_IDS,
@@ -200,7 +201,8 @@ class Group:
     # ----- one step -------------------------------------------------------------------------------
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
         """The tokens each item reports: none unless it samples; with MTP drafts, 1 + the accepted drafts."""
-        live, rng, accept = self.live, self._rng, self.cfg.mtp_accept
+        live, rng = self.live, self._rng
+        accept = accept_positions(self.cfg.mtp_accept, self.cfg.mtp)  # position i's, given 1 .. i-1 accepted
         drafts_on = self.cfg.mtp > 0
         sampled: list[tuple[int, ...]] = []
         for item in plan.items:
@@ -210,7 +212,7 @@ class Group:
             token = live[item.request.id].output_ids
             if drafts_on and item.num_draft:
                 accepted = 0
-                while accepted < item.num_draft and rng.random() < accept:
+                while accepted < item.num_draft and rng.random() < accept[accepted]:
                     accepted += 1
                 sampled.append(token * (accepted + 1))
             else:

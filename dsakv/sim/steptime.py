@@ -11,7 +11,8 @@ decodes (context length each), and returns seconds. ``dsakv.sim.config.STEP_MODE
       t = overhead + layers * floor + indexer_layers * indexer_floor + max(layers * layer_min, W) + MTP
       W = sum over components c of max(flops_c / (peak_c * eff_c), bytes_c / (hbm_bw * bw_eff))
           + collective_bytes / (link_bw * link_eff) + collectives * link_latency
-      MTP = draft passes + mtp_step (steps with MTP decodes)
+      MTP = k x max(sum over the MTP layer's components of max(flops / (peak x eff), bytes / (hbm_bw x bw_eff))
+                    + its collectives, layer_min) + its floors     (k draft passes; steps with decodes)
 
   components: linear layers (weights read once per step; routed experts only where touched), sparse MLA
   (top-k latent rows read per query; vLLM's mixed-batch mode runs prefill through the decode kernel), the
@@ -93,6 +94,26 @@ class ConstantStepTime:
 
     def to_dict(self) -> dict:
         return {"model": "constant", "per_step_s": self.per_step_s, "per_token_s": self.per_token_s}
+
+
+def check_accept(accept: object, k: int, name: str = "mtp_accept") -> float | tuple[float, ...]:
+    """``accept`` checked: one acceptance probability in [0, 1] for every draft position, or a tuple (a list is
+    taken as one) of ``k`` of them, position ``i``'s acceptance given positions ``1 .. i-1`` were accepted."""
+    values = tuple(accept) if isinstance(accept, (list, tuple)) else (accept,)
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in values):
+        raise DsakvError(
+            f"{name} = {accept!r}: must be a probability in [0, 1] or a list of them, one per draft position"
+        )
+    if len(values) > 1 and len(values) != k:
+        raise DsakvError(
+            f"{name} = {accept!r}: {len(values)} per-position probabilities for {k} draft tokens: give one, or {k}"
+        )
+    return values if isinstance(accept, (list, tuple)) else accept
+
+
+def accept_positions(accept: float | tuple[float, ...], k: int) -> tuple[float, ...]:
+    """The acceptance probability of each of ``k`` draft positions (``accept`` as ``check_accept`` returns it)."""
+    return tuple(accept) if isinstance(accept, tuple) else (accept,) * k
 
 
 @dataclass(frozen=True)
@@ -213,7 +234,8 @@ class RooflineStepTime:
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
     bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
     (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
-    expected yield, for reports; a step with MTP decodes also pays ``mtp_step_s``, speculative decoding's own work.
+    expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
+    draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant).
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
@@ -240,7 +262,7 @@ class RooflineStepTime:
     moe_a2a: str = "none"
     weight_dtype: str | None = None
     num_draft_tokens: int = 0
-    mtp_accept: float = 0.8
+    mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
@@ -255,7 +277,6 @@ class RooflineStepTime:
     link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
     layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
     layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
-    mtp_step_s: float = 9.1e-3  # speculative decoding's own work per MTP decode step (DeepSeek-V3.2's bs-1 MTP speedup)
     overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
 
     def __post_init__(self) -> None:
@@ -274,10 +295,11 @@ class RooflineStepTime:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if min(self.layer_floor_s, self.layer_min_s, self.mtp_step_s, self.overhead_s) < 0:
-            raise DsakvError("step time layer_floor_s, layer_min_s, mtp_step_s and overhead_s must be >= 0")
-        if not 0 <= self.mtp_accept <= 1:
-            raise DsakvError(f"step time mtp_accept = {self.mtp_accept!r}: must be in [0, 1]")
+        if min(self.layer_floor_s, self.layer_min_s, self.overhead_s) < 0:
+            raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
+        object.__setattr__(
+            self, "mtp_accept", check_accept(self.mtp_accept, self.num_draft_tokens, "step time mtp_accept")
+        )
         arch = self.layout.spec.arch_value
         if not (arch("hidden_size") and arch("num_attention_heads")):
             raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
@@ -350,7 +372,43 @@ class RooflineStepTime:
         c["floor_s"] = c["layers"] * self.layer_floor_s + idx_layers * self.indexer_floor_s
         c["layer_min_s"] = c["layers"] * self.layer_min_s
         c["expert_miss"] = 1.0 - c["topk_experts"] / c["experts"] if c["experts"] else 0.0
+        c.update(self._mtp_constants(c, dtype, div))
         return c
+
+    def _mtp_constants(self, c: dict[str, float], dtype: str, div: dict[str, int]) -> dict[str, float]:
+        """Per-rank figures of one MTP layer (``_draft_seconds``): its weights (``weight_parts`` with one MTP layer
+        minus with none: eh_proj, norms, one attention + indexer, one MoE layer), split as ``_constants`` splits the
+        decoder's; the cache row it writes per token; its launch floors; the draft's sparse-MLA rate."""
+        spec, lay = self.layout.spec, self.layout
+        base = {p.name: p for p in weight_parts(spec, 0, dtype)}
+        m = dict.fromkeys(
+            ("mtp_attn_bytes", "mtp_attn_flops", "mtp_mlp_bytes", "mtp_mlp_flops", "mtp_expert_bytes"), 0.0
+        )
+        m["mtp_expert_flops_per_token"] = 0.0
+        a = spec.arch_value
+        for p in weight_parts(spec, 1, dtype):
+            b = base.get(p.name)
+            params, nbytes = p.params - (b.params if b else 0), p.bytes - (b.bytes if b else 0)
+            if not params or (p.name.startswith("indexer") and not self.has_indexer):
+                continue
+            per_rank_bytes, per_rank_params = nbytes / div[p.shard], params / div[p.shard]
+            if p.name == "routed experts":
+                m["mtp_expert_bytes"] = per_rank_bytes
+                m["mtp_expert_flops_per_token"] = (
+                    2 * per_rank_params * a("num_experts_per_tok") / max(a("n_routed_experts"), 1)
+                )
+            elif p.shard == "tp":  # shared experts (dense MLP): every DP group's rows
+                m["mtp_mlp_bytes"] += per_rank_bytes
+                m["mtp_mlp_flops"] += 2 * per_rank_params
+            else:  # eh_proj, attention projections, indexer, router, norms: the group's own rows
+                m["mtp_attn_bytes"] += per_rank_bytes
+                m["mtp_attn_flops"] += 2 * per_rank_params
+        m["mtp_lin_bytes_s"] = (m["mtp_attn_bytes"] + m["mtp_mlp_bytes"] + c["lm_head_bytes"]) / c["bw"]
+        m["mtp_cell_bytes"] = lay.main_row_bytes + (c["idx_key_bytes"] if c["idx_layers"] else 0.0)
+        m["mtp_floor_s"] = self.layer_floor_s + (self.indexer_floor_s if c["idx_layers"] else 0.0)
+        draft_eff = self.mla_prefill_eff if self.mla_prefill_kernel_all else self.mla_decode_eff
+        m["draft_mla_rate"] = self.gpu.bf16_flops * draft_eff
+        return m
 
     @property
     def indexer_floor_s(self) -> float:
@@ -360,8 +418,9 @@ class RooflineStepTime:
 
     @property
     def tokens_per_decode(self) -> float:
-        """Expected tokens one decode step yields per request (1 without MTP)."""
-        return 1.0 + self.num_draft_tokens * self.mtp_accept
+        """Expected tokens one decode step yields per request (1 without MTP): the token, plus draft position ``i``
+        where it and every earlier one are accepted (``1 + sum_i p_1 ... p_i``)."""
+        return 1.0 + sum(itertools.accumulate(accept_positions(self.mtp_accept, self.num_draft_tokens), operator.mul))
 
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
@@ -451,9 +510,9 @@ class RooflineStepTime:
         write_s = write_bytes / bw
         coll_s = coll_bytes / c["link_bw"] + coll_count * g.link_latency_s
         draft_s = 0.0
-        if n_dec and self.num_draft_tokens:  # the draft passes and speculative decoding's own per-step work (fact 15)
+        if n_dec and self.num_draft_tokens:  # the draft passes: forwards of the MTP layer (docs/steptime.md)
             draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
-            draft_s = self._draft_seconds(n_dec, draft_rows, c["lin_peak"]) + self.mtp_step_s
+            draft_s = self._draft_seconds(n_dec, draft_rows, dec_sum, s.dec_topk, larger)
         # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
         components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
@@ -660,20 +719,32 @@ class RooflineStepTime:
             count += layers
         return nbytes, count
 
-    def _draft_seconds(self, n_dec: int, rows: int, lin_peak: float) -> float:
-        """``num_draft_tokens`` passes of the one-layer draft model over the decodes (SGLang EAGLE/MTP: k - 1 draft
-        steps + 1 draft extend): one layer's weights (experts where touched by ``rows``, every DP group's
-        decodes), its attention and the lm_head on this group's ``n_dec``, its MLP / experts on ``rows``, and its two
-        collectives' latency, at least ``layer_min_s`` (one layer), plus one layer's floor (and indexer floor) each."""
-        c, g = self._const, self.gpu
-        layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * self._touched(rows)) / c["layers"]
-        flops = (n_dec * c["attn_flops"] + rows * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
-        flops += n_dec * c["lm_head_flops_per_row"]
-        bw = g.hbm_bytes_per_s * self.bw_eff
-        one = max(flops / (lin_peak * self.moe_eff), (layer_bytes + c["lm_head_bytes"]) / bw)
-        one = max(one + (2 * g.link_latency_s if self.tp > 1 else 0.0), self.layer_min_s)  # fact 14: one layer
-        idx_floor = self.indexer_floor_s if c["idx_layers"] else 0.0  # the MTP layer is a DSA layer
-        one += self.layer_floor_s + idx_floor
+    def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
+        """``num_draft_tokens`` passes of the MTP layer over the decodes (SGLang EAGLE/MTP: k - 1 draft steps + 1
+        draft extend), each priced as one decoder layer of the target is, at the batch's context (docs/steptime.md,
+        MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
+        ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
+        (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
+        one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
+        one layer floor and one indexer floor. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
+        ``np.maximum`` then)."""
+        c = self._const
+        bw = c["bw"]
+        lin_flops = n_dec * c["mtp_attn_flops"] + rows * c["mtp_mlp_flops"] + n_dec * c["lm_head_flops_per_row"]
+        linear_s = max(lin_flops / c["gemm_rate"], c["mtp_lin_bytes_s"])
+        expert_bytes = c["mtp_expert_bytes"] * self._touched(rows)
+        moe_s = max(rows * c["mtp_expert_flops_per_token"] / c["moe_rate"], expert_bytes / bw)
+        mla_pairs = n_dec * c["topk"] if self.mla_padded_topk else dec_topk  # padded: every top-k slot computed
+        mla_s = larger(mla_pairs * c["mla_flops_per_pair"] / c["draft_mla_rate"], dec_topk * c["mla_row_bytes"] / bw)
+        idx_s = 0.0
+        if c["idx_layers"]:  # the MTP layer has its own full indexer: every context key scored
+            pairs = dec_sum / c["kpool"] if c["kpool"] != 1 else dec_sum  # one score per indexer state
+            idx_bytes = dec_sum * c["idx_key_bytes"] + pairs * 8  # keys read, scores written and read (fp32)
+            idx_s = larger(pairs * c["idx_flops_per_pair"] / c["idx_rate"], idx_bytes / bw)
+        coll_bytes, coll_count = self._collectives(n_dec, rows, 1, extend=False)
+        coll_s = coll_bytes / c["link_bw"] + coll_count * self.gpu.link_latency_s
+        one = linear_s + moe_s + mla_s + idx_s + n_dec * c["mtp_cell_bytes"] / bw + coll_s
+        one = larger(one, self.layer_min_s) + c["mtp_floor_s"]  # fact 14: one layer; its launch floors
         return self.num_draft_tokens * one
 
     def step_seconds(
@@ -693,7 +764,7 @@ class RooflineStepTime:
             "has_indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "indexer_floor_s", "layer_min_s", "mtp_step_s", "overhead_s",
+            "indexer_floor_s", "layer_min_s", "overhead_s",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         out.update(

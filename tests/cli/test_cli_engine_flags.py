@@ -68,6 +68,9 @@ def test_weight_dtype_reaches_the_step_time(capsys, trace):
         (["--moe-a2a", "deepep"], ["moe_a2a = 'deepep'", "ep >= 2"]),
         (["--schedule-policy", "fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
         (["--mtp", "-1"], ["--mtp", "integer >= 0"]),
+        (["--mtp", "2", "--mtp-accept", "0.9,x"], ["--mtp-accept position 2 = 'x'", "(0, 1]"]),
+        (["--mtp", "2", "--mtp-accept", "0.9,0.8,0.7"], ["mtp_accept = (0.9, 0.8, 0.7)", "for 2 draft tokens"]),
+        (["--mtp", "2", "--mtp-accept", "1.5"], ["--mtp-accept", "(0, 1]"]),
         (["--weight-dtype", "int3"], ["weight dtype 'int3'", "fp8"]),
         (["--sweep", "moe_a2a=none,nccl"], ["moe_a2a = 'nccl'", "none, deepep"]),
         (["--sweep", "schedule_policy=fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
@@ -88,3 +91,10 @@ def test_sweep_over_ep_moe_a2a_and_schedule_policy(capsys, trace):
     failed = {p for p, r in zip(points, rows) if r["error"]}
     assert failed == {(1, "deepep", "mixed"), (1, "deepep", "prefill_first")}  # DeepEP needs ep >= 2
     assert all(r["summary"]["finished"] == 8 for r in rows if not r["error"])
+
+
+def test_mtp_accept_takes_one_probability_per_draft_position(capsys, trace):
+    # A chain that accepts more drafts yields more tokens per decode step: fewer steps for the same output.
+    chain = _run(capsys, trace, "--mtp", "3", "--mtp-accept", "0.9,0.6,0.3")
+    low = _run(capsys, trace, "--mtp", "3", "--mtp-accept", "0.3")
+    assert chain["finished"] == low["finished"] == 8 and chain["steps"] < low["steps"]

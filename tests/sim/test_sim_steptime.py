@@ -113,7 +113,10 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
     assert _clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)
 
 
-@pytest.mark.parametrize("options", [{}, {"num_draft_tokens": 2}, {"mla_padded_topk": True, "dp_attention": 2}])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_draft_tokens": 2}, {"mla_padded_topk": True, "dp_attention": 2, "num_draft_tokens": 3}],
+)
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
     # Bit for bit: the analytic decode runs of the simulator (dsakv.sim.group) rely on it.

@@ -81,26 +81,6 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
     assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
 
 
-def test_mtp_costs_one_draft_pass_per_draft_token_and_its_own_work_once_per_step(glm52):
-    step = RooflineStepTime(glm52).mtp_step_s
-    one = RooflineStepTime(glm52, num_draft_tokens=1).cost([], [4096] * 16).seconds["num_draft_tokens"] - step
-    two = RooflineStepTime(glm52, num_draft_tokens=2).cost([], [4096] * 16).seconds["num_draft_tokens"] - step
-    assert one > 0 and two == pytest.approx(2 * one)
-    assert RooflineStepTime(glm52, num_draft_tokens=2).cost([(4096, 0)], []).seconds["num_draft_tokens"] == 0
-
-
-def test_batch_one_mtp_step_follows_deepseek_v32s_published_speedup():
-    # Fact 15: DeepSeek-V3.2 on SGLang TP8, EAGLE 3 steps / 4 draft tokens, accept length 2.65, +51% output
-    # throughput at batch 1 (sgl-project/sglang#20809): an MTP step lasts 2.65 / 1.51 plain steps.
-    spec, b200 = ModelSpec.preset("deepseek-v3.2"), gpu_kind("B200")
-    plain = RooflineStepTime(CacheLayout(spec, kv_dtype="bf16"), b200, weight_dtype="fp8")
-    mtp = RooflineStepTime(
-        CacheLayout(spec, kv_dtype="bf16", mtp_layers=1), b200, weight_dtype="fp8", num_draft_tokens=3
-    )
-    ratio = mtp.step_seconds([], [1032]) / plain.step_seconds([], [1032])
-    assert ratio == pytest.approx(2.65 / 1.51, rel=0.01)
-
-
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):
     # glm-5.2 keeps the indexer on its full layers only (IndexCache): those pay the indexer's 9 kernels on top.
     st = RooflineStepTime(glm52, layer_min_s=0.0)
@@ -317,31 +297,3 @@ def test_dp_attention_collectives_follow_the_formula(dsv32):
     c = st.cost([(100, 0)], [4096] * tokens)
     assert c.bytes["collectives"] == pytest.approx(gather_all_reduce + moe_all_reduce)
     assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
-
-
-def test_one_mtp_draft_pass_follows_the_formula(dsv32):
-    st = RooflineStepTime(dsv32, num_draft_tokens=1)
-    c, g, n = st._const, st.gpu, 16
-    layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(n)) / c["layers"]
-    flops = n * (c["attn_flops"] + c["mlp_flops"] + c["expert_flops_per_token"]) / c["layers"]
-    flops += n * c["lm_head_flops_per_row"]
-    compute = flops / (g.fp8_flops * st.moe_eff)
-    memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
-    expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
-    assert st.cost([], [4096] * n).seconds["num_draft_tokens"] == pytest.approx(expected + st.mtp_step_s)
-
-
-def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(dsv32):
-    # One draft pass: the layer's MLP and experts on all 13 groups' decodes (experts read where those touch),
-    # its attention and the lm_head on this group's 1.
-    st = RooflineStepTime(dsv32, dp_attention=2, num_draft_tokens=1)
-    c, g, mine, every = st._const, st.gpu, 1, 13
-    layer_bytes = (c["attn_bytes"] + c["mlp_bytes"] + c["expert_bytes"] * st._touched(every)) / c["layers"]
-    flops = (mine * c["attn_flops"] + every * (c["mlp_flops"] + c["expert_flops_per_token"])) / c["layers"]
-    flops += mine * c["lm_head_flops_per_row"]
-    compute = flops / (g.fp8_flops * st.moe_eff)
-    memory = (layer_bytes + c["lm_head_bytes"]) / (g.hbm_bytes_per_s * st.bw_eff)
-    expected = max(max(compute, memory) + 2 * g.link_latency_s, st.layer_min_s) + st.layer_floor_s + st.indexer_floor_s
-    cost = st.cost([], [4096] * mine, dp_tokens=2 * every, dp_decodes=every)
-    assert cost.seconds["num_draft_tokens"] == pytest.approx(expected + st.mtp_step_s)
-    assert st.cost([], [4096] * mine).seconds["num_draft_tokens"] < expected + st.mtp_step_s  # balanced: 2 x 1 decodes

@@ -1,0 +1,132 @@
+"""The MTP draft passes of the roofline step time, derived from the MTP layer's own work (docs/steptime.md, MTP
+draft), and the per-position acceptance the simulator samples drafts with."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import operator
+
+import pytest
+
+from dsakv.errors import DsakvError
+from dsakv.planner.draft import draft_pass_cost
+from dsakv.planner.gpus import gpu_kind
+from dsakv.sim import run as simulate
+from dsakv.sim.config import SimConfig
+from dsakv.sim.steptime import RooflineStepTime
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import ModelSpec
+from dsakv.workloads.traces import TraceRequest
+
+
+@pytest.fixture(scope="module")
+def glm5():
+    return CacheLayout(ModelSpec.preset("glm-5"), kv_dtype="bf16", mtp_layers=1)
+
+
+def draft_seconds(model: RooflineStepTime, decode: list[int]) -> float:
+    return model.cost([], decode).seconds["num_draft_tokens"]
+
+
+def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
+    # One decode on one GPU: the MTP layer's weights (draft_pass_cost: its layer + the lm_head, the experts one
+    # token picks) and its caches' reads, at the GPU's bandwidth x bw_eff; its sparse MLA and indexer each at the
+    # slower of their FLOPs (peak x the model's efficiency) and their bytes; one cache row written; one layer's
+    # floors. Every figure from the spec, the layout and the GPU's datasheet.
+    spec, gpu, k, ctx = glm5.spec, gpu_kind("H200"), 3, 5000
+    model = RooflineStepTime(glm5, gpu, tp=1, num_draft_tokens=k)
+    bw = gpu.hbm_bytes_per_s * model.bw_eff
+    drafted = draft_pass_cost(glm5, [ctx])
+    assert drafted.flops / (gpu.bf16_flops * model.gemm_eff) < drafted.weight_bytes / bw  # memory-bound weights
+    sel, heads = min(ctx, spec.index_topk), spec.arch_value("num_attention_heads")
+    padded = math.ceil(heads / gpu.mla_head_pad) * gpu.mla_head_pad
+    mla_flops = sel * padded * 2 * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
+    mla = max(mla_flops / (gpu.bf16_flops * model.mla_decode_eff), sel * glm5.main_row_bytes / bw)
+    idx_flops = ctx * 2 * spec.index_n_heads * spec.index_head_dim
+    indexer = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (glm5.indexer_row_bytes + 8) / bw)
+    write = (glm5.main_row_bytes + glm5.indexer_row_bytes) / bw
+    one = max(drafted.weight_bytes / bw + mla + indexer + write, model.layer_min_s)
+    one += model.layer_floor_s * (1 + 9 / 20)  # the layer's launch floor and its indexer's 9 of 20 kernels
+    assert draft_seconds(model, [ctx]) == pytest.approx(k * one, rel=1e-6)
+
+
+def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):
+    # One decode on one GPU (no collectives), no floors: the reads are the pass (the sparse MLA's FLOPs over 64
+    # keys are a few parts in 10^5 of it); twice the bandwidth, half the time.
+    h200 = gpu_kind("H200")
+    fast = dataclasses.replace(h200, hbm_bytes_per_s=2 * h200.hbm_bytes_per_s)
+    bare = {"tp": 1, "num_draft_tokens": 2, "layer_min_s": 0.0, "layer_floor_s": 0.0}
+    slow_s = draft_seconds(RooflineStepTime(glm5, h200, **bare), [64])
+    fast_s = draft_seconds(RooflineStepTime(glm5, fast, **bare), [64])
+    assert slow_s == pytest.approx(2 * fast_s, rel=1e-4)
+
+
+def test_draft_passes_scale_with_the_gpu_and_the_context(glm5):
+    batch = [8192] * 64
+    h200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("H200"), num_draft_tokens=3), batch)
+    b200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("B200"), num_draft_tokens=3), batch)
+    assert b200 < h200
+    model = RooflineStepTime(glm5, num_draft_tokens=3)
+    longer = [draft_seconds(model, [ctx] * 64) for ctx in (4096, 8192, 32768)]
+    assert longer == sorted(longer) and longer[0] < longer[-1]  # the MTP layer's indexer reads every key
+
+
+def test_draft_passes_are_k_forwards_of_the_mtp_layer_and_none_without_decodes(glm5):
+    one = draft_seconds(RooflineStepTime(glm5, num_draft_tokens=1), [4096] * 16)
+    two = draft_seconds(RooflineStepTime(glm5, num_draft_tokens=2), [4096] * 16)
+    assert one > 0 and two == pytest.approx(2 * one)
+    assert RooflineStepTime(glm5, num_draft_tokens=2).cost([(4096, 0)], []).seconds["num_draft_tokens"] == 0
+
+
+def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(glm5):
+    # The MTP layer's experts and shared MLP run on every DP group's decodes (more of its experts touched), its
+    # attention on this group's: 13 groups' decodes cost more than the balanced 2 x 1.
+    model = RooflineStepTime(glm5, dp_attention=2, num_draft_tokens=1)
+    every = model.cost([], [4096], dp_tokens=2 * 13, dp_decodes=13).seconds["num_draft_tokens"]
+    assert every > draft_seconds(model, [4096])
+
+
+def chain_mean(accept: tuple[float, ...]) -> float:
+    """Expected accepted drafts per decode step: position i counts where 1 .. i are all accepted."""
+    return sum(itertools.accumulate(accept, operator.mul))
+
+
+def test_tokens_per_decode_is_the_chain_of_per_position_acceptances(glm5):
+    assert RooflineStepTime(glm5, num_draft_tokens=3, mtp_accept=(0.9, 0.5, 0.2)).tokens_per_decode == (
+        pytest.approx(1 + 0.9 + 0.45 + 0.09)
+    )
+    assert RooflineStepTime(glm5, num_draft_tokens=2, mtp_accept=0.5).tokens_per_decode == pytest.approx(1.75)
+
+
+@pytest.mark.parametrize(
+    ("accept", "mtp", "wording"),
+    [
+        ((0.9, 0.8), 3, "mtp_accept = (0.9, 0.8): 2 per-position probabilities for 3 draft tokens: give one, or 3"),
+        ((0.9, 1.2), 2, "mtp_accept = (0.9, 1.2): must be a probability in [0, 1] or a list of them"),
+        (True, 1, "mtp_accept = True: must be a probability"),
+    ],
+)
+def test_per_position_acceptance_is_checked(accept, mtp, wording):
+    with pytest.raises(DsakvError) as err:
+        SimConfig(mtp=mtp, mtp_accept=accept)
+    assert str(err.value).startswith(wording) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("accept", [(0.9, 0.6, 0.3), 0.3])
+def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(accept):
+    # One request alone, a constant step: its decode steps are (finish - first token) / step, each yielding
+    # 1 + the accepted drafts. Over n steps the mean yield lies within 4 standard errors of 1 + the chain's mean
+    # (the per-step count's variance from its law, P(count >= i) = p_1 ... p_i), plus one step's truncation at
+    # the end (at most k tokens over n). One probability is the same at every position.
+    k, step_s, out = 3, 0.02, 6000
+    cfg = SimConfig(mtp=k, mtp_accept=accept, step_model="constant", seed=11)
+    (rec,) = simulate(cfg, [TraceRequest(0.0, 64, out, (1,))]).records
+    steps = round((rec.finish_s - rec.first_token_s) / step_s)
+    survive = list(itertools.accumulate(accept if isinstance(accept, tuple) else (accept,) * k, operator.mul))
+    mean = sum(survive)
+    second = sum((2 * i - 1) * s for i, s in enumerate(survive, 1))  # E[X^2] = sum (2i - 1) P(X >= i)
+    sd = math.sqrt((second - mean**2) / steps)
+    assert rec.output_tokens == out and steps > 1500
+    assert abs((out - 1) / steps - (1 + mean)) < 4 * sd + k / steps
