@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from numbers import Integral
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsakv.cache.events import CacheEvent, NamespacePart, check_namespace_part
+from dsakv.cache.events import CacheEvent, NamespacePart
 from dsakv.cache.radix import RadixCache
 from dsakv.engine.config import SCRATCH_SEQS, EngineConfig
 from dsakv.engine.lower_tiers import EngineTiers
@@ -50,7 +49,7 @@ from dsakv.model.dsa_model import DsaModel
 from dsakv.model.inputs import check_pool, request_slots
 from dsakv.model.tiny_dsa import SeqInput, TinyDsaModel
 from dsakv.scheduler.batch import BatchItem, BatchPlan, HostCopy
-from dsakv.scheduler.request import Request, RequestStats, check_max_new_tokens, check_prompt
+from dsakv.scheduler.request import Request, RequestStats
 from dsakv.scheduler.scheduler import Scheduler
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -78,19 +77,14 @@ class EngineTotals:
     restored_bytes: int = 0
 
 
-def _per_prompt(field: str, value: object, n: int) -> list[NamespacePart]:
-    """``value`` for each of ``n`` prompts: a list or tuple gives one per prompt, anything else is shared.
-
-    Raises ``DsakvError`` naming the field (and the prompt) unless each is None, a str, bytes or a 64-bit int.
-    """
-    if isinstance(value, list | tuple):
-        if len(value) != n:
-            raise DsakvError(f"{field}: {len(value)} values for {n} prompts: give one per prompt, or a single value")
-        for i, v in enumerate(value):
-            check_namespace_part(f"{field}[{i}]", v)
-        return list(value)
-    check_namespace_part(field, value)
-    return [value] * n
+def _plain_ints(prompt: Any) -> Any:
+    """A prompt as the model reads it: numpy integers become Python ints (a 1-D integer array a list). Checks
+    nothing: a prompt that is not a 1-D integer sequence comes back as it is, for the scheduler to refuse."""
+    if isinstance(prompt, np.ndarray):
+        return prompt.tolist() if prompt.ndim == 1 and prompt.dtype.kind in "iu" else prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str | bytes):
+        return [int(t) if isinstance(t, np.integer) else t for t in prompt]
+    return prompt
 
 
 @contextmanager
@@ -166,6 +160,7 @@ class Engine:
             on_finish=self._on_finish,
             on_offload=self._on_offload,
             tiers=self.tiers.scheduler_tiers if self.tiers is not None else None,
+            vocab_size=self.vocab_size,
         )
         self.model = model or TinyDsaModel(spec, seed=config.seed, mtp=config.speculative is not None)
         self.drafter = drafter
@@ -242,14 +237,12 @@ class Engine:
     ) -> Request:
         """Queue a prompt (token ids in ``0 .. vocab_size - 1``); raises ``DsakvError`` and queues nothing if not.
 
-        The engine checks what only it knows (ids within the model's vocabulary, ``eos_token_id`` too); the
-        scheduler, where every request enters, checks the rest (``Scheduler.add_request``), the prefix-cache
-        namespace ``(extra_key, cache_salt)`` among it: requests of different namespaces never share a page.
+        The scheduler, where every request enters, checks it (``Scheduler.add_request``; it was built with
+        the model's ``vocab_size``), the prefix-cache namespace ``(extra_key, cache_salt)`` among it:
+        requests of different namespaces never share a page.
         """
-        self._check_eos(eos_token_id)
-        ids = self._token_ids(prompt)
         return self.scheduler.add_request(
-            ids,
+            _plain_ints(prompt),
             max_new_tokens,
             request_id=request_id,
             eos_token_id=eos_token_id,
@@ -291,53 +284,16 @@ class Engine:
         ``cache_salt`` / ``extra_key``: one value for every prompt, or a list (or tuple) with one per prompt;
         each prompt's ``(extra_key, cache_salt)`` is its prefix-cache namespace (``add_request``).
 
-        Every prompt and namespace is validated before any is queued: a bad one raises ``DsakvError`` and
-        changes nothing.
+        Every prompt and namespace is validated (once, by ``Scheduler.add_requests``) before any is queued: a
+        bad one raises ``DsakvError`` and changes nothing.
         """
-        check_max_new_tokens(max_new_tokens)
-        self._check_eos(eos_token_id)
-        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence | np.ndarray):
-            raise DsakvError(f"prompts: got {type(prompts).__name__}; must be a list of prompts (token id lists)")
-        ids = []
-        for i, prompt in enumerate(prompts):
-            try:
-                ids.append(self._token_ids(prompt))
-            except DsakvError as exc:
-                raise DsakvError(f"prompts[{i}]: {exc}") from None
-        salts = _per_prompt("cache_salt", cache_salt, len(ids))
-        extras = _per_prompt("extra_key", extra_key, len(ids))
-        reqs = [
-            self.scheduler.add_request(p, max_new_tokens, eos_token_id=eos_token_id, cache_salt=c, extra_key=e)
-            for p, c, e in zip(ids, salts, extras)
-        ]
+        if isinstance(prompts, Sequence | np.ndarray) and not isinstance(prompts, str | bytes):
+            prompts = [_plain_ints(p) for p in prompts]
+        reqs = self.scheduler.add_requests(
+            prompts, max_new_tokens, eos_token_id=eos_token_id, cache_salt=cache_salt, extra_key=extra_key
+        )
         self.run_until_idle()
         return [GenerationResult(r.id, list(r.outputs), r.stats, self.caches.get(r.id)) for r in reqs]
-
-    def _token_ids(self, prompt: Sequence[int]) -> Sequence[int]:
-        """The prompt as a list of ints, once its ids are known to index the model's vocabulary.
-
-        Anything but a 1-D integer sequence goes through the scheduler's own check (``check_prompt``) here, so
-        ``generate`` refuses a malformed prompt before queueing any; an empty one passes (the scheduler rejects
-        it with a reason, like every request that can never run).
-        """
-        ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            check_prompt(prompt)
-            return prompt
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise DsakvError(
-                f"prompt token ids {int(ids.min())}..{int(ids.max())}: must lie in 0..{self.vocab_size - 1}"
-            )
-        check_prompt(prompt)  # what numpy hides: a bool among the ints reads as 0 / 1
-        return ids.tolist()
-
-    def _check_eos(self, eos_token_id: int | None) -> None:
-        if eos_token_id is not None and (
-            isinstance(eos_token_id, bool)
-            or not isinstance(eos_token_id, Integral)
-            or not 0 <= eos_token_id < self.vocab_size
-        ):
-            raise DsakvError(f"eos_token_id = {eos_token_id!r}: must lie in 0..{self.vocab_size - 1}")
 
     @property
     def host_copies(self) -> Mapping[Any, HostPages]:

@@ -10,7 +10,6 @@ two architectures differ besides the shared-layer schedule). Pure data; bad inpu
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.hf_defaults import HF_DEFAULTS as DEFAULTS
 from dsakv.spec.hf_defaults import MODEL_TYPES
+from dsakv.spec.jsonio import read_json_file
 from dsakv.spec.model_spec import ModelSpec
 
 ROPE_TYPES = ("default", "yarn")
@@ -126,11 +126,7 @@ class DsaConfig:
     def from_hf_config(cls, config: Mapping[str, Any] | str | Path, name: str | None = None) -> DsaConfig:
         """Read a ``config.json`` (path or parsed dict); absent fields take transformers' defaults."""
         if isinstance(config, (str, Path)):
-            path = Path(config)
-            try:
-                config = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise DsakvError(f"config {str(path)!r}: cannot read ({exc})") from None
+            config = read_json_file(Path(config), "config")  # the reader ModelSpec uses: one-line errors
         if not isinstance(config, Mapping):
             raise DsakvError(f"config must be a JSON object, got {type(config).__name__}")
         model_type = config.get("model_type")

@@ -17,7 +17,7 @@ Compute runs in fp32 on the CPU. The model holds weights only; ``forward_paged``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,27 +25,36 @@ import torch.nn.functional as F
 
 from dsakv.errors import DsakvError
 from dsakv.model.checkpoint import iter_weights
+from dsakv.model.decoder import PagedDecoder
 from dsakv.model.dsa_config import DsaConfig
 from dsakv.model.dsa_layers import (
     DenseMlp,
     Indexer,
+    IndexerQuery,
     IndexerRounding,
     Mla,
+    MlaProjection,
     Moe,
     Weights,
     rms_norm,
 )
 from dsakv.model.dsa_mtp import DsaMtpLayer
-from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
-from dsakv.model.paged_attention import attend_layer
+from dsakv.model.inputs import Batch, PagedCache
 from dsakv.model.rope import RopeTables
-from dsakv.model.tiny_dsa import PagedOutput
 
 __all__ = ["DsaModel"]
 
 
-class DsaModel:
-    """Checkpoint weights (fp32) and the paged forward."""
+@dataclass(frozen=True)
+class _Where:
+    """What a checkpoint's projections take for one batch: its RoPE tables and the indexer rounding."""
+
+    rope: RopeTables
+    rounding: IndexerRounding
+
+
+class DsaModel(PagedDecoder):
+    """Checkpoint weights (fp32) and the paged forward (``PagedDecoder``'s loop)."""
 
     def __init__(self, cfg: DsaConfig, weights: Weights, *, mtp: bool = False) -> None:
         self.cfg, self.spec, self.dtype = cfg, cfg.spec, torch.float32
@@ -85,44 +94,25 @@ class DsaModel:
         weights = dict(iter_weights(folder, layers, torch.float32, available=available_bytes))
         return cls(cfg, weights, mtp=mtp)
 
-    def forward_paged(
-        self,
-        pool: PagedCache,
-        seqs: Sequence[SeqInput],
-        *,
-        all_logits: bool = False,
-        budget_bytes: int | None = None,
-    ) -> PagedOutput:
-        """Write the new tokens into both caches and compute their logits from the pool (``TinyDsaModel``'s
-        contract; bad input raises ``DsakvError`` before anything is written)."""
-        batch = validate_batch(self.spec, pool, seqs)
+    # ----- paged path: the loop is PagedDecoder.forward_paged (TinyDsaModel's contract) ---------------
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.cfg.rms_norm_eps)
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embed)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def _where(self, pool: PagedCache, batch: Batch) -> _Where:
         rounding = self.indexer_rounding or IndexerRounding.for_production(pool.layout.indexer_dtype != "fp32")
-        cfg, spec = self.cfg, self.spec
-        rope = RopeTables.at(cfg.rope, spec.qk_rope_head_dim, batch.positions)
-        x = F.embedding(batch.token_ids, self.embed)
-        sel_by_layer: list[tuple[torch.Tensor, ...]] = []
-        main_read, index_read = [], []
-        for layer in range(spec.num_hidden_layers):
-            xn = rms_norm(x, self.attn_norm[layer], cfg.rms_norm_eps)
-            proj = self.mla[layer].project(xn, rope)
-            pool.store_main(layer, batch.slots, proj.latent, proj.k_rope)
-            query = None
-            if layer in self.indexer:
-                idx = self.indexer[layer]
-                pool.store_indexer(layer, batch.slots, idx.key(xn, rope, rounding))
-                query = idx.query(xn, proj.qr, rope, rounding)
-            reused = None if query is not None else sel_by_layer[self.spec.indexer_source_layer[layer]]
-            att = attend_layer(
-                pool, layer, batch, proj.q_latent, proj.q_rope, query, reused,
-                self.spec.index_topk, self.mla[layer].sm_scale, budget_bytes,
-            )  # fmt: skip
-            sel_by_layer.append(att.chosen)
-            main_read.append(att.main_rows)
-            index_read.append(att.indexer_rows)
-            x = x + self.mla[layer].output(att.out)
-            x = x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer], cfg.rms_norm_eps))
-        if not all_logits:
-            x = x[batch.last_rows]
-        hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
-        logits = F.linear(hidden, self.lm_head)
-        return PagedOutput(logits, tuple(sel_by_layer), tuple(main_read), tuple(index_read), hidden)
+        return _Where(RopeTables.at(self.cfg.rope, self.spec.qk_rope_head_dim, batch.positions), rounding)
+
+    def _project(self, layer: int, xn: torch.Tensor, where: _Where) -> MlaProjection:
+        return self.mla[layer].project(xn, where.rope)
+
+    def _index_key(self, layer: int, xn: torch.Tensor, where: _Where) -> torch.Tensor:
+        return self.indexer[layer].key(xn, where.rope, where.rounding)
+
+    def _index_query(self, layer: int, xn: torch.Tensor, qr: torch.Tensor, where: _Where) -> IndexerQuery:
+        return self.indexer[layer].query(xn, qr, where.rope, where.rounding)

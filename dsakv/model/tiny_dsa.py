@@ -46,13 +46,13 @@ import torch
 
 from dsakv.errors import DsakvError
 from dsakv.kernels.cache_ops import decode_main_rows, encode_main_rows, quantize_tiles
+from dsakv.model.decoder import PagedDecoder, PagedOutput
 from dsakv.model.indexer import indexer_topk
-from dsakv.model.inputs import PagedCache, SeqInput, validate_batch
-from dsakv.model.lightning import IndexerLayer
-from dsakv.model.mla import MlaLayer
+from dsakv.model.inputs import Batch, PagedCache, SeqInput
+from dsakv.model.lightning import IndexerLayer, IndexerQuery
+from dsakv.model.mla import MlaLayer, MlaProjection
 from dsakv.model.mtp import TinyMtpLayer
 from dsakv.model.nn import init_linear, init_norm, rms_norm
-from dsakv.model.paged_attention import attend_layer
 from dsakv.spec.model_spec import ARCH_FIELDS, ModelSpec
 
 __all__ = ["DENSE_ARCH_FIELDS", "DenseOutput", "PagedOutput", "SeqInput", "TinyDsaModel"]
@@ -67,20 +67,6 @@ MOE_ARCH_FIELDS = (
     "first_k_dense_replace",
 )
 DENSE_ARCH_FIELDS = tuple(f for f in ARCH_FIELDS if f not in MOE_ARCH_FIELDS)
-
-
-@dataclass(frozen=True)
-class PagedOutput:
-    """``logits``: ``[num_seqs, vocab]`` (or ``[sum n, vocab]``); ``selections[layer][seq]``: ``[n, width]``
-    selected context positions (-1 padded); ``main_rows_read`` / ``indexer_rows_read``: rows read from each
-    cache per layer in this call (0 indexer rows on shared layers); ``hidden``: the final-normed hidden
-    state of each returned row (what the MTP layer reads)."""
-
-    logits: torch.Tensor
-    selections: tuple[tuple[torch.Tensor, ...], ...]
-    main_rows_read: tuple[int, ...]
-    indexer_rows_read: tuple[int, ...]
-    hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +86,7 @@ class _Mlp:
         return (torch.nn.functional.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
 
 
-class TinyDsaModel:
+class TinyDsaModel(PagedDecoder):
     """Seeded random weights (same seed -> same weights) and the paged and dense forward passes."""
 
     def __init__(
@@ -133,50 +119,31 @@ class TinyDsaModel:
             self.mtp = TinyMtpLayer(spec, gen, dtype, self.embed, self.lm_head, mlp)
 
     def _finish_layer(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The dense reference's residuals (``PagedDecoder.forward_paged`` adds the same two)."""
         x = x + attn
         return x + self.mlp[layer](rms_norm(x, self.mlp_norm[layer]))
 
-    # ----- paged path ------------------------------------------------------------------------------------
-    def forward_paged(
-        self,
-        pool: PagedCache,
-        seqs: Sequence[SeqInput],
-        *,
-        all_logits: bool = False,
-        budget_bytes: int | None = None,
-    ) -> PagedOutput:
-        """Write the new tokens into both caches of ``pool`` and compute their logits from the pool.
+    # ----- paged path: the loop is PagedDecoder.forward_paged ------------------------------------------
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight)
 
-        ``budget_bytes`` overrides the indexer logits budget (row chunking). Raises ``DsakvError`` before
-        writing anything on bad input (see the module docstring). The batch is checked once, here; every
-        layer then hands the pool the same ``CheckedSlots``, which it does not check again.
-        """
-        batch = validate_batch(self.spec, pool, seqs)
-        spec = self.spec
-        x = self.embed[batch.token_ids]
-        sel_by_layer: list[tuple[torch.Tensor, ...]] = []
-        main_read, index_read = [], []
-        for layer in range(spec.num_hidden_layers):
-            xn = rms_norm(x, self.attn_norm[layer])
-            proj = self.mla[layer].project(xn, batch.positions)
-            pool.store_main(layer, batch.slots, proj.latent.float(), proj.k_rope.float())
-            full = layer in self.indexer
-            if full:
-                pool.store_indexer(layer, batch.slots, self.indexer[layer].key(xn, batch.positions).float())
-                query = self.indexer[layer].query(xn, proj.qr, batch.positions)
-            reused = None if full else sel_by_layer[spec.indexer_source_layer[layer]]
-            att = attend_layer(
-                pool, layer, batch, proj.q_latent, proj.q_rope, query if full else None, reused,
-                spec.index_topk, self.mla[layer].sm_scale, budget_bytes,
-            )  # fmt: skip
-            sel_by_layer.append(att.chosen)
-            main_read.append(att.main_rows)
-            index_read.append(att.indexer_rows)
-            x = self._finish_layer(layer, x, self.mla[layer].output(att.out.to(self.dtype)))
-        if not all_logits:
-            x = x[batch.last_rows]
-        hidden = rms_norm(x, self.final_norm)
-        return PagedOutput(hidden @ self.lm_head, tuple(sel_by_layer), tuple(main_read), tuple(index_read), hidden)
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed[token_ids]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.lm_head
+
+    def _where(self, pool: PagedCache, batch: Batch) -> torch.Tensor:
+        return batch.positions
+
+    def _project(self, layer: int, xn: torch.Tensor, where: torch.Tensor) -> MlaProjection:
+        return self.mla[layer].project(xn, where)
+
+    def _index_key(self, layer: int, xn: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return self.indexer[layer].key(xn, where)
+
+    def _index_query(self, layer: int, xn: torch.Tensor, qr: torch.Tensor, where: torch.Tensor) -> IndexerQuery:
+        return self.indexer[layer].query(xn, qr, where)
 
     # ----- dense reference -------------------------------------------------------------------------------
     def forward_dense(

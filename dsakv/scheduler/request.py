@@ -46,8 +46,9 @@ def check_max_new_tokens(max_new_tokens: object) -> None:
         raise DsakvError(f"max_new_tokens = {max_new_tokens!r}: must be an integer >= 0")
 
 
-def check_prompt(prompt: Sequence[int]) -> None:
-    """Raise ``DsakvError`` unless ``prompt`` is a 1-D list or array of integer token ids in 0..MAX_TOKEN_ID.
+def check_prompt(prompt: Sequence[int], max_token_id: int = MAX_TOKEN_ID) -> None:
+    """Raise ``DsakvError`` unless ``prompt`` is a 1-D list or array of integer token ids in 0..max_token_id
+    (``MAX_TOKEN_ID``, the prefix cache's key encoding, unless a model's vocabulary bounds it lower).
 
     Checked on arrival, so a bad prompt is refused before it is queued (it would otherwise fail inside a
     later ``step``, at the head of the queue, blocking every request behind it). Empty is allowed here: it
@@ -56,7 +57,7 @@ def check_prompt(prompt: Sequence[int]) -> None:
     if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
         raise DsakvError(f"prompt: got {type(prompt).__name__}: must be a list or 1-D array of integer token ids")
     bounds = getattr(prompt, "token_id_bounds", None)  # a compact prompt vouching for its ids: not expanded
-    if bounds is not None and 0 <= bounds[0] and bounds[1] <= MAX_TOKEN_ID:
+    if bounds is not None and 0 <= bounds[0] and bounds[1] <= max_token_id:
         return
     ids = prompt if isinstance(prompt, np.ndarray) else np.asarray(prompt)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
@@ -65,8 +66,8 @@ def check_prompt(prompt: Sequence[int]) -> None:
         )
     if ids.size:
         lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi > MAX_TOKEN_ID:
-            raise DsakvError(f"prompt token ids {lo}..{hi}: must lie in 0..{MAX_TOKEN_ID}")
+        if lo < 0 or hi > max_token_id:
+            raise DsakvError(f"prompt token ids {lo}..{hi}: must lie in 0..{max_token_id}")
         # numpy reads a bool among ints as 0 / 1: look for one (only a sequence of Python objects holding a 0 or
         # a 1 can hide one; a compact prompt that converts itself through ``__array__`` holds no Python ints)
         if (
@@ -86,14 +87,14 @@ def check_request_id(what: str, request_id: object) -> None:
         raise DsakvError(f"{what}request_id = {request_id!r}: must be hashable (a str, an int, a tuple ...)") from None
 
 
-def check_eos_token_id(eos_token_id: object) -> None:
-    """Raise ``DsakvError`` unless ``eos_token_id`` is None or a token id (an integer in 0..MAX_TOKEN_ID)."""
+def check_eos_token_id(eos_token_id: object, max_token_id: int = MAX_TOKEN_ID) -> None:
+    """Raise ``DsakvError`` unless ``eos_token_id`` is None or a token id (an integer in 0..max_token_id)."""
     if eos_token_id is not None and (
         isinstance(eos_token_id, bool)
         or not isinstance(eos_token_id, Integral)
-        or not 0 <= eos_token_id <= MAX_TOKEN_ID
+        or not 0 <= eos_token_id <= max_token_id
     ):
-        raise DsakvError(f"eos_token_id = {eos_token_id!r}: must be None or a token id in 0..{MAX_TOKEN_ID}")
+        raise DsakvError(f"eos_token_id = {eos_token_id!r}: must be None or a token id in 0..{max_token_id}")
 
 
 class Status(enum.Enum):

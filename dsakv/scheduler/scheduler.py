@@ -27,7 +27,7 @@ without the general helpers, because it runs once per token at scale. Each fast 
 its helper (``batch.next_item``, ``rollback.accept_tokens``); tests/scheduler/test_scheduler_fast_paths.py
 pins each to its helper.
 
-Mutation contract: ``add_request``, ``step``, ``update``, ``abort``, ``preempt`` and ``advance_run`` (the
+Mutation contract: ``add_request``, ``add_requests``, ``step``, ``update``, ``abort``, ``preempt`` and ``advance_run`` (the
 simulator's runs of steps applied at once, ``dsakv.scheduler.runs``) are the only mutators (``load_backs_done``
 aside); each leaves ``check_integrity`` true. Between ``step`` and ``update`` a plan is in flight: only ``update``
 may be called (the pages it names must not move). Finished, rejected and aborted requests are dropped from
@@ -37,6 +37,8 @@ the scheduler, and their prompts released, so a long trace never holds every pro
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+
+import numpy as np
 
 from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.errors import DsakvError
@@ -58,11 +60,27 @@ from dsakv.scheduler.runs import RunPlan, RunTake, advance_run, plan_run
 from dsakv.scheduler.state import SchedulerState
 
 
+def _per_prompt(field: str, value: object, n: int) -> list[NamespacePart]:
+    """``value`` for each of ``n`` prompts: a list or tuple gives one per prompt, anything else is shared.
+
+    Raises ``DsakvError`` naming the field (and the prompt) unless each is None, a str, bytes or a 64-bit int.
+    """
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise DsakvError(f"{field}: {len(value)} values for {n} prompts: give one per prompt, or a single value")
+        for i, v in enumerate(value):
+            check_namespace_part(f"{field}[{i}]", v)
+        return list(value)
+    check_namespace_part(field, value)
+    return [value] * n
+
+
 class Scheduler(SchedulerState):
     """Admission, chunked prefill, decode, preemption and speculative rollback over one allocator.
 
-    ``Scheduler(allocator, radix=None, config=None, on_finish=None, on_offload=None)``: ``radix`` is a
-    ``dsakv.cache.radix.RadixCache`` over the same allocator, or None for no prefix cache.
+    ``Scheduler(allocator, radix=None, config=None, on_finish=None, on_offload=None, tiers=None,
+    vocab_size=None)``: ``radix`` is a ``dsakv.cache.radix.RadixCache`` over the same allocator, or None for
+    no prefix cache; ``vocab_size`` bounds the token ids of prompts and ``eos_token_id`` (a model's).
     ``on_finish(request)`` is called in ``update`` for each finishing request while it still holds its pages
     (its first ``num_computed`` tokens readable), just before they are released. ``on_offload(copy)`` is
     called with each ``HostCopy`` of an offload preemption while its pages are still allocated, before they
@@ -84,26 +102,75 @@ class Scheduler(SchedulerState):
         """Queue a request, or return it REJECTED with ``stats.reason`` if it can never run.
 
         The one check of a prompt: raises ``DsakvError`` (queueing nothing) for a prompt that is not a 1-D
-        sequence of token ids (``dsakv.scheduler.request.check_prompt``), a ``max_new_tokens`` that is not an
-        integer >= 0, an ``eos_token_id`` that is not a token id, an unhashable or live duplicate id, or a
-        ``cache_salt`` / ``extra_key`` that is not None, a str, bytes or a 64-bit int.
+        sequence of token ids in ``0 .. max_token_id`` (``dsakv.scheduler.request.check_prompt``; the
+        engine's vocabulary bounds it), a ``max_new_tokens`` that is not an integer >= 0, an ``eos_token_id``
+        that is not a token id, an unhashable or live duplicate id, or a ``cache_salt`` / ``extra_key`` that
+        is not None, a str, bytes or a 64-bit int.
         ``max_new_tokens == 0`` finishes at once with no output. The prompt is kept by reference, not copied,
         until the request is done: the caller must not modify it meanwhile.
 
         ``(extra_key, cache_salt)`` is the request's prefix-cache namespace (a tenant's salt, a LoRA id):
         it matches and inserts only there, so requests of different namespaces never share a page.
         """
-        check_prompt(prompt)
         check_max_new_tokens(max_new_tokens)
-        check_eos_token_id(eos_token_id)
+        check_eos_token_id(eos_token_id, self.max_token_id)
+        request_id = self._check_arrival(prompt, request_id, cache_salt, extra_key)
+        return self._queue(prompt, max_new_tokens, request_id, eos_token_id, cache_salt, extra_key)
+
+    def add_requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        cache_salt: NamespacePart | Sequence[NamespacePart] = None,
+        extra_key: NamespacePart | Sequence[NamespacePart] = None,
+    ) -> list[Request]:
+        """``add_request`` for each prompt (new ids), all or none: every prompt and namespace is checked
+        before any is queued, so a bad one raises ``DsakvError`` (naming ``prompts[i]``) and changes nothing.
+
+        ``cache_salt`` / ``extra_key``: one value for every prompt, or a list (or tuple) with one per prompt.
+        """
+        check_max_new_tokens(max_new_tokens)
+        check_eos_token_id(eos_token_id, self.max_token_id)
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence | np.ndarray):
+            raise DsakvError(f"prompts: got {type(prompts).__name__}; must be a list of prompts (token id lists)")
+        salts = _per_prompt("cache_salt", cache_salt, len(prompts))
+        extras = _per_prompt("extra_key", extra_key, len(prompts))
+        for i, prompt in enumerate(prompts):
+            try:
+                check_prompt(prompt, self.max_token_id)
+            except DsakvError as exc:
+                raise DsakvError(f"prompts[{i}]: {exc}") from None
+        return [
+            self._queue(p, max_new_tokens, self.new_request_id(), eos_token_id, c, e)
+            for p, c, e in zip(prompts, salts, extras)
+        ]
+
+    def _check_arrival(
+        self, prompt: Sequence[int], request_id: Hashable | None, cache_salt: NamespacePart, extra_key: NamespacePart
+    ) -> Hashable:
+        """Check one arrival's prompt, namespace and id; the id to queue it under (a new one for None)."""
+        check_prompt(prompt, self.max_token_id)
         check_namespace_part("cache_salt", cache_salt)
         check_namespace_part("extra_key", extra_key)
         if request_id is None:
-            request_id = self.new_request_id()
-        else:
-            check_request_id("", request_id)
-            if request_id in self.live:
-                raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
+            return self.new_request_id()
+        check_request_id("", request_id)
+        if request_id in self.live:
+            raise DsakvError(f"request_id = {request_id!r}: a live request already has this id")
+        return request_id
+
+    def _queue(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        request_id: Hashable,
+        eos_token_id: int | None,
+        cache_salt: NamespacePart,
+        extra_key: NamespacePart,
+    ) -> Request:
+        """Queue a checked arrival (or retire it at once: it can never run, or it asks for no token)."""
         digest = self.radix.page_digest if self.radix is not None else 0
         req = Request(request_id, prompt, max_new_tokens, eos_token_id, self.stats.steps, extra_key, cache_salt, digest)
         self.stats.arrived += 1

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.events import get_hash
+from dsakv.cache.key import MAX_TOKEN_ID
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.scheduler.batch import BatchPlan, HostCopy
@@ -62,7 +63,9 @@ class SchedulerState:
     * ``live``: request id -> every queued request; ``done``: request id -> the final status of those that
       left (finished, rejected, aborted; their prompts are released);
     * ``in_flight``: the plan between ``step`` and ``update`` (None otherwise); ``pending``: what
-      ``preempt``/``abort`` did between steps (offloads, freed pages), handed out with the next plan.
+      ``preempt``/``abort`` did between steps (offloads, freed pages), handed out with the next plan;
+    * ``max_token_id``: the largest token id a prompt or ``eos_token_id`` may hold (``vocab_size - 1`` when
+      the scheduler was given a model's vocabulary, else ``MAX_TOKEN_ID``).
     """
 
     def __init__(
@@ -73,7 +76,12 @@ class SchedulerState:
         on_finish: Callable[[Request], None] | None = None,
         on_offload: Callable[[HostCopy], None] | None = None,
         tiers: SchedulerTiers | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= MAX_TOKEN_ID + 1
+        ):
+            raise DsakvError(f"vocab_size = {vocab_size!r}: must be None or an integer in 1..{MAX_TOKEN_ID + 1}")
         if not isinstance(allocator, PageAllocator):
             raise DsakvError(f"allocator = {allocator!r}: must be a PageAllocator")
         if radix is not None:
@@ -102,6 +110,7 @@ class SchedulerState:
             # the tree reports inserts and evictions (with their chained hashes) to the tiers, then to its sink
             radix.event_sink = tiers.sink(radix.event_sink)
         self.tiers = tiers
+        self.max_token_id = MAX_TOKEN_ID if vocab_size is None else vocab_size - 1
         self.hash_fn = get_hash(radix.hash_name) if radix is not None else None
         self.allocator = allocator
         self.radix = radix

@@ -148,3 +148,9 @@ def test_bad_config_file_is_one_line_naming_the_field(capsys, tmp_path, text, ne
     assert main(["plan", "--config", str(path)]) == 1
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and err.startswith("dsakv: error:")
+
+
+def test_plan_help_says_mtp_layers_counts_cache_layers_not_draft_tokens(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "MTP cache layers (not draft tokens" in " ".join(capsys.readouterr().out.split())
