@@ -103,6 +103,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="acceptance probability of each draft token, or a comma list of one per draft position "
         "(position i accepted only if 1 .. i-1 were)",
     )
+    m.add_argument(
+        "--mtp-index-share",
+        action="store_true",
+        help="index_share_for_mtp_iteration: draft passes 2 .. --mtp reuse the previous pass's top-k (no MTP-layer "
+        "indexer scoring; step time)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:

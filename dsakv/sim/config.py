@@ -65,7 +65,9 @@ class SimConfig:
     ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
     name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer); ``mtp_accept``: each draft
     position's acceptance probability, one for all or a tuple of ``mtp`` (position i accepted only if 1 .. i-1
-    were: ``check_accept``). ``ep`` / ``moe_a2a``: expert
+    were: ``check_accept``); ``mtp_index_share``: SGLang's ``index_share_for_mtp_iteration``, draft passes 2 ..
+    ``mtp`` reuse the previous pass's top-k instead of scoring the MTP layer's indexer (step time only; no effect
+    at ``mtp`` 0 or 1, so a sweep over ``mtp`` may keep it on). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
     finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
@@ -97,6 +99,7 @@ class SimConfig:
     page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
     mtp: int = 0
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. mtp reuse pass 1's top-k
     indexer: str | None = None
     pool_tokens: int | None = None
     eviction_policy: str = "lru"
@@ -153,6 +156,8 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.mtp))
+        if not isinstance(self.mtp_index_share, bool):
+            raise DsakvError(f"mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
@@ -334,6 +339,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             weight_dtype=setting.weight_dtype,
             num_draft_tokens=cfg.mtp,
             mtp_accept=cfg.mtp_accept,
+            mtp_index_share=cfg.mtp_index_share,
             mla_mixed_batch=vllm_mixed_batch(
                 layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy
             ),

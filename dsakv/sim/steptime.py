@@ -235,7 +235,8 @@ class RooflineStepTime:
     bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
     (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
     expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
-    draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant).
+    draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
+    ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): passes 2 .. k skip the MTP layer's indexer.
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
@@ -263,6 +264,7 @@ class RooflineStepTime:
     weight_dtype: str | None = None
     num_draft_tokens: int = 0
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
@@ -297,6 +299,8 @@ class RooflineStepTime:
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
         if min(self.layer_floor_s, self.layer_min_s, self.overhead_s) < 0:
             raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
+        if not isinstance(self.mtp_index_share, bool):
+            raise DsakvError(f"step time mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         object.__setattr__(
             self, "mtp_accept", check_accept(self.mtp_accept, self.num_draft_tokens, "step time mtp_accept")
         )
@@ -726,7 +730,8 @@ class RooflineStepTime:
         ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
         (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
         one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
-        one layer floor and one indexer floor. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
+        one layer floor and one indexer floor. With ``mtp_index_share`` passes 2 .. k reuse the previous pass's
+        top-k and drop the indexer term. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
         ``np.maximum`` then)."""
         c = self._const
         bw = c["bw"]
@@ -743,9 +748,15 @@ class RooflineStepTime:
             idx_s = larger(pairs * c["idx_flops_per_pair"] / c["idx_rate"], idx_bytes / bw)
         coll_bytes, coll_count = self._collectives(n_dec, rows, 1, extend=False)
         coll_s = coll_bytes / c["link_bw"] + coll_count * self.gpu.link_latency_s
-        one = linear_s + moe_s + mla_s + idx_s + n_dec * c["mtp_cell_bytes"] / bw + coll_s
+        write_s = n_dec * c["mtp_cell_bytes"] / bw
+        one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
         one = larger(one, self.layer_min_s) + c["mtp_floor_s"]  # fact 14: one layer; its launch floors
-        return self.num_draft_tokens * one
+        if not self.mtp_index_share or self.num_draft_tokens == 1:
+            return self.num_draft_tokens * one
+        # index_share_for_mtp_iteration: passes 2 .. k attend the previous pass's top-k (no indexer scoring; the
+        # new token's indexer key is still written, the floors stay)
+        shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.layer_min_s) + c["mtp_floor_s"]
+        return one + (self.num_draft_tokens - 1) * shared
 
     def step_seconds(
         self,
@@ -760,7 +771,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
-            "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
+            "mtp_index_share", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "has_indexer",
             "gemm_eff",
             "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",

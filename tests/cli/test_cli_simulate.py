@@ -72,6 +72,15 @@ def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
     )
 
 
+def test_mtp_index_share_reaches_the_step_time_and_shortens_mtp_steps(capsys):
+    # index_share_for_mtp_iteration: draft passes 2 .. 3 skip the MTP layer's indexer (docs/steptime.md).
+    argv = ["simulate", "--scenario", "chat", "--scale", "0.02", "--mtp", "3", "--json"]
+    plain, shared = _json(capsys, argv), _json(capsys, argv + ["--mtp-index-share"])
+    assert not plain["config"]["config"]["mtp_index_share"] and shared["config"]["config"]["mtp_index_share"]
+    assert shared["config"]["setup"]["step_time"]["mtp_index_share"] is True
+    assert shared["tpot_s"]["mean"] < plain["tpot_s"]["mean"]
+
+
 def test_default_run_needs_no_file(capsys):
     assert main(["simulate", "--scale", "0.05", "--step-model", "constant"]) == 0
     assert "hit rate" in capsys.readouterr().out

@@ -9,12 +9,14 @@ import math
 import operator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsakv.errors import DsakvError
 from dsakv.planner.draft import draft_pass_cost
 from dsakv.planner.gpus import gpu_kind
 from dsakv.sim import run as simulate
-from dsakv.sim.config import SimConfig
+from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -30,26 +32,62 @@ def draft_seconds(model: RooflineStepTime, decode: list[int]) -> float:
     return model.cost([], decode).seconds["num_draft_tokens"]
 
 
-def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
-    # One decode on one GPU: the MTP layer's weights (draft_pass_cost: its layer + the lm_head, the experts one
-    # token picks) and its caches' reads, at the GPU's bandwidth x bw_eff; its sparse MLA and indexer each at the
-    # slower of their FLOPs (peak x the model's efficiency) and their bytes; one cache row written; one layer's
-    # floors. Every figure from the spec, the layout and the GPU's datasheet.
-    spec, gpu, k, ctx = glm5.spec, gpu_kind("H200"), 3, 5000
-    model = RooflineStepTime(glm5, gpu, tp=1, num_draft_tokens=k)
+def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer: bool = True) -> float:
+    """One draft pass of one decode at ``ctx`` on one GPU, re-derived: the MTP layer's weights (draft_pass_cost:
+    its layer + the lm_head, the experts one token picks) and its caches' reads, at the GPU's bandwidth x
+    bw_eff; its sparse MLA and (``indexer``) its indexer scoring each at the slower of their FLOPs (peak x the
+    model's efficiency) and their bytes; one cache row of each cache written; one layer's floors. Every figure
+    from the spec, the layout and the GPU's datasheet."""
+    spec, gpu = layout.spec, model.gpu
     bw = gpu.hbm_bytes_per_s * model.bw_eff
-    drafted = draft_pass_cost(glm5, [ctx])
+    drafted = draft_pass_cost(layout, [ctx])
     assert drafted.flops / (gpu.bf16_flops * model.gemm_eff) < drafted.weight_bytes / bw  # memory-bound weights
     sel, heads = min(ctx, spec.index_topk), spec.arch_value("num_attention_heads")
     padded = math.ceil(heads / gpu.mla_head_pad) * gpu.mla_head_pad
     mla_flops = sel * padded * 2 * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
-    mla = max(mla_flops / (gpu.bf16_flops * model.mla_decode_eff), sel * glm5.main_row_bytes / bw)
+    mla = max(mla_flops / (gpu.bf16_flops * model.mla_decode_eff), sel * layout.main_row_bytes / bw)
     idx_flops = ctx * 2 * spec.index_n_heads * spec.index_head_dim
-    indexer = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (glm5.indexer_row_bytes + 8) / bw)
-    write = (glm5.main_row_bytes + glm5.indexer_row_bytes) / bw
-    one = max(drafted.weight_bytes / bw + mla + indexer + write, model.layer_min_s)
-    one += model.layer_floor_s * (1 + 9 / 20)  # the layer's launch floor and its indexer's 9 of 20 kernels
-    assert draft_seconds(model, [ctx]) == pytest.approx(k * one, rel=1e-6)
+    scoring = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
+    write = (layout.main_row_bytes + layout.indexer_row_bytes) / bw
+    one = max(drafted.weight_bytes / bw + mla + (scoring if indexer else 0.0) + write, model.layer_min_s)
+    return one + model.layer_floor_s * (1 + 9 / 20)  # the layer's launch floor and its indexer's 9 of 20 kernels
+
+
+def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
+    k, ctx = 3, 5000
+    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_draft_tokens=k)
+    assert draft_seconds(model, [ctx]) == pytest.approx(k * one_pass(glm5, model, ctx), rel=1e-6)
+
+
+@pytest.mark.parametrize(("k", "ctx"), [(2, 5000), (3, 5000), (5, 120_000)])
+def test_index_sharing_scores_the_indexer_in_the_first_pass_only(glm5, k, ctx):
+    # index_share_for_mtp_iteration: pass 1 scores the MTP layer's indexer, passes 2 .. k reuse its top-k (the
+    # new token's indexer key still written, the floors kept): pass 1 + (k - 1) x a pass without the scoring.
+    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_draft_tokens=k, mtp_index_share=True)
+    want = one_pass(glm5, model, ctx) + (k - 1) * one_pass(glm5, model, ctx, indexer=False)
+    assert draft_seconds(model, [ctx]) == pytest.approx(want, rel=1e-6)
+    assert draft_seconds(model, [ctx]) < draft_seconds(dataclasses.replace(model, mtp_index_share=False), [ctx])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.integers(1, 200_000), min_size=1, max_size=16),
+    st.integers(1, 5),
+    st.sampled_from([{}, {"dp_attention": 2}, {"mla_padded_topk": True}, {"tp": 1}]),
+)
+def test_index_sharing_never_costs_more_and_changes_nothing_at_one_draft(glm5, decode, k, options):
+    plain = RooflineStepTime(glm5, num_draft_tokens=k, **options)
+    shared = dataclasses.replace(plain, mtp_index_share=True)
+    assert shared.step_seconds([], decode) <= plain.step_seconds([], decode)
+    if k == 1:
+        assert shared.cost([], decode).seconds == plain.cost([], decode).seconds
+
+
+def test_index_sharing_flows_from_the_config_to_the_step_time():
+    assert build_setup(SimConfig(mtp=3, mtp_index_share=True)).step_time.mtp_index_share is True
+    assert build_setup(SimConfig(mtp=3)).step_time.to_dict()["mtp_index_share"] is False
+    with pytest.raises(DsakvError, match=r"^mtp_index_share = 1: must be True or False$"):
+        SimConfig(mtp=3, mtp_index_share=1)
 
 
 def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):

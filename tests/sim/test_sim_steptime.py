@@ -115,7 +115,12 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"num_draft_tokens": 2}, {"mla_padded_topk": True, "dp_attention": 2, "num_draft_tokens": 3}],
+    [
+        {},
+        {"num_draft_tokens": 2},
+        {"mla_padded_topk": True, "dp_attention": 2, "num_draft_tokens": 3},
+        {"num_draft_tokens": 3, "mtp_index_share": True},
+    ],
 )
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
 def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, steps):
@@ -127,7 +132,9 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
     assert list(constant.run_seconds(contexts, steps)) == [constant.step_seconds([], contexts)] * steps
 
 
-@pytest.mark.parametrize("options", [{}, {"num_draft_tokens": 1}, {"dp_attention": 2}])
+@pytest.mark.parametrize(
+    "options", [{}, {"num_draft_tokens": 1}, {"dp_attention": 2}, {"num_draft_tokens": 2, "mtp_index_share": True}]
+)
 @given(
     st.lists(
         st.tuples(st.lists(st.integers(-150, 300), min_size=1, max_size=3), st.integers(1, 60), st.booleans()),
