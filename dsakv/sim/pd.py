@@ -139,19 +139,33 @@ class PdDecodeGroup(Group):
 
     hand_off: HandOff  # set by PdDecodeCluster
 
-    def price(self, plan: BatchPlan, dp_tokens: int | None = None, dp_decodes: int | None = None) -> float:
+    def shape(self, plan: BatchPlan) -> tuple[list[tuple[int, int]], list[int]]:  # type: ignore[override]
+        """``Group.shape`` of the items that compute (the hand-off's prompt tokens aside: under DP attention the
+        MoE's token sum, ``Cluster._step``'s, carries no import either)."""
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
-        pages = 0
         for item in plan.items:
-            prompt = item.request.prompt_len
-            if item.start < prompt:  # the hand-off of pages [start, end) of the prompt
-                pages += self.hand_off.pages(item.start, min(item.end, prompt))
-            elif item.end - item.start > 1:
+            if item.start < item.request.prompt_len:
+                continue
+            if item.end - item.start > 1:
                 prefill.append((item.end - item.start, item.start))
             else:
                 decode.append(item.end)
-        seconds = self.hand_off.seconds(pages)
+        return prefill, decode
+
+    def hand_off_pages(self, plan: BatchPlan) -> int:
+        """Pages of the prompt the plan's items receive over the link (pages ``[start, end)`` of each)."""
+        pages = 0
+        for item in plan.items:
+            prompt = item.request.prompt_len
+            if item.start < prompt:
+                pages += self.hand_off.pages(item.start, min(item.end, prompt))
+        return pages
+
+    def price(self, plan: BatchPlan, dp_tokens: int | None = None, dp_decodes: int | None = None) -> float:
+        """The link seconds of the pages the step receives, plus the step-time model over what it computes."""
+        seconds = self.hand_off.seconds(self.hand_off_pages(plan))
+        prefill, decode = self.shape(plan)
         if prefill or decode:
             seconds += self.setup.step_time.step_seconds(prefill, decode, dp_tokens, dp_decodes)
         return seconds
