@@ -434,9 +434,11 @@ def run_pd_cli(args: argparse.Namespace, cfg: SimConfig, setup, source: Source) 
     if args.json:
         print(dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
     else:
-        render_summary(result, setup, source, Console(width=None if sys.stdout.isatty() else 160))
-        Console().print(
-            " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.pd.to_dict().items())
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        render_summary(result, setup, source, console)
+        figures = result.pd.to_dict().items()
+        console.print(
+            "hand-off: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures)
         )
     return 0
 
