@@ -45,6 +45,7 @@ from dsakv.scheduler.policies import PREEMPTION_MODES
 from dsakv.sim import run as sim_run
 from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
 from dsakv.sim.group import arrival_seconds
+from dsakv.sim.pd import check_pd_config, parse_pd, run_pd
 from dsakv.sim.plots import PLOT_FILES
 from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
@@ -218,6 +219,12 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
         help="the instances' replay sockets (instance i at PORT + i): the subscribers ask them for dropped batches",
     )
     c.add_argument(
+        "--pd",
+        metavar="xPyD",
+        help="prefill/decode disaggregation: x prefill and y decode instances, each of the GPU setting (docs/pd.md)",
+    )
+    c.add_argument("--link-gbps", help="with --pd: the hand-off's link, Gb/s per GPU (default 400 Gb/s InfiniBand NDR)")
+    c.add_argument(
         "--no-analytic-decode",
         action="store_true",
         help="step every decode step one by one (same figures, slower; by default runs of plain decode steps are "
@@ -389,6 +396,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_sweep(args, cfg, source, show_bar, [{"router": name} for name in routers])
     if args.sweep:
         return _run_sweep(args, cfg, source, show_bar)
+    if args.pd is not None or args.link_gbps is not None:
+        return run_pd_cli(args, cfg, setup, source)
     # a bad --out is reported here, before the run; its requests.jsonl is written as requests leave
     if cfg.workers > 1:
         check_rereadable(source)  # every worker reads the source again: a pipe could be read only once
@@ -425,6 +434,32 @@ def run(args: argparse.Namespace) -> int:
         print(dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
     else:
         render_summary(result, setup, source, Console(width=None if sys.stdout.isatty() else 160))
+    return 0
+
+
+def run_pd_cli(args: argparse.Namespace, cfg: SimConfig, setup, source: Source) -> int:
+    """``--pd xPyD``: one PD run (``dsakv.sim.pd``), its summary with the hand-off's ``pd_*`` figures."""
+    if args.pd is None:
+        raise DsakvError("--link-gbps: needs --pd (it prices the PD hand-off)")
+    for flag, given in (("--out", args.out), ("--emit-log", args.emit_log), ("--sweep", args.sweep)):
+        if given:
+            raise DsakvError(f"{flag} with --pd: not supported in a PD run; give --json for its figures")
+    gbps = parse_float("--link-gbps", args.link_gbps) if args.link_gbps is not None else None
+    pd = parse_pd(args.pd, cfg.gpu.gpu, gbps)
+    check_pd_config(cfg, setup)
+    opened = _open(source, cfg.time_scale)
+    result = run_pd(cfg, pd, opened.requests, setup=setup, counters=opened.counters,
+                    analytic_decode=not args.no_analytic_decode)  # fmt: skip
+    resolved = {"source": source.to_dict(), "config": result.config, "setup": setup.to_dict()}
+    if args.json:
+        print(dumps({**result.summary, "config": resolved, "notes": list(opened.warnings)}))
+    else:
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        render_summary(result, setup, source, console)
+        figures = result.pd.to_dict().items()
+        console.print(
+            "hand-off: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures)
+        )
     return 0
 
 

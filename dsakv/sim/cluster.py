@@ -116,7 +116,10 @@ class Instance:
 
 class Cluster:
     """The driver of one run (or of one shard of it): ``cfg.instances`` instances of ``setup.setting`` behind
-    ``cfg.router``; ``run()`` returns its ``ClusterParts``."""
+    ``cfg.router``; ``run()`` returns its ``ClusterParts``. ``group_class`` makes each DP group (a ``Group``
+    subclass prices its steps its own way: a PD decode side's, ``dsakv.sim.pd``)."""
+
+    group_class: Callable[..., Group] = Group
 
     def __init__(
         self,
@@ -171,7 +174,7 @@ class Cluster:
         for _group in range(self.dp):
             for inst in self.instances:
                 t = len(self.targets)
-                group = Group(
+                group = self.group_class(
                     self.cfg,
                     self.setup,
                     event_sink=sink_of(t) if sink_of else None,
