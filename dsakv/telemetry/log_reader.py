@@ -1,6 +1,7 @@
 """Reading an engine's log as a stream: one pass, memory bounded whatever the log's size.
 
-``read_log(path)`` reads the file in binary lines (``log_lines.parse_line`` each), keeps the pool figures, counts
+``read_log(path)`` reads the file in binary lines (``log_lines.parse_line`` each; the bulk, decode lines, through a
+faster equivalent in ``_read``), keeps the pool figures, counts
 and sums, and a bounded, evenly spaced sample of the batch lines (``BoundedSample``): a 1 GB log costs the same
 memory as a 1 MB one. It also builds the *gaps* a step-time fit needs (``Gap``): SGLang prints each batch line
 after the batch ran, with a throughput over the time since the previous line of its kind, so a decode line's
@@ -17,13 +18,11 @@ numbers past 2**63 - 1) in ``malformed_lines`` (its number in ``malformed_at``, 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import BinaryIO, Generic, TypeVar
 
-from dsakv.errors import INT64_MAX, DsakvError
+from dsakv.errors import DsakvError
 from dsakv.telemetry.log_lines import (
-    DECODE_PATTERN,
     MALFORMED,
     AvailableLine,
     ConcurrencyLine,
@@ -135,17 +134,18 @@ class LogFacts:
         }
 
 
-def _lines(path: str) -> Iterator[bytes]:
+def _open(path: str) -> BinaryIO:
+    """The log opened for binary reading (iterated a line at a time), after a check that it is not binary."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; the generator streams it
+        f = open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as exc:
         raise DsakvError(f"--log {path}: cannot read ({exc.strerror})") from None
-    with f:
-        head = f.read(_BINARY_PROBE)
-        if b"\x00" in head:
-            raise DsakvError(f"--log {path}: a binary file (NUL byte at offset {head.index(0)}), not an engine log")
-        f.seek(0)
-        yield from f
+    head = f.read(_BINARY_PROBE)
+    if b"\x00" in head:
+        f.close()
+        raise DsakvError(f"--log {path}: a binary file (NUL byte at offset {head.index(0)}), not an engine log")
+    f.seek(0)
+    return f
 
 
 class _Gaps:
@@ -250,59 +250,96 @@ def _take(facts: LogFacts, rec, gaps: _Gaps) -> None:
     facts.engine = facts.engine or engine
 
 
-def _fast_decode(raw: bytes, at: int, facts: LogFacts, gaps: _Gaps) -> bool:
-    """The common line, a well-formed SGLang decode line without digit grouping, taken without building a record
-    unless the sample keeps it (the same effect as ``_take`` of its ``DecodeLine``); False: take the slow path.
-    ``at``: where "Decode batch" starts in the line."""
-    m = DECODE_PATTERN.match(raw, at)
-    if m is None:
-        return False
-    g = m.groups()
-    try:
-        running, tokens, queued = int(g[0]), int(g[1]), int(g[4])
-        usage, throughput = float(g[2]), float(g[3])
-    except ValueError:  # "1,024": the slow path parses it
-        return False
-    if max(running, tokens, queued, throughput) > INT64_MAX:
-        return False
-    facts.decode_lines += 1
-    sample = facts.decode
-    if sample.wants():
-        sample.offer(DecodeLine(running, tokens, usage, throughput, queued))
-    else:
-        sample.seen += 1
-    gaps.decode(running, tokens, throughput)
-    if queued > 0:
-        _queued(facts, queued, usage, running)
-    if facts.engine is None:
-        facts.engine = "sglang"
-    return True
+# The fast path's pattern: ``DECODE_PATTERN`` with plain numbers of at most 18 digits (below 2**63, so no overflow
+# check) and the queue not followed by a digit group (where ``DECODE_PATTERN``'s greedy group would take it): a line
+# it matches, ``DECODE_PATTERN`` matches with the same figures; any other line takes the slow path.
+_PLAIN = rb"([0-9]{1,18})"
+_THROUGHPUT = b"gen throughput (token/s): "
+_FAST_DECODE = re.compile(
+    rb"Decode batch(?: \[\d+\])?[.,] #running-req: " + _PLAIN + rb", #(?:full )?token: " + _PLAIN
+    + rb", (?:full )?token usage: ([0-9]{1,18}\.[0-9]+), .*?" + re.escape(_THROUGHPUT)
+    + rb"([0-9]{1,18}(?:\.[0-9]+)?), #queue-req: " + _PLAIN + rb"(?![0-9]|,[0-9]{3})"
+)  # fmt: skip
+# ... and its commonest case, tried first (no optional part, the throughput right after the cuda-graph field, so the
+# first throughput in the line): a third faster (Python's ``re`` is slow at optional groups and lazy ``.*?``)
+_COMMON_DECODE = re.compile(
+    rb"Decode batch, #running-req: " + _PLAIN + rb", #token: " + _PLAIN + rb", token usage: ([0-9]{1,18}\.[0-9]+), "
+    rb"cuda graph: (?:True|False), " + re.escape(_THROUGHPUT) + rb"([0-9]{1,18}(?:\.[0-9]+)?), #queue-req: " + _PLAIN
+    + rb"(?![0-9]|,[0-9]{3})"
+)  # fmt: skip
 
 
-def read_log(path: str) -> LogFacts:
-    """One streaming pass over the log at ``path`` (see the module's docstring)."""
-    facts = LogFacts(path)
-    gaps = _Gaps(facts)
+def _read(f: BinaryIO, facts: LogFacts, gaps: _Gaps, fast: bool) -> int:
+    """Every line of ``f`` taken; returns their count. The common line, a well-formed SGLang decode line without
+    digit grouping, takes the inlined fast path (the same effect as ``_take`` of its ``DecodeLine``, with
+    ``_Gaps.decode`` inlined: this runs for most lines of a log): no record is built unless a sample keeps it.
+    ``fast`` False: every line through ``parse_line`` (the reference the tests compare with)."""
+    common, match = _COMMON_DECODE.match, _FAST_DECODE.match
+    decodes, dsample, gsample, skip = 0, facts.decode, facts.gaps, len(_THROUGHPUT)
     number = 0
-    for number, raw in enumerate(_lines(path), 1):
-        at = raw.find(b"Decode batch")
-        if at >= 0 and _fast_decode(raw, at, facts, gaps):
+    for number, raw in enumerate(f, 1):
+        at = raw.find(b"Decode batch") if fast else -1
+        if at < 0:
+            _slow(raw, number, facts, gaps)
             continue
-        facts.lines = number
-        if b"decode_log_interval=" in raw and (m := _INTERVAL.search(raw)):
-            facts.decode_log_interval = max(int(m.group(1)), 1)
+        # the first throughput in the line must be the one matched (``DECODE_PATTERN``'s lazy ``.*?`` stops there)
+        if (m := common(raw, at)) is None and (
+            (m := match(raw, at)) is None or raw.find(_THROUGHPUT, at) != m.start(4) - skip
+        ):
+            _slow(raw, number, facts, gaps)
             continue
-        rec = parse_line(raw)
-        if rec is None:
-            facts.ignored_lines += 1
-        elif rec == MALFORMED:
-            facts.malformed_lines += 1
-            if len(facts.malformed_at) < 5:
-                facts.malformed_at.append(number)
+        r, t, u, tp, q = m.groups()
+        running, throughput = int(r), float(tp)
+        decodes += 1
+        if dsample.seen % dsample.stride == 0:
+            dsample.offer(DecodeLine(running, int(t), float(u), throughput, int(q)))
         else:
-            for r in rec if isinstance(rec, list) else (rec,):
-                _take(facts, r, gaps)
-    facts.lines = number
+            dsample.seen += 1
+        k = facts.decode_log_interval
+        steps = gaps.since_decode
+        if steps is not None and len(steps) < MAX_GAP_STEPS and throughput > 0 and running:
+            if gsample.seen % gsample.stride == 0:  # the gap is built only when the sample keeps it
+                steps.append(("decode", running, int(t), k))
+                gsample.offer(Gap("decode", k * running / throughput, tuple(steps)))
+            else:
+                gsample.seen += 1
+        if steps is None or steps:  # an empty list is reused: nothing else holds it
+            gaps.since_decode = []
+        if k == 1:  # prefill gaps are measured only when every decode step is printed
+            gaps.since_prefill = gaps._add(gaps.since_prefill, ("decode", running, int(t), k))
+        elif gaps.since_prefill is not None:
+            gaps.since_prefill = None
+        if q != b"0" and (queued := int(q)) > 0:
+            _queued(facts, queued, float(u), running)
+        if facts.engine is None:
+            facts.engine = "sglang"
+    facts.decode_lines += decodes
+    return number
+
+
+def _slow(raw: bytes, number: int, facts: LogFacts, gaps: _Gaps) -> None:
+    """Line ``number`` parsed by ``parse_line`` (or the server-args line's decode_log_interval) and taken."""
+    if b"decode_log_interval=" in raw and (m := _INTERVAL.search(raw)):
+        facts.decode_log_interval = max(int(m.group(1)), 1)
+        return
+    rec = parse_line(raw)
+    if rec is None:
+        facts.ignored_lines += 1
+    elif rec == MALFORMED:
+        facts.malformed_lines += 1
+        if len(facts.malformed_at) < 5:
+            facts.malformed_at.append(number)
+    else:
+        for r in rec if isinstance(rec, list) else (rec,):
+            _take(facts, r, gaps)
+
+
+def read_log(path: str, fast: bool = True) -> LogFacts:
+    """One streaming pass over the log at ``path`` (see the module's docstring); ``fast`` False: decode lines
+    through ``parse_line`` too (the same figures, slower)."""
+    facts = LogFacts(path)
+    with _open(path) as f:
+        facts.lines = _read(f, facts, _Gaps(facts), fast)
     return facts
 
 

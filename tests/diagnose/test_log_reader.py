@@ -117,28 +117,23 @@ def test_prometheus_text_of_both_engines(tmp_path):
             st.integers(0, 2**64),
             st.booleans(),
             st.sampled_from(["Decode batch, ", "Decode batch. ", "Prefill "]),
+            st.sampled_from(["", "cuda graph: True, ", "cuda graph: False, gen throughput (token/s): 1,000.00, #queue-req: 7, "]),
         ),
         max_size=30,
     )
 )
 def test_fast_decode_path_reads_what_the_line_parser_reads(tmp_path_factory, rows):
-    """The reader's fast path for decode lines gives the same figures as ``parse_line`` of every line."""
+    """The reader's fast paths for decode lines (SGLang's common form, and the general one) give the same figures as
+    ``parse_line`` of every line, also where a line holds two throughputs (the first is the line's)."""
     lines = []
-    for running, tokens, usage, tput, queued, grouped, head in rows:
+    for running, tokens, usage, tput, queued, grouped, head, middle in rows:  # middle: SGLang's own, or a trap
         tok = f"{tokens:,}" if grouped else str(tokens)
-        lines.append(f"[x] {head}#running-req: {running}, #token: {tok}, token usage: {usage / 100:.2f}, "
+        lines.append(f"[x] {head}#running-req: {running}, #token: {tok}, token usage: {usage / 100:.2f}, {middle}"
                      f"gen throughput (token/s): {tput / 100:.2f}, #queue-req: {queued}, ")  # fmt: skip
     path = tmp_path_factory.mktemp("logs") / "p.log"
     path.write_text("".join(line + "\n" for line in lines))
     fast = read_log(str(path))
-    from dsakv.telemetry import log_reader
-
-    original = log_reader._fast_decode
-    log_reader._fast_decode = lambda *a: False
-    try:
-        slow = read_log(str(path))
-    finally:
-        log_reader._fast_decode = original
+    slow = read_log(str(path), fast=False)
     assert fast.counts() == slow.counts() and fast.decode.items == slow.decode.items
     assert fast.gaps.items == slow.gaps.items
     assert (fast.queued_lines, fast.queued_free_lines, fast.queued_min_usage) == (

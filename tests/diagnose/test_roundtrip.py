@@ -106,3 +106,47 @@ def test_calibrate_from_sglangs_default_interval_still_finds_the_bandwidth(tmp_p
     bw = next(f for f in out["fields"] if f["name"] == "bw_eff")
     assert bw["determined"] and bw["value"] == pytest.approx(TRUTH["bw_eff"], rel=0.05)
     assert "--decode-log-interval 1" in out["notes"][0]
+
+
+def _waves(path, n: int, short: int, long: int, spacing: int) -> str:
+    """``n`` requests of ``short`` prompts, then ``n`` of ``long`` ones, all queued at once behind a concurrency of
+    ``n``: each short request's end admits a long one, so the batch stays ``n`` while its context grows from
+    ``n x short`` to ``n x long`` (outputs ``spacing`` steps apart, so each long prefill ends before the next)."""
+    rows, hid = [], 0
+    for i in range(2 * n):
+        k = i % n
+        length, out = (short, 500 + spacing * k) if i < n else (long, 1000 + spacing * (n - k))
+        pages = -(-length // 512)
+        rows.append({"timestamp": 0, "input_length": length, "output_length": out,
+                     "hash_ids": list(range(hid, hid + pages))})  # fmt: skip
+        hid += pages
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return str(path)
+
+
+# DeepSeek-V3.2 (the indexer on all 61 layers: 8,052 B a context token) on 16 x H200 (TP 16) with DCP 8: the main
+# latent is split over 8 ranks, the indexer K is whole on each, so a rank's pool holds 6.3 M tokens and a batch of
+# 32 requests at 150 k tokens reads 4.8 M x 8,052 B = 39 GB of indexer K a step: 12 ms of a 31 ms step, above the
+# per-layer minimum (61 x 104 us) that hides it at smaller settings.
+LINEAR = ["--model", "deepseek-v3.2", "--gpus", "16", "--dcp", "8"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "waves", "fires"),
+    [(LINEAR, (32, 20000, 150000, 70), True), ([], (8, 4000, 30000, 70), False)],
+    ids=["v3.2-dcp8-long-contexts", "glm-5.3-8xh200"],
+)
+def test_decode_linear_in_context_round_trip(tmp_path, capsys, setting, waves, fires):
+    """Simulated decode steps that really grow with context make the verdict fire, with the fitted seconds per
+    context token the step-time model's own slope; on GLM-5.3 / 8 x H200 (2,772 B a context token, a 580 k-token pool) the same
+    slope is 1 % of the step and it does not."""
+    trace, log = _waves(tmp_path / "t.jsonl", *waves), str(tmp_path / "sg.log")
+    assert main(["simulate", "--trace", trace, *setting, "--max-concurrency", str(waves[0]), "--max-batched-tokens",
+                 "16384", "--emit-log", log, "--log-interval", "1", "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["diagnose", "--log", log, *setting, "--json"]) == 0
+    v = json.loads(capsys.readouterr().out)["verdicts"][3]
+    assert v["name"] == "decode_linear_in_context" and v["fires"] is fires
+    f = v["figures"]  # the fit finds the step-time model's slope either way; only its share of the step differs
+    assert f["seconds_per_context_token"] == pytest.approx(f["expected_seconds_per_context_token"], rel=0.05)
+    assert (f["context_share_of_median_step"] >= 0.25) is fires
