@@ -117,7 +117,9 @@ def test_prometheus_text_of_both_engines(tmp_path):
             st.integers(0, 2**64),
             st.booleans(),
             st.sampled_from(["Decode batch, ", "Decode batch. ", "Prefill "]),
-            st.sampled_from(["", "cuda graph: True, ", "cuda graph: False, gen throughput (token/s): 1,000.00, #queue-req: 7, "]),
+            st.sampled_from(
+                ["", "cuda graph: True, ", "cuda graph: False, gen throughput (token/s): 1,000.00, #queue-req: 7, "]
+            ),
         ),
         max_size=30,
     )
