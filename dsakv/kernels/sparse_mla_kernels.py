@@ -36,15 +36,27 @@ def sparse_mla_torch(
 
     Computes in the query's dtype when it is wider than fp32 (the tiny model runs in fp64), else fp32.
     """
+    score, c = _selected_scores(q_latent, q_rope, latent, rope, topk_idx, sm_scale)
+    p = torch.softmax(score, dim=-1).nan_to_num(0.0)  # all-masked rows -> zeros
+    return torch.einsum("thk,tkr->thr", p, c)
+
+
+def _selected_scores(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent: torch.Tensor,
+    rope: torch.Tensor,
+    topk_idx: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected rows' scaled scores ``[T, H, K]`` (-inf where ``topk_idx`` < 0) and their latents
+    ``[T, K, R]``, in the query's dtype when it is wider than fp32, else fp32."""
     dt = torch.promote_types(q_latent.dtype, torch.float32)
     valid = topk_idx >= 0  # [T, K]
     idx = topk_idx.clamp(min=0)
-    c = latent[idx].to(dt)  # [T, K, R]
-    pe = rope[idx].to(dt)  # [T, K, P]
+    c, pe = latent[idx].to(dt), rope[idx].to(dt)  # [T, K, R], [T, K, P]
     score = torch.einsum("thr,tkr->thk", q_latent.to(dt), c) + torch.einsum("thp,tkp->thk", q_rope.to(dt), pe)
-    score = (score * sm_scale).masked_fill(~valid.unsqueeze(1), float("-inf"))
-    p = torch.softmax(score, dim=-1).nan_to_num(0.0)  # all-masked rows -> zeros
-    return torch.einsum("thk,tkr->thr", p, c)
+    return (score * sm_scale).masked_fill(~valid.unsqueeze(1), float("-inf")), c
 
 
 def sparse_mla_partial_torch(
@@ -57,12 +69,7 @@ def sparse_mla_partial_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One DCP rank's share of :func:`sparse_mla_torch`: (out ``[T, H, R]``, lse ``[T, H]``) over the rows this
     rank holds; ``lse = log sum_i exp(score_i)`` (-inf for a row selecting nothing here, with out 0)."""
-    dt = torch.promote_types(q_latent.dtype, torch.float32)
-    valid = topk_idx >= 0
-    idx = topk_idx.clamp(min=0)
-    c, pe = latent[idx].to(dt), rope[idx].to(dt)  # [T, K, R], [T, K, P]
-    score = torch.einsum("thr,tkr->thk", q_latent.to(dt), c) + torch.einsum("thp,tkp->thk", q_rope.to(dt), pe)
-    score = (score * sm_scale).masked_fill(~valid.unsqueeze(1), float("-inf"))
+    score, c = _selected_scores(q_latent, q_rope, latent, rope, topk_idx, sm_scale)
     lse = torch.logsumexp(score, dim=-1)  # [T, H]
     p = torch.exp(score - lse.unsqueeze(-1)).nan_to_num(0.0)
     return torch.einsum("thk,tkr->thr", p, c), lse
