@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS, gpu_kind
-from dsakv.sim import steptime
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, _clipped_sum, _sparse_pairs
+from dsakv.sim.steptime import ConstantStepTime, RooflineStepTime, runs
+from dsakv.sim.steptime.sums import clipped_sum, sparse_pairs
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -23,7 +23,7 @@ def glm():
 
 def test_sparse_pairs_matches_brute_force():
     for n, ctx, k in [(1, 0, 4), (10, 0, 4), (10, 3, 4), (5, 100, 4), (7, 2, 64), (64, 30, 64)]:
-        assert _sparse_pairs(n, ctx, k) == sum(min(ctx + i, k) for i in range(1, n + 1))
+        assert sparse_pairs(n, ctx, k) == sum(min(ctx + i, k) for i in range(1, n + 1))
 
 
 def test_indexer_flops_use_the_spec_pair_cost(glm):
@@ -110,7 +110,7 @@ def test_amd_peaks_are_computed_from_compute_units_and_clock():
 @given(st.lists(st.integers(1, 10_000), max_size=40), st.integers(1, 5000))
 def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
     total, largest = sum(values), max(values, default=0)
-    assert _clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)
+    assert clipped_sum(values, total, largest, cap) == sum(min(v, cap) for v in values)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, opti
 def test_saturated_decode_tables_stay_within_their_budget_and_price_past_it(glm, monkeypatch):
     # Contexts of a million tokens would need tables of millions of entries: past the budget a stretch is
     # priced, the same bits, and nothing is kept.
-    monkeypatch.setattr(steptime, "SATURATED_TABLE_ENTRIES", 50_000)
+    monkeypatch.setattr(runs, "SATURATED_TABLE_ENTRIES", 50_000)
     model, topk = RooflineStepTime(glm.layout), glm.layout.spec.index_topk
     for contexts in ([topk] * 4, [topk + 3] * 4, [1_000_000] * 2, [topk] * 4):
         run = model.run_seconds(contexts, 20)

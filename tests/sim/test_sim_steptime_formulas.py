@@ -35,22 +35,22 @@ def test_dp_attention_prices_the_moe_with_every_group_tokens(glm52):
     a, b = dp.cost([], [4096] * 13), tp.cost([], [4096] * 13 * 8)
     assert a.flops["moe"] == pytest.approx(b.flops["moe"])
     assert a.bytes["moe"] == pytest.approx(b.bytes["moe"])  # 104 tokens touch ~96% of the experts, not 34%
-    assert a.bytes["moe"] / dp._const["expert_bytes"] > 0.9
+    assert a.bytes["moe"] / dp.rank.linear.expert_bytes > 0.9
 
 
 def test_uneven_dp_groups_price_the_moe_with_the_sum_of_their_tokens(glm52):
     # Two DP groups with 1 and 12 decodes: the MoE reads the experts 13 tokens touch, 1 - (1 - k/E)^13 of them,
     # and computes 13 tokens' top-k; attention stays each group's own. Not 2 x 12 = 24 (dp x the largest batch).
     st = RooflineStepTime(glm52, dp_attention=2)
-    c, k_over_e = st._const, 8 / 256
+    c, k_over_e = st.rank.linear, 8 / 256
     small, large = [4096], [4096] * 12
     for decode in (small, large):
         cost = st.cost([], decode, dp_tokens=13, dp_decodes=13)
-        assert cost.flops["moe"] == pytest.approx(13 * c["expert_flops_per_token"])
-        assert cost.bytes["moe"] == pytest.approx(c["expert_bytes"] * (1 - (1 - k_over_e) ** 13))
+        assert cost.flops["moe"] == pytest.approx(13 * c.expert_flops_per_token)
+        assert cost.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 13))
         assert cost.flops["sparse_mla"] == st.cost([], decode).flops["sparse_mla"]  # the group's own queries
     balanced = st.cost([], large)  # no sum given: 12 x 2 tokens, the balanced assumption
-    assert balanced.bytes["moe"] == pytest.approx(c["expert_bytes"] * (1 - (1 - k_over_e) ** 24))
+    assert balanced.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 24))
     step = max(st.step_seconds([], d, 13, 13) for d in (small, large))
     assert step == st.step_seconds([], large, 13, 13) < balanced.total_seconds
 
@@ -58,8 +58,8 @@ def test_uneven_dp_groups_price_the_moe_with_the_sum_of_their_tokens(glm52):
 def test_sparse_mla_heads_are_padded_to_the_kernel_block(glm52):
     # GLM: 64 heads / TP8 = 8 per rank, padded to 64 on Hopper and 128 on Blackwell.
     per_head = 2 * (512 + 64 + 512)
-    assert RooflineStepTime(glm52)._const["mla_flops_per_pair"] == 64 * per_head
-    assert RooflineStepTime(glm52, gpu=gpu_kind("B200"))._const["mla_flops_per_pair"] == 128 * per_head
+    assert RooflineStepTime(glm52).rank.mla_flops_per_pair == 64 * per_head
+    assert RooflineStepTime(glm52, gpu=gpu_kind("B200")).rank.mla_flops_per_pair == 128 * per_head
 
 
 def test_collectives_pay_a_latency_per_collective(glm52):

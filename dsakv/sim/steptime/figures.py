@@ -1,0 +1,182 @@
+"""The per-rank figures of one deployment that the roofline prices every step with, computed once per model.
+
+``RankFigures`` is a typed table: each field is one figure per rank of the attention (TP / DP) group, derived from
+the model spec, the cache layout, the planner's weight breakdown (``dsakv.planner.weights.weight_parts``), the GPU's
+peaks (``dsakv.planner.gpus``) and the step time's efficiencies. Nothing in it depends on the batch. docs/steptime.md
+gives each formula; ``rank_figures`` computes them (the roofline reads ``model.rank``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
+from dsakv.sim.steptime.kernels import FA3_MHA_EFF
+
+if TYPE_CHECKING:
+    from dsakv.sim.steptime.roofline import RooflineStepTime
+
+
+@dataclass(frozen=True, slots=True)
+class LinearShare:
+    """The linear layers' weights of one rank, split by the rows that go through them: ``attn`` (attention
+    projections, indexer, router, norms, MTP's eh_proj: the group's own rows), ``mlp`` (dense MLP and shared
+    experts: every DP group's rows), the routed experts (``expert_bytes``; FLOPs per token that picks its top-k),
+    and the lm_head (FLOPs per row that reaches it). Bytes per rank; FLOPs = 2 x parameters per rank."""
+
+    attn_bytes: float = 0.0
+    attn_flops: float = 0.0
+    mlp_bytes: float = 0.0
+    mlp_flops: float = 0.0
+    expert_bytes: float = 0.0
+    expert_flops_per_token: float = 0.0
+    lm_head_bytes: float = 0.0
+    lm_head_flops_per_row: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RankFigures:
+    """Every batch-independent figure of one rank the roofline uses (docs/steptime.md, "per-rank figures")."""
+
+    # -- model shape
+    hidden: int  # hidden_size: one activation row is 2 x hidden bytes (bf16)
+    experts: int  # n_routed_experts (0: a dense model)
+    topk_experts: int  # num_experts_per_tok
+    attn_tp: int  # ranks one attention group's heads split over: tp / dp_attention
+    layers: int  # decoder layers + MTP cache layers (the floors count them)
+    attn_layers: int  # layers with attention (the cache layout's)
+    idx_layers: int  # full lightning-indexer layers (0 without the indexer)
+    topk: int  # index_topk: keys each query's sparse MLA attends to
+    kpool: int  # index_kpool: tokens per indexer state
+    # -- weights per rank (decoder + lm_head; the embedding is a gather and is not priced)
+    linear: LinearShare
+    lin_bytes: float  # attention + MLP + lm_head weight bytes read once per step
+    expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
+    # -- per pair / per row / per token
+    mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
+    mha_flops_per_pair: float  # dense (un-absorbed) MHA per (query, key) and layer (SGLang's short prefill)
+    kv_b_flops_per_key: float  # kv_b_proj up-projection of one cached key's latent (dense short prefill)
+    idx_flops_per_pair: float  # lightning indexer per (query, key) on a full layer
+    idx_key_bytes: float  # indexer K bytes read per key (per indexer state / kpool)
+    mla_row_bytes: float  # main latent row bytes read per selected key (per DCP rank)
+    cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
+    mla_layer_flops: float  # attn_layers x mla_flops_per_pair
+    # -- rates (FLOP/s or B/s, efficiencies applied)
+    bw: float  # HBM bytes per second x bw_eff
+    link_bw: float  # NVLink bytes per second x link_eff
+    gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
+    moe_rate: float  # the same peak x moe_eff
+    idx_rate: float  # fp8 peak x indexer_eff
+    mha_rate: float  # bf16 peak x FA3's measured efficiency
+    lin_bytes_s: float  # lin_bytes / bw
+    # -- seconds per step (the floors)
+    floor_s: float  # layers x layer floor + idx_layers x indexer floor
+    layer_min_s: float  # layers x the per-layer minimum
+    # -- one MTP layer (the draft passes)
+    mtp: LinearShare  # its weights (one MTP layer's parts); lm_head not repeated (in ``linear``)
+    mtp_lin_bytes_s: float  # its attention + MLP bytes + the lm_head's, over bw
+    mtp_cell_bytes: float  # the cache row one draft writes per decode (main + indexer)
+    mtp_floor_s: float  # one layer floor + one indexer floor (with the indexer)
+    draft_mla_rate: float  # bf16 peak x the draft's sparse-MLA kernel efficiency
+
+
+def split_weights(parts: Sequence[WeightPart], div: dict[str, int], has_indexer: bool, a) -> LinearShare:
+    """Per-rank weight bytes and FLOPs of ``parts`` grouped by the rows that go through them (``LinearShare``):
+    each part's bytes and parameters over its shard divisor; the embedding skipped (a gather of the batch's rows);
+    indexer parts skipped for a model without the indexer."""
+    attn_bytes = attn_flops = mlp_bytes = mlp_flops = 0.0
+    expert_bytes = expert_flops = lm_bytes = lm_flops = 0.0
+    for p in parts:
+        per_rank_bytes, per_rank_params = p.bytes / div[p.shard], p.params / div[p.shard]
+        if p.name == "embedding" or (p.name.startswith("indexer") and not has_indexer):
+            continue
+        if p.name == "lm_head":
+            lm_bytes, lm_flops = per_rank_bytes, 2 * per_rank_params
+        elif p.name == "routed experts":
+            expert_bytes = per_rank_bytes
+            expert_flops = 2 * per_rank_params * a("num_experts_per_tok") / max(a("n_routed_experts"), 1)
+        elif p.shard == "tp":  # dense MLP, shared experts: run on every DP group's tokens
+            mlp_bytes += per_rank_bytes
+            mlp_flops += 2 * per_rank_params
+        else:  # attention projections, indexer, router, norms: the group's own tokens
+            attn_bytes += per_rank_bytes
+            attn_flops += 2 * per_rank_params
+    return LinearShare(attn_bytes, attn_flops, mlp_bytes, mlp_flops, expert_bytes, expert_flops, lm_bytes, lm_flops)
+
+
+def mtp_layer_parts(spec, dtype: str) -> list[WeightPart]:
+    """One MTP layer's weight parts: ``weight_parts`` with one MTP layer minus with none (eh_proj, norms, one
+    attention + indexer, one MoE layer); parts with no parameters left out."""
+    base = {p.name: p for p in weight_parts(spec, 0, dtype)}
+    out = []
+    for p in weight_parts(spec, 1, dtype):
+        b = base.get(p.name)
+        params, nbytes = p.params - (b.params if b else 0), p.bytes - (b.bytes if b else 0)
+        if params:
+            out.append(WeightPart(p.name, params, nbytes, p.shard))
+    return out
+
+
+def rank_figures(model: RooflineStepTime) -> RankFigures:
+    """``model``'s per-rank figures (docs/steptime.md gives each formula)."""
+    spec, lay, gpu = model.layout.spec, model.layout, model.gpu
+    a = spec.arch_value
+    dtype = model.weight_dtype or spec.weight_dtype
+    attn_tp = max(model.tp // model.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
+    div = shard_divisors(model.tp, model.dp_attention)
+    lin = split_weights(weight_parts(spec, lay.mtp_layers, dtype), div, model.has_indexer, a)
+    heads = a("num_attention_heads") / attn_tp
+    pad = gpu.mla_head_pad
+    padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
+    nope, v_dim = a("qk_nope_head_dim"), a("v_head_dim")
+    idx_layers = lay.num_indexer_layers if model.has_indexer else 0
+    experts, topk_experts = a("n_routed_experts"), a("num_experts_per_tok")
+    layers = spec.num_hidden_layers + lay.mtp_layers
+    idx_key_bytes = lay.indexer_row_bytes / lay.index_kpool
+    bw = gpu.hbm_bytes_per_s * model.bw_eff
+    lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
+    lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
+    # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
+    mla_flops_per_pair = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+    mtp = split_weights(mtp_layer_parts(spec, dtype), div, model.has_indexer, a)
+    draft_eff = model.mla_prefill_eff if model.mla_prefill_kernel_all else model.mla_decode_eff
+    return RankFigures(
+        hidden=a("hidden_size"),
+        experts=experts,
+        topk_experts=topk_experts,
+        attn_tp=attn_tp,
+        layers=layers,
+        attn_layers=lay.num_attention_layers,
+        idx_layers=idx_layers,
+        topk=spec.index_topk,
+        kpool=lay.index_kpool,
+        linear=lin,
+        lin_bytes=lin_bytes,
+        expert_miss=1.0 - topk_experts / experts if experts else 0.0,
+        mla_flops_per_pair=mla_flops_per_pair,
+        # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one
+        # cached key's latent into every head's K (nope) and V (fact 24).
+        mha_flops_per_pair=heads * 2 * (nope + spec.qk_rope_head_dim + v_dim),
+        kv_b_flops_per_key=2 * spec.kv_lora_rank * heads * (nope + v_dim),
+        idx_flops_per_pair=spec.indexer_flops_per_pair,
+        idx_key_bytes=idx_key_bytes,
+        mla_row_bytes=lay.main_row_bytes / model.dcp,
+        cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
+        mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
+        bw=bw,
+        link_bw=gpu.link_bytes_per_s * model.link_eff,
+        gemm_rate=lin_peak * model.gemm_eff,
+        moe_rate=lin_peak * model.moe_eff,
+        idx_rate=gpu.fp8_flops * model.indexer_eff,
+        mha_rate=gpu.bf16_flops * FA3_MHA_EFF,
+        lin_bytes_s=lin_bytes / bw,
+        floor_s=layers * model.layer_floor_s + idx_layers * model.indexer_floor_s,
+        layer_min_s=layers * model.layer_min_s,
+        mtp=mtp,
+        mtp_lin_bytes_s=(mtp.attn_bytes + mtp.mlp_bytes + lin.lm_head_bytes) / bw,
+        mtp_cell_bytes=lay.main_row_bytes + (idx_key_bytes if idx_layers else 0.0),
+        mtp_floor_s=model.layer_floor_s + (model.indexer_floor_s if idx_layers else 0.0),
+        draft_mla_rate=gpu.bf16_flops * draft_eff,
+    )

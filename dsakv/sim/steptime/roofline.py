@@ -1,0 +1,405 @@
+"""The analytic roofline of one TP group serving a batch: what each component of a step costs in FLOPs, bytes
+and seconds (docs/steptime.md). The per-rank figures are ``figures.RankFigures`` (computed once per model), the
+engine-kernel facts ``kernels``, the batch's aggregates ``sums.StepSums``, and a run of steps is priced as arrays
+by ``runs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dsakv.errors import DsakvError, check_choice
+from dsakv.planner.gpus import GpuKind, gpu_kind
+from dsakv.sim.steptime import runs
+from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
+from dsakv.sim.steptime.figures import RankFigures, rank_figures
+from dsakv.sim.steptime.kernels import (
+    DEEPGEMM_DENSE_EFF,
+    DEEPGEMM_GROUPED_EFF,
+    INDEXER_KERNELS,
+    LAYER_KERNELS,
+    MOE_A2A,
+)
+from dsakv.sim.steptime.sums import StepSums, batch_sums
+from dsakv.spec.layout import CacheLayout
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds. ``total_seconds`` is
+    the components' sum, added left to right in ``seconds``' order (what ``sum`` does on Python 3.11; spelled
+    out so a run of steps priced as arrays adds in the same order as one step priced as floats)."""
+
+    flops: dict[str, float]
+    bytes: dict[str, float]
+    seconds: dict[str, float]
+    total_seconds: float
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """Analytic roofline of one TP group (``tp`` GPUs) serving the batch; see ``docs/steptime.md``.
+
+    ``dcp`` splits the main-KV reads of sparse MLA across the DCP group (the indexer K is replicated,
+    so indexer work is not split). ``dp_attention`` groups split the TP ranks for attention: the simulated
+    batch is one group's, and the MoE / dense MLP (and their collectives) carry all ``dp_attention`` groups'
+    tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
+    group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
+    hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
+    bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
+    (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
+    expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
+    draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
+    ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): passes 2 .. k skip the MTP layer's indexer.
+    ``weight_dtype`` (None: the config's) prices the linear layers.
+    ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
+    where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
+    kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
+    ``mla_prefill_kernel_all``: vLLM with a bf16 cache, where every query, decodes included, goes through the
+    sparse prefill kernel: priced at the prefill kernel's efficiency, each query reading its own top-k rows.
+    ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
+    query with fewer visible keys masked, not skipped): FLOPs of ``top-k`` pairs per query; the rows read
+    stay the valid ones (padded slots gather nothing).
+    ``mla_dense_short_prefill``: SGLang's MHA_ONE_SHOT, a prefill step whose chunks all hold at most top-k keys
+    (prefix + new) runs dense, un-absorbed MHA: the causal pairs at ``qk_nope + rope + v`` per head (no head padding,
+    FA3 varlen) at FA3's measured rate, plus the up-projection (``kv_b_proj``) of the prefix keys at the GEMM rate.
+    ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
+    DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
+    sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
+    """
+
+    layout: CacheLayout
+    gpu: GpuKind = field(default_factory=lambda: gpu_kind("H200"))
+    tp: int = 8
+    dp_attention: int = 1
+    dcp: int = 1
+    ep: int = 1
+    moe_a2a: str = "none"
+    weight_dtype: str | None = None
+    num_draft_tokens: int = 0
+    mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    mla_mixed_batch: bool = False
+    mla_prefill_kernel_all: bool = False
+    mla_padded_topk: bool = False
+    mla_dense_short_prefill: bool = False
+    has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
+    gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
+    moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
+    mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
+    mla_decode_eff: float = 0.395  # fitted, below FlashMLA sparse fp8 decode's 410 / 989.4 TFLOP/s on H800
+    indexer_eff: float = 0.64  # fitted
+    bw_eff: float = 0.69  # fitted
+    link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
+    layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
+    layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
+    overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
+    rank: RankFigures = field(init=False, repr=False, compare=False)  # the per-rank figures (``rank_figures``)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp_attention", "dcp", "ep"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DsakvError(f"step time {name} = {v!r}: must be a positive integer")
+        if self.tp % self.ep:
+            raise DsakvError(f"step time ep = {self.ep}: must divide tp = {self.tp}")
+        check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
+        if self.mla_mixed_batch and self.mla_prefill_kernel_all:
+            raise DsakvError("step time mla_mixed_batch and mla_prefill_kernel_all: one kernel serves every query")
+        if self.moe_a2a == "deepep" and self.ep < 2:
+            raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
+        for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
+        if min(self.layer_floor_s, self.layer_min_s, self.overhead_s) < 0:
+            raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
+        if not isinstance(self.mtp_index_share, bool):
+            raise DsakvError(f"step time mtp_index_share = {self.mtp_index_share!r}: must be True or False")
+        object.__setattr__(
+            self, "mtp_accept", check_accept(self.mtp_accept, self.num_draft_tokens, "step time mtp_accept")
+        )
+        arch = self.layout.spec.arch_value
+        if not (arch("hidden_size") and arch("num_attention_heads")):
+            raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
+        # Derived per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
+        object.__setattr__(self, "rank", rank_figures(self))
+        # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
+        object.__setattr__(self, "_saturated", {})
+
+    @property
+    def indexer_floor_s(self) -> float:
+        """The indexer's kernel chain per full indexer layer and step: its kernels at the layer floor's
+        per-kernel share (``INDEXER_KERNELS / LAYER_KERNELS`` of ``layer_floor_s``; docs/steptime.md, fact 12)."""
+        return self.layer_floor_s * INDEXER_KERNELS / LAYER_KERNELS
+
+    @property
+    def tokens_per_decode(self) -> float:
+        """Expected tokens one decode step yields per request (1 without MTP): the token, plus draft position ``i``
+        where it and every earlier one are accepted (``1 + sum_i p_1 ... p_i``)."""
+        return tokens_per_decode(self.mtp_accept, self.num_draft_tokens)
+
+    def _touched(self, tokens: float) -> float:
+        """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
+        r = self.rank
+        return 1.0 if not r.experts else 1.0 - r.expert_miss**tokens
+
+    def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
+        """Tokens one group's step computes: its prefill tokens and ``1 + num_draft_tokens`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.num_draft_tokens)
+
+    def cost(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> StepCost:
+        """One DP group's step. ``dp_tokens`` / ``dp_decodes``: the tokens (``step_tokens``) and decodes of every
+        DP group of the instance in this step, this one's included, which the MoE, dense MLP, their collectives
+        and the draft passes carry; None: this group's times ``dp_attention`` (balanced groups)."""
+        return self.price(self.sums(prefill, decode), dp_tokens, dp_decodes)
+
+    def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
+        """The batch reduced to the integer aggregates ``price`` needs (``sums.batch_sums``)."""
+        return batch_sums(prefill, decode, self.rank.topk, 1 + self.num_draft_tokens)
+
+    def price(self, s: StepSums, dp_tokens: int | None = None, dp_decodes: int | None = None) -> StepCost:
+        """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
+        ``pf_pairs``, ``pf_chunk_rows``, ``dec_sum``, ``dec_topk``, ``dec_rows``) may be int64 arrays, one entry per
+        step of a run of the same batch shape: every figure is then an array, each entry computed by the same
+        operations in the same order as for one step (``run_seconds``)."""
+        return self._price(s, dp_tokens, dp_decodes, breakdown=True, arrays=np.ndarray in map(type, s))
+
+    def price_seconds(
+        self, s: StepSums, dp_tokens: int | None = None, dp_decodes: int | None = None, arrays: bool = False
+    ) -> float | np.ndarray:
+        """``price(s, ...).total_seconds`` by the same operations, without the breakdown (``arrays``: some figure of
+        ``s`` is an array, as ``runs`` prices a run)."""
+        return self._price(s, dp_tokens, dp_decodes, breakdown=False, arrays=arrays)
+
+    def _price(
+        self, s: StepSums, dp_tokens: int | None, dp_decodes: int | None, breakdown: bool, arrays: bool
+    ) -> StepCost | float | np.ndarray:
+        """``price``; without ``breakdown`` only its ``total_seconds``, by the same operations (the per-component
+        dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
+        ``arrays``: some figure of ``s`` is an array (the caller knows)."""
+        r, g = self.rank, self.gpu
+        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
+        pf_tokens, pf_keys, pf_idx_pairs = s.pf_tokens, s.pf_keys, s.pf_idx_pairs
+        n_dec, dec_sum = s.n_dec, s.dec_sum
+        # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
+        larger = np.maximum if arrays else max
+        tokens = pf_tokens + n_dec * q  # this DP group's tokens
+        # every DP group's tokens go through the MoE / dense MLP
+        moe_tokens = tokens * self.dp_attention if dp_tokens is None else dp_tokens
+        rows = s.pf_chunks + n_dec * q  # rows that reach the lm_head
+        layers, idx_layers = r.attn_layers, r.idx_layers
+        # Linear layers: weights once per step; each routed expert read if at least one token picked it.
+        lin_flops = (
+            tokens * r.linear.attn_flops + moe_tokens * r.linear.mlp_flops + rows * r.linear.lm_head_flops_per_row
+        )
+        moe_bytes = r.linear.expert_bytes * self._touched(moe_tokens)
+        moe_flops = moe_tokens * r.linear.expert_flops_per_token
+        # Indexer pairs (query, key) per full layer, causal; keys read once per chunk / per decode.
+        idx_pairs = pf_idx_pairs + dec_sum * q
+        if r.kpool != 1:  # one score per indexer state: kpool tokens share one (keys are per state too)
+            idx_pairs = idx_pairs / r.kpool
+        idx_flops = idx_layers * idx_pairs * r.idx_flops_per_pair
+        idx_bytes = idx_layers * ((pf_keys + dec_sum) * r.idx_key_bytes + idx_pairs * 8)
+        # Sparse MLA: each query attends to min(position, top-k) keys.
+        mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops = self._sparse_mla(s, q, breakdown)
+        write_bytes = tokens * r.cell_bytes
+        bw = r.bw
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
+        linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
+        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / bw)
+        mla_s = larger(mla_compute_s, mla_bytes / bw)
+        idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
+        write_s = write_bytes / bw
+        coll_s = coll_bytes / r.link_bw + coll_count * g.link_latency_s
+        draft_s = 0.0
+        if n_dec and self.num_draft_tokens:  # the draft passes: forwards of the MTP layer (docs/steptime.md)
+            draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
+            draft_s = self._draft_seconds(n_dec, draft_rows, dec_sum, s.dec_topk, larger)
+        # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
+        components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
+        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
+            work = components - draft_s  # the draft passes are forwards of their own
+            floor_s = r.floor_s + larger(0.0, r.layer_min_s - work)
+        else:
+            floor_s = 0.0
+        overhead_s = self.overhead_s if tokens else 0.0
+        total = components + floor_s + overhead_s
+        if not breakdown:
+            return total
+        mla_flops = layers * (pf_pairs + dec_pairs) * r.mla_flops_per_pair
+        if mha_flops is not None:
+            mla_flops = mla_flops + mha_flops
+        flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
+        nbytes = {"linear": r.lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
+        flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
+        secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
+        secs.update(collectives=coll_s, num_draft_tokens=draft_s, floor=floor_s, overhead=overhead_s)
+        return StepCost(flops, nbytes, secs, total)
+
+    def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
+        """The sparse MLA of a step (each query attends to min(position, top-k) keys): the bytes of the rows
+        it reads, its compute seconds (SGLang's dense MHA of short prefills included), the prefill and decode
+        pairs it computes (top-k padding included) and, with ``breakdown``, the dense prefill's FLOPs (None
+        where it does not apply)."""
+        r, g = self.rank, self.gpu
+        topk, layers = r.topk, r.attn_layers
+        pf_tokens, pf_keys, pf_idx_pairs, pf_pairs, pf_chunk_rows = (
+            s.pf_tokens, s.pf_keys, s.pf_idx_pairs, s.pf_pairs, s.pf_chunk_rows
+        )  # fmt: skip
+        n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
+        dec_pairs = q * dec_topk
+        dec_eff = self.mla_decode_eff
+        if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
+            pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
+        elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
+            pf_rows, pf_eff, dec_eff = pf_pairs, self.mla_prefill_eff, self.mla_prefill_eff
+        else:  # one prefill kernel per chunk: each selected row read once for the chunk
+            pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
+        mla_bytes = layers * (pf_rows + dec_rows) * r.mla_row_bytes
+        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
+            pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
+        mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
+        if self.mla_dense_short_prefill and pf_tokens:
+            # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
+            # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
+            dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
+            pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
+            mha_s = layers * (
+                pf_idx_pairs * r.mha_flops_per_pair / r.mha_rate
+                + (pf_keys - pf_tokens) * r.kv_b_flops_per_key / r.gemm_rate
+            )
+            if breakdown:
+                mha_flops = pick(
+                    dense,
+                    layers * (pf_idx_pairs * r.mha_flops_per_pair + (pf_keys - pf_tokens) * r.kv_b_flops_per_key),
+                    0,
+                )
+            pf_pairs = pick(dense, 0, pf_pairs)
+            mla_compute_s = (r.mla_layer_flops * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+            mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
+        else:
+            mla_compute_s = (r.mla_layer_flops * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+        return mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops
+
+    def run_seconds(
+        self,
+        contexts: Sequence[int],
+        steps: int,
+        chunks: Sequence[tuple[int, int]] = (),
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+        joining: int | None = None,
+    ) -> np.ndarray:
+        """Seconds of each of ``steps`` steps of a run of decodes (``runs.run_seconds``): step ``j`` decodes ``contexts[i] + j``
+        and prefills ``chunks[j]`` while there is one; entry ``j`` equals ``step_seconds`` of that step bit for bit."""
+        return runs.run_seconds(self, contexts, steps, chunks, dp_tokens, dp_decodes, joining)
+
+    def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
+        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
+        step carries prefill tokens (SGLang's DP-attention padding mode: SUM_LEN for extend, MAX_LEN for decode)."""
+        if self.tp == 1 or not tokens:
+            return 0.0, 0
+        r = self.rank
+        hid2 = r.hidden * 2  # one bf16 hidden row
+        attn_tp, d, tp = r.attn_tp, self.dp_attention, self.tp
+        nbytes, count = 0.0, 0
+        if attn_tp > 1:  # attention output all-reduce inside the attention group (ring: 2 (n-1)/n)
+            nbytes += layers * tokens * hid2 * 2 * (attn_tp - 1) / attn_tp
+            count += layers
+        deepep = self.moe_a2a == "deepep"
+        if d > 1 and deepep:  # gather every group's tokens before the MLP, scatter after
+            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += 2 * layers
+        elif d > 1 and not extend:
+            # SGLang DP attention, decode (MAX_LEN padding): all-gather every group's tokens before the MLP; after
+            # it a reduce-scatter (dp_reduce_scatter_tensor) in place of the MLP all-reduce and the scatter
+            nbytes += layers * moe_tokens * hid2 * ((d - 1) / d + (tp - 1) / tp)
+            return nbytes, count + 2 * layers
+        elif d > 1:  # extend (SUM_LEN padding): the gather is an all-reduce of a zero-filled buffer, the scatter a copy
+            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += layers
+        if deepep:  # per rank: its tokens, top-k copies, fp8 out, bf16 back
+            rank_tokens = tokens / attn_tp
+            ep = self.ep
+            nbytes += layers * rank_tokens * r.topk_experts * r.hidden * (1 + 2) * (ep - 1) / ep
+            count += 2 * layers
+        else:  # MLP output all-reduce over the TP ranks
+            nbytes += layers * moe_tokens * hid2 * 2 * (tp - 1) / tp
+            count += layers
+        return nbytes, count
+
+    def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
+        """``num_draft_tokens`` passes of the MTP layer over the decodes (SGLang EAGLE/MTP: k - 1 draft steps + 1
+        draft extend), each priced as one decoder layer of the target is, at the batch's context (docs/steptime.md,
+        MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
+        ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
+        (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
+        one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
+        one layer floor and one indexer floor. With ``mtp_index_share`` passes 2 .. k reuse the previous pass's
+        top-k and drop the indexer term. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
+        ``np.maximum`` then)."""
+        r = self.rank
+        bw = r.bw
+        lin_flops = n_dec * r.mtp.attn_flops + rows * r.mtp.mlp_flops + n_dec * r.linear.lm_head_flops_per_row
+        linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
+        expert_bytes = r.mtp.expert_bytes * self._touched(rows)
+        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / bw)
+        mla_pairs = n_dec * r.topk if self.mla_padded_topk else dec_topk  # padded: every top-k slot computed
+        mla_s = larger(mla_pairs * r.mla_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
+        idx_s = 0.0
+        if r.idx_layers:  # the MTP layer has its own full indexer: every context key scored
+            pairs = dec_sum / r.kpool if r.kpool != 1 else dec_sum  # one score per indexer state
+            idx_bytes = dec_sum * r.idx_key_bytes + pairs * 8  # keys read, scores written and read (fp32)
+            idx_s = larger(pairs * r.idx_flops_per_pair / r.idx_rate, idx_bytes / bw)
+        coll_bytes, coll_count = self._collectives(n_dec, rows, 1, extend=False)
+        coll_s = coll_bytes / r.link_bw + coll_count * self.gpu.link_latency_s
+        write_s = n_dec * r.mtp_cell_bytes / bw
+        one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
+        one = larger(one, self.layer_min_s) + r.mtp_floor_s  # fact 14: one layer; its launch floors
+        if not self.mtp_index_share or self.num_draft_tokens == 1:
+            return self.num_draft_tokens * one
+        # index_share_for_mtp_iteration: passes 2 .. k attend the previous pass's top-k (no indexer scoring; the
+        # new token's indexer key is still written, the floors stay)
+        shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.layer_min_s) + r.mtp_floor_s
+        return one + (self.num_draft_tokens - 1) * shared
+
+    def step_seconds(
+        self,
+        prefill: Sequence[tuple[int, int]],
+        decode: Sequence[int],
+        dp_tokens: int | None = None,
+        dp_decodes: int | None = None,
+    ) -> float:
+        return self._price(self.sums(prefill, decode), dp_tokens, dp_decodes, breakdown=False, arrays=False)
+
+    def to_dict(self) -> dict:
+        out = {"model": "roofline", "gpu": self.gpu.name}
+        for name in (
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
+            "mtp_index_share", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
+            "has_indexer",
+            "gemm_eff",
+            "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
+            "indexer_floor_s", "layer_min_s", "overhead_s",
+        ):  # fmt: skip
+            out[name] = getattr(self, name)
+        out.update(
+            peak_bf16_flops=self.gpu.bf16_flops,
+            peak_fp8_flops=self.gpu.fp8_flops,
+            hbm_bytes_per_s=self.gpu.hbm_bytes_per_s,
+            link_bytes_per_s=self.gpu.link_bytes_per_s,
+            link_latency_s=self.gpu.link_latency_s,
+            mla_head_pad=self.gpu.mla_head_pad,
+        )
+        return out
