@@ -14,7 +14,7 @@ per second, vLLM's "Total Token throughput" and gpustack's "Total TPS"): ``id``,
 cannot be replayed (weights larger than the GPU, a request that can never fit, nothing finished) is an error row,
 ``ERROR`` with the reason, never in band, and the run goes on. Then the geometric mean of each metric's ratios, the
 per-family summary (engine x GPU x MTP on/off x DP on/off: rows, out of band, errors, geometric mean, worst) and
-the worst row. Exit status 1 if any row is outside its band or an error row, 2 on a bad file (unknown metric, no
+the worst row. Exit status 1 if any row is outside its band or an error row or a metric's geometric mean is outside 0.9-1.1 (``GEOMEAN_BAND``), 2 on a bad file (unknown metric, no
 trace to replay, unknown ``--only`` id).
 
 Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
@@ -75,6 +75,8 @@ from dsakv.workloads.traces import TraceRequest
 # throughput within 0.8-1.25.
 BANDS = {"ttft_ms": (0.6, 1.6), "e2e_ms": (0.6, 1.6), "e2e_per_token_ms": (0.6, 1.6), "duration_s": (0.6, 1.6)}
 DEFAULT_BAND = (0.8, 1.25)
+# Every metric's geometric mean over the rows must lie in this band too (issue 25: "geometric means within 0.9-1.1").
+GEOMEAN_BAND = (0.9, 1.1)
 # A grid over the free parameters that --fit searches (``frontend_s`` is the SimConfig's front-end latency, client
 # send -> scheduler queue, the others the roofline's); gemm_eff and moe_eff are DeepGEMM's measured rates
 # (docs/steptime.md, fact 11), not fitted. --refine moves every free parameter from the defaults instead.
@@ -99,7 +101,7 @@ REFINE_BOUNDS = {
 # The roofline's numeric fields --set may override (its efficiencies, floors and overheads; not mtp_accept, which the
 # row's `accept` column sets for the scheduler too), and the front-end latency.
 SETTABLE = (
-    *(f.name for f in dataclasses.fields(RooflineStepTime) if f.type == "float" and f.name != "mtp_accept"),
+    *(f.name for f in dataclasses.fields(RooflineStepTime) if f.type in ("float", "float | None") and f.init),
     "frontend_s",
 )
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
@@ -530,6 +532,12 @@ def geomeans(rows: list[Row]) -> dict[str, float]:
     return {m: math.exp(statistics.fmean(v)) for m, v in by.items()}
 
 
+def geomeans_out(rows: list[Row]) -> dict[str, float]:
+    """The metrics whose geometric mean lies outside ``GEOMEAN_BAND``."""
+    low, high = GEOMEAN_BAND
+    return {m: v for m, v in geomeans(rows).items() if not low <= v <= high}
+
+
 def worst(rows: list[Row]) -> Row | None:
     ok = _ok(rows)
     return max(ok, key=lambda r: abs(math.log(r.ratio))) if ok else None
@@ -677,6 +685,10 @@ def render(rows: list[Row], settings: dict) -> None:
     for anchor_id, text in dict.fromkeys((r.id, r.error) for r in rows if r.error):
         print(f"error: {anchor_id}: {text}")
     print("geometric mean: " + ", ".join(f"{m} {v:.2f}" for m, v in geomeans(rows).items()))
+    out = geomeans_out(rows)
+    if out:
+        low, high = GEOMEAN_BAND
+        print(f"geometric means outside {low}-{high}: " + ", ".join(f"{m} {v:.2f}" for m, v in out.items()))
     print(f"{'family':<32} {'metric':<15} {'rows':>4} {'out':>4} {'error':>5} {'geomean':>7} {'worst':>6}")
     for f in families(rows):
         print(
@@ -726,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "rows": [r.to_dict() for r in rows],
             "geomean": geomeans(rows),
+            "geomean_out": geomeans_out(rows),
             "families": [f.to_dict() for f in families(rows)],
             "worst": bad.to_dict() if bad else None,
             "loss": loss(rows),
@@ -737,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     else:
         render(rows, settings)
-    return 0 if all(r.band_ok for r in rows) else 1
+    return 0 if all(r.band_ok for r in rows) and not geomeans_out(rows) else 1
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ too cheap (docs/steptime.md, known gaps).
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from dsakv.errors import check_choice
@@ -68,6 +69,14 @@ def cdna_fp8_flops(compute_units: int, fp8_flop_per_cu_clock: int, clock_hz: flo
     """Dense FP8 matrix peak of an AMD CDNA part from its CUs, per-CU FLOP per clock and peak clock (bf16: half)."""
     return compute_units * fp8_flop_per_cu_clock * clock_hz
 
+
+# One kernel node of a replayed CUDA graph on H200 (launch, drain and dependency resolution, no work to speak of):
+# RRZE-HPC/gpu-benches gpu-small-kernels/h200_graph.txt (commit 1038c5d), its smallest row, 64 kB per kernel
+# ("4096  64kB  48  49  51  51  52  50" GB/s over block sizes 32 .. 1024): 65,536 B at the row's median rate.
+# Serving engines replay decode steps as CUDA graphs (SGLang, vLLM), so this is the gap every kernel of a step
+# pays. No datacenter Blackwell or CDNA figure is published: those kinds take the Hopper figure (docs/steptime.md).
+RRZE_H200_GRAPH_64KB_GBPS = (48, 49, 51, 51, 52, 50)
+H200_GRAPH_KERNEL_NODE_S = 65_536 / (statistics.median(RRZE_H200_GRAPH_64KB_GBPS) * 1e9)  # 1.30 us
 
 MI300X_FP8 = cdna_fp8_flops(304, 4096, 2.1e9)  # CDNA 3: 304 CUs (38 x 8 XCDs), 2.1 GHz -> 2614.9 TFLOP/s
 MI355X_FP8 = cdna_fp8_flops(256, 8192, 2.4e9)  # CDNA 4: 256 CUs (32 x 8 XCDs), 2.4 GHz -> 5033.2 TFLOP/s
@@ -94,6 +103,8 @@ class GpuKind:
     host_link: str = "PCIe Gen5 x16"  # the device <-> host-memory link the host tier's copies cross
     host_link_bytes_per_s: float = PCIE5_X16_BYTES_PER_S  # one direction, per GPU
     gpus_per_node: int = 8  # GPUs sharing one host's memory (an HGX board; a GB200 compute tray has 4)
+    arch: str = "hopper"  # kernel generation: which published kernel rates apply (hopper, blackwell, cdna3, cdna4)
+    kernel_node_s: float = H200_GRAPH_KERNEL_NODE_S  # one kernel of a replayed CUDA graph (Hopper's measured figure)
 
 
 GPU_KINDS: dict[str, GpuKind] = {
@@ -119,27 +130,27 @@ GPU_KINDS: dict[str, GpuKind] = {
         GpuKind(
             "B200", 183_359 * MIB, "180GB HBM3e", "nvidia-smi memory.total 183359 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B200 datasheet (dense)",
-            "NVLink 5", 8e-6, 128,
+            "NVLink 5", 8e-6, 128, arch="blackwell",
         ),
         GpuKind(
             "B300", 288_000_000_000, "288GB HBM3e", "marketed 288 GB (no driver report on file)",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B300 datasheet (dense = sparse / 2)",
-            "NVLink 5", 8e-6, 128,
+            "NVLink 5", 8e-6, 128, arch="blackwell",
         ),
         GpuKind(
             "GB200", 186_000_000_000, "186GB HBM3e", "GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
-            "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4,
+            "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
         ),
         GpuKind(
             "MI300X", 205_822_885_888, "192GB HBM3", "rocm-smi VRAM Total Memory 205822885888 B",
             MI300X_FP8 / 2, MI300X_FP8, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet (304 CUs x 4,096 x 2.1 GHz)",
-            "Infinity Fabric", 12e-6, 64,
+            "Infinity Fabric", 12e-6, 64, arch="cdna3",
         ),
         GpuKind(
             "MI355X", 288_000_000_000, "288GB HBM3E", "marketed 288 GB (no driver report on file)",
             MI355X_FP8 / 2, MI355X_FP8, 8.0 * TERA, 537.6e9, "CDNA 4: 256 CUs x 8,192 FP8 FLOP/clock x 2.4 GHz (ISSCC 2026)",
-            "Infinity Fabric", 12e-6, 64,
+            "Infinity Fabric", 12e-6, 64, arch="cdna4",
         ),
     )
 }  # fmt: skip

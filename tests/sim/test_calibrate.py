@@ -43,11 +43,17 @@ def test_calibrate_prints_rows_and_exits_by_band(tmp_path, calibrate, capsys):
     probe = _write(tmp_path, {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "p50"], "out_tok_s": 1.0})
     calibrate.main(["--anchors", probe, "--json"])
     ours = {r["metric"]: r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]}
-    inside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"] * 1.2, "mean"], "ttft_ms": [ours["ttft_ms"] * 1.5, "p50"]})
+    inside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"] * 1.05, "mean"], "ttft_ms": [ours["ttft_ms"] * 0.92, "p50"]})
     assert calibrate.main(["--anchors", inside, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["metric"] for r in out["rows"]] == ["tpot_ms", "ttft_ms"]
-    assert out["rows"][0]["ratio"] == pytest.approx(1.2) and all(r["band_ok"] for r in out["rows"])
+    assert out["rows"][0]["ratio"] == pytest.approx(1.05) and all(r["band_ok"] for r in out["rows"])
+    assert out["geomean_out"] == {}
+    # Every row in its band, but a metric's geometric mean outside 0.9-1.1: exit 1, and the metric named.
+    edge = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"] * 1.2, "mean"], "ttft_ms": [ours["ttft_ms"] * 1.5, "p50"]})
+    assert calibrate.main(["--anchors", edge, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert all(r["band_ok"] for r in out["rows"]) and set(out["geomean_out"]) == {"tpot_ms", "ttft_ms"}
     # The bands: TTFT 0.6-1.6 (1.9 is out), a rate dsakv / published within 0.8-1.25 (0.7 is out).
     assert calibrate.main(["--anchors", _write(tmp_path, {"ttft_ms": [ours["ttft_ms"] * 1.9, "p50"]})]) == 1
     outside = _write(tmp_path, {"tpot_ms": [ours["tpot_ms"], "mean"], "out_tok_s": ours["out_tok_s"] / 0.7})
@@ -63,7 +69,7 @@ def test_set_replays_at_the_given_roofline_values_and_rejects_other_names(tmp_pa
     out = json.loads(capsys.readouterr().out)
     slower = {r["metric"]: r["dsakv"] for r in out["rows"]}
     assert out["set"] == {"overhead_s": 0.05, "frontend_s": 1.0}
-    assert slower["tpot_ms"] > plain["tpot_ms"] + 40  # 50 ms a step instead of 1.4
+    assert slower["tpot_ms"] > plain["tpot_ms"] + 40  # 50 ms a step instead of the derived microseconds
     assert slower["ttft_ms"] > plain["ttft_ms"] + 750  # the front-end's 1 s instead of 0.25 s
     assert "mla_prefill_eff" in calibrate.SETTABLE and "mtp_accept" not in calibrate.SETTABLE
     for bad in ("mtp_accept=0.5", "nope=1", "bw_eff=fast", "bw_eff=2"):

@@ -45,12 +45,12 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
     sel, heads = min(ctx, spec.index_topk), spec.arch_value("num_attention_heads")
     padded = math.ceil(heads / gpu.mla_head_pad) * gpu.mla_head_pad
     mla_flops = sel * padded * 2 * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
-    mla = max(mla_flops / (gpu.bf16_flops * model.mla_decode_eff), sel * layout.main_row_bytes / bw)
+    mla = max(mla_flops / (gpu.bf16_flops * model.terms.mla_decode_eff), sel * layout.main_row_bytes / bw)
     idx_flops = ctx * 2 * spec.index_n_heads * spec.index_head_dim
     scoring = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
     write = (layout.main_row_bytes + layout.indexer_row_bytes) / bw
-    one = max(drafted.weight_bytes / bw + mla + (scoring if indexer else 0.0) + write, model.layer_min_s)
-    return one + model.layer_floor_s * (1 + 9 / 20)  # the layer's launch floor and its indexer's 9 of 20 kernels
+    one = max(drafted.weight_bytes / bw + mla + (scoring if indexer else 0.0) + write, model.terms.layer_min_s)
+    return one + model.terms.layer_floor_s + model.terms.indexer_floor_s  # the layer's and its indexer's kernel chains
 
 
 def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
@@ -95,7 +95,7 @@ def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):
     # keys are a few parts in 10^5 of it); twice the bandwidth, half the time.
     h200 = gpu_kind("H200")
     fast = dataclasses.replace(h200, hbm_bytes_per_s=2 * h200.hbm_bytes_per_s)
-    bare = {"tp": 1, "num_draft_tokens": 2, "layer_min_s": 0.0, "layer_floor_s": 0.0}
+    bare = {"tp": 1, "num_draft_tokens": 2, "layer_min_s": 0.0, "layer_floor_s": 0.0, "indexer_floor_s": 0.0}
     slow_s = draft_seconds(RooflineStepTime(glm5, h200, **bare), [64])
     fast_s = draft_seconds(RooflineStepTime(glm5, fast, **bare), [64])
     assert slow_s == pytest.approx(2 * fast_s, rel=1e-4)

@@ -10,6 +10,7 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
+from dsakv.sim.steptime.kernels import GEMM_FIXED_S
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -86,11 +87,13 @@ def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_ch
     st = RooflineStepTime(glm52, layer_min_s=0.0)
     layers, idx_layers = glm52.spec.num_hidden_layers, glm52.num_indexer_layers
     assert 0 < idx_layers < layers
-    assert st.indexer_floor_s == pytest.approx(9 / 20 * st.layer_floor_s)
-    expected = layers * st.layer_floor_s + idx_layers * st.indexer_floor_s
+    node, gemm = st.gpu.kernel_node_s, GEMM_FIXED_S  # one graph node per kernel, DeepGEMM's fixed cost per GEMM
+    assert st.terms.layer_floor_s == pytest.approx(20 * node + 10 * gemm)  # 20 kernels, 10 of them GEMMs
+    assert st.terms.indexer_floor_s == pytest.approx(9 * node + 3 * gemm)  # wq_b, wk, weights_proj: GEMMs
+    expected = layers * st.terms.layer_floor_s + idx_layers * st.terms.indexer_floor_s
     assert st.cost([], [10]).seconds["floor"] == pytest.approx(expected)
     dense = RooflineStepTime(glm52, has_indexer=False, layer_min_s=0.0)
-    assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.layer_floor_s)
+    assert dense.cost([], [10]).seconds["floor"] == pytest.approx(layers * st.terms.layer_floor_s)
 
 
 def test_a_step_lasts_at_least_layers_times_the_layer_minimum(glm52):
@@ -101,8 +104,8 @@ def test_a_step_lasts_at_least_layers_times_the_layer_minimum(glm52):
     for step, binds in ((([], [1000]), True), (([(4096, 0)], []), False)):
         c, b = st.cost(*step), bare.cost(*step)
         work = sum(v for k, v in b.seconds.items() if k not in ("floor", "overhead"))
-        assert (work < layers * st.layer_min_s) is binds
-        assert c.total_seconds == pytest.approx(b.total_seconds + max(0.0, layers * st.layer_min_s - work))
+        assert (work < layers * st.terms.layer_min_s) is binds
+        assert c.total_seconds == pytest.approx(b.total_seconds + max(0.0, layers * st.terms.layer_min_s - work))
 
 
 def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
@@ -145,7 +148,7 @@ def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_r
     assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # each row read once per chunk
     assert mixed.cost([(n, 0)], []).bytes["sparse_mla"] == layers * pairs * row
     flops = layers * pairs * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64
-    rates = ((plain, plain.mla_prefill_eff), (mixed, mixed.mla_decode_eff))
+    rates = ((plain, plain.terms.mla_prefill_eff), (mixed, mixed.terms.mla_decode_eff))
     compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in rates}
     for st in (plain, mixed):
         c = st.cost([(n, 0)], [])
@@ -176,7 +179,7 @@ def test_vllm_bf16_cache_runs_every_query_through_the_sparse_prefill_kernel(dsv3
     assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # SGLang-like: each row once a chunk
     decodes = [3000] * 4
     dec_flops = layers * 4 * 2048 * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64, top-k 2048 each
-    for st, eff in ((one, one.mla_prefill_eff), (plain, plain.mla_decode_eff)):
+    for st, eff in ((one, one.terms.mla_prefill_eff), (plain, plain.terms.mla_decode_eff)):
         c = st.cost([], decodes)
         compute = dec_flops / (st.gpu.bf16_flops * eff)
         bw = layers * 4 * 2048 * row / (st.gpu.hbm_bytes_per_s * st.bw_eff)
@@ -195,12 +198,14 @@ def test_padded_sparse_prefill_on_b200_takes_vllms_measured_kernel_time(dsv32):
     b200 = gpu_kind("B200")
     assert b200.mla_head_pad == 128
     st = RooflineStepTime(bf16, b200, mla_prefill_kernel_all=True, mla_padded_topk=True)
-    assert b200.bf16_flops * st.mla_prefill_eff == pytest.approx(1450e12, rel=0.01)  # README: "1450 TFlops on B200"
+    assert b200.bf16_flops * st.terms.mla_prefill_eff == pytest.approx(
+        1450e12, rel=0.01
+    )  # README: "1450 TFlops on B200"
     layers = bf16.num_attention_layers
     for chunks, measured_s in (([(512, 0)] * 8, 1.609e-3), ([(2048, 0)] * 4, 3.174e-3), ([(1024, 0)] * 8, 3.175e-3)):
         tokens = sum(n for n, _ in chunks)
         flops = tokens * 2048 * 128 * 2 * (512 + 64 + 512)  # every token: top-k 2048 slots x 128 padded heads
-        compute = flops / (b200.bf16_flops * st.mla_prefill_eff)
+        compute = flops / (b200.bf16_flops * st.terms.mla_prefill_eff)
         per_layer = st.cost(chunks, []).seconds["sparse_mla"] / layers
         assert per_layer == pytest.approx(compute)  # compute-bound: the padded FLOPs at the published rate
         assert per_layer == pytest.approx(measured_s, rel=0.02)

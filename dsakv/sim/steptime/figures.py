@@ -13,10 +13,59 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
-from dsakv.sim.steptime.kernels import FA3_MHA_EFF
+from dsakv.sim.steptime.kernels import (
+    FA3_MHA_EFF,
+    FLASHMLA_SPARSE_DECODE,
+    FLASHMLA_SPARSE_PREFILL,
+    INDEXER_KERNEL_CHAIN,
+    KIMI_K2_BATCH1_TPOT_S,
+    KIMI_K2_LAYERS,
+    LAYER_KERNEL_CHAIN,
+    STEP_KERNEL_CHAIN,
+    chain_fixed_seconds,
+    flashmla_efficiency,
+)
 
 if TYPE_CHECKING:
     from dsakv.sim.steptime.roofline import RooflineStepTime
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """The roofline's kernel efficiencies and fixed costs for one GPU kind, each derived (docs/steptime.md,
+    constants) unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates
+    for the GPU's kernel generation), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
+    per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
+    lm_head's vocabulary gather) and the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor)."""
+
+    mla_prefill_eff: float
+    mla_decode_eff: float
+    layer_floor_s: float
+    indexer_floor_s: float
+    overhead_s: float
+    layer_min_s: float
+
+
+def step_terms(model: RooflineStepTime) -> StepTerms:
+    """``model``'s ``StepTerms``: its own value where it names one (not None), else the derived one."""
+    gpu = model.gpu
+    node = gpu.kernel_node_s
+
+    def given(value: float | None, derived: float) -> float:
+        return derived if value is None else value
+
+    floor = given(model.layer_floor_s, chain_fixed_seconds(LAYER_KERNEL_CHAIN, node))
+    gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
+    overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node) + gather)
+    batch1 = (KIMI_K2_BATCH1_TPOT_S - overhead) / KIMI_K2_LAYERS - floor  # fact 14, at this model's floor and overhead
+    return StepTerms(
+        mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
+        mla_decode_eff=given(model.mla_decode_eff, flashmla_efficiency(FLASHMLA_SPARSE_DECODE, gpu.arch)),
+        layer_floor_s=floor,
+        indexer_floor_s=given(model.indexer_floor_s, chain_fixed_seconds(INDEXER_KERNEL_CHAIN, node)),
+        overhead_s=overhead,
+        layer_min_s=given(model.layer_min_s, max(batch1, 0.0)),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +190,8 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
     mla_flops_per_pair = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
     mtp = split_weights(mtp_layer_parts(spec, dtype), div, model.has_indexer, a)
-    draft_eff = model.mla_prefill_eff if model.mla_prefill_kernel_all else model.mla_decode_eff
+    terms = model.terms
+    draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
     return RankFigures(
         hidden=a("hidden_size"),
         experts=experts,
@@ -172,11 +222,11 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         idx_rate=gpu.fp8_flops * model.indexer_eff,
         mha_rate=gpu.bf16_flops * FA3_MHA_EFF,
         lin_bytes_s=lin_bytes / bw,
-        floor_s=layers * model.layer_floor_s + idx_layers * model.indexer_floor_s,
-        layer_min_s=layers * model.layer_min_s,
+        floor_s=layers * terms.layer_floor_s + idx_layers * terms.indexer_floor_s,
+        layer_min_s=layers * terms.layer_min_s,
         mtp=mtp,
         mtp_lin_bytes_s=(mtp.attn_bytes + mtp.mlp_bytes + lin.lm_head_bytes) / bw,
         mtp_cell_bytes=lay.main_row_bytes + (idx_key_bytes if idx_layers else 0.0),
-        mtp_floor_s=model.layer_floor_s + (model.indexer_floor_s if idx_layers else 0.0),
+        mtp_floor_s=terms.layer_floor_s + (terms.indexer_floor_s if idx_layers else 0.0),
         draft_mla_rate=gpu.bf16_flops * draft_eff,
     )

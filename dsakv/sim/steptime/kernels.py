@@ -36,12 +36,94 @@ DEEPGEMM_GROUPED_EFF = (
 FA3_FWD_HDIM128_TFLOPS = (517.099, 565.544)
 H100_BF16_TFLOPS = 989.4
 FA3_MHA_EFF = math.prod(FA3_FWD_HDIM128_TFLOPS) ** (1 / len(FA3_FWD_HDIM128_TFLOPS)) / H100_BF16_TFLOPS
-# Small kernels per layer and step that the layer floor stands for (docs/steptime.md, fact 4), and those the
-# lightning indexer adds on each full indexer layer (fact 12: wq_b, wk, weights_proj GEMMs, k LayerNorm, RoPE,
-# q fp8 quantisation, k quantise-and-store, fp8 MQA logits, top-k): the indexer floor is the layer floor's
-# per-kernel share times its kernels.
-LAYER_KERNELS = 20
-INDEXER_KERNELS = 9
+# FlashMLA's published sparse-MLA rates per kernel generation (README at deepseek-ai/FlashMLA 9241ae3, the 2025-09-29
+# release): "410 TFLOPS in compute-bound configuration on H800 SXM5 ... up to 350 TFlops on B200 (which is not really
+# optimized yet)" for the fp8-cache decode kernel, "up to 640 TFlops ... on H800 SXM5 ... 1450 TFlops on B200" for the
+# prefill kernel. Each over the dense bf16 peak of the GPU it was measured on: (TFLOP/s, peak TFLOP/s). AMD parts run
+# other kernels (TileLang / Triton) with no published rate: they take Hopper's (docs/steptime.md, known gaps).
+H800_BF16_TFLOPS = 989.4
+B200_BF16_TFLOPS = 2250.0
+FLASHMLA_SPARSE_DECODE = {"hopper": (410.0, H800_BF16_TFLOPS), "blackwell": (350.0, B200_BF16_TFLOPS)}
+FLASHMLA_SPARSE_PREFILL = {"hopper": (640.0, H800_BF16_TFLOPS), "blackwell": (1450.0, B200_BF16_TFLOPS)}
+
+
+def flashmla_efficiency(table: dict[str, tuple[float, float]], arch: str) -> float:
+    """A FlashMLA kernel's published rate over its GPU's bf16 peak, for ``arch`` (Hopper's for a kind without one)."""
+    rate, peak = table.get(arch, table["hopper"])
+    return rate / peak
+
+
+# DeepGEMM's fp8 GEMMs at decode sizes (M = 64 and 128) on H800 SXM, DeepSeek-V3's shapes (README at deepseek-ai/
+# DeepGEMM 55ab91f, 2025-03-25, "Normal GEMMs for dense models"): (M, N, K, TFLOP/s). Each kernel's time is its FLOPs
+# over its rate; its bytes are the fp8 weight N x K, the fp8 input M x K and the bf16 output 2 M N. A least-squares
+# line time = fixed + bytes / (eff x 3.35 TB/s) through the twelve rows gives what a GEMM costs beyond its bytes at
+# these sizes (``GEMM_FIXED_S``, 2.6 us: prologue, epilogue, the last wave) and the HBM fraction its bytes stream at
+# (``GEMM_STREAM_EFF``, 0.84: an upper bound for the fitted ``bw_eff``, which also carries what a step reads at
+# less than streaming rate).
+DEEPGEMM_DECODE_GEMMS = (
+    (64, 2112, 7168, 206), (64, 24576, 1536, 289), (64, 32768, 512, 219), (64, 7168, 16384, 336),
+    (64, 4096, 7168, 287), (64, 7168, 2048, 295), (128, 2112, 7168, 352), (128, 24576, 1536, 535),
+    (128, 32768, 512, 358), (128, 7168, 16384, 645), (128, 4096, 7168, 533), (128, 7168, 2048, 510),
+)  # fmt: skip
+H800_HBM_BYTES_PER_S = 3.35e12
+
+
+def gemm_fixed_and_stream() -> tuple[float, float]:
+    """(seconds a GEMM costs beyond its bytes, fraction of HBM peak its bytes stream at): the least-squares line
+    ``time = fixed + bytes / rate`` through ``DEEPGEMM_DECODE_GEMMS`` (closed form, no fitting library)."""
+    pts = [(n * k + m * k + 2 * m * n, 2 * m * n * k / (tf * 1e12)) for m, n, k, tf in DEEPGEMM_DECODE_GEMMS]
+    count = len(pts)
+    mean_b, mean_t = sum(b for b, _ in pts) / count, sum(t for _, t in pts) / count
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in pts) / sum((b - mean_b) ** 2 for b, _ in pts)
+    return mean_t - slope * mean_b, 1 / slope / H800_HBM_BYTES_PER_S
+
+
+GEMM_FIXED_S, GEMM_STREAM_EFF = gemm_fixed_and_stream()
+
+# The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
+# collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
+# (it pays ``GEMM_FIXED_S`` on top of its kernel node). The layer floor is their fixed cost: every kernel one graph
+# node (``GpuKind.kernel_node_s``), every GEMM its fixed cost too.
+LAYER_KERNEL_CHAIN = (
+    ("input RMSNorm (fused residual add)", False), ("fused q_a / kv_a projection", True), ("q_a RMSNorm", False),
+    ("kv_a RMSNorm", False), ("q_b projection", True), ("q absorb (bmm with W_UK)", True), ("RoPE", False),
+    ("latent cache store", False), ("sparse MLA", False), ("value absorb (bmm with W_UV)", True),
+    ("o projection", True), ("post-attention RMSNorm", False), ("router gate", True), ("top-k expert selection", False),
+    ("shared expert gate / up", True), ("SiLU and multiply", False), ("shared expert down", True),
+    ("routed experts gate / up (grouped)", True), ("routed experts down (grouped)", True),
+    ("expert outputs combine", False),
+)  # fmt: skip
+# The lightning indexer's chain on each full indexer layer (fact 12; sgl-project/sglang#15104: "many small CUDA kernels
+# around the TopK path"): its three projections are GEMMs.
+INDEXER_KERNEL_CHAIN = (
+    ("wq_b projection", True), ("wk projection", True), ("weights_proj", True), ("k LayerNorm", False),
+    ("RoPE", False), ("q fp8 quantisation", False), ("k quantise-and-store", False),
+    ("fp8 MQA logits", False), ("top-k", False),
+)  # fmt: skip
+# Once per step, outside the layers: the embedding gather, the final RMSNorm, the lm_head GEMM and the sampling kernel.
+# The engines' CPU work per step (scheduling, batch metadata) overlaps the GPU's: SGLang's overlap scheduler "runs one
+# batch ahead" with "no single idle time on the GPU" (SGLang v0.4 release blog, 2024-12-04), vLLM V1's async
+# scheduling the same; so a step's overhead is these kernels' fixed cost (and the lm_head's vocabulary gather, one
+# collective, under TP).
+STEP_KERNEL_CHAIN = (("embedding", False), ("final RMSNorm", False), ("lm_head", True), ("sampling", False))
+LAYER_KERNELS = len(LAYER_KERNEL_CHAIN)
+INDEXER_KERNELS = len(INDEXER_KERNEL_CHAIN)
+
+
+def chain_fixed_seconds(chain: tuple[tuple[str, bool], ...], kernel_node_s: float) -> float:
+    """The fixed cost of a kernel chain: one graph node per kernel, plus ``GEMM_FIXED_S`` per GEMM."""
+    return len(chain) * kernel_node_s + sum(gemm for _, gemm in chain) * GEMM_FIXED_S
+
+
+# The shortest a layer's step takes at batch 1, from one published batch-1 decode of a DeepSeek-architecture model
+# without the indexer, in no calibration file: Kimi-K2, SGLang TP8, concurrency 1, 1,024-token prompts, mean TPOT
+# 11.376 ms (sgl-project/sglang#13466, bench_serving, max_concurrency 1), 61 layers. Per layer: TPOT / 61 (the
+# step's own overhead is left in: it is microseconds). ``RooflineStepTime.layer_min_s`` subtracts the layer floor from
+# it: what a batch-1 layer's big kernels take beyond their fixed cost (fact 14). The GPU kind is not printed: one
+# figure for every kind (docs/steptime.md, known gaps).
+KIMI_K2_BATCH1_TPOT_S = 11.376e-3
+KIMI_K2_LAYERS = 61
+BATCH1_LAYER_S = KIMI_K2_BATCH1_TPOT_S / KIMI_K2_LAYERS
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:

@@ -15,12 +15,11 @@ from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
-from dsakv.sim.steptime.figures import RankFigures, rank_figures
+from dsakv.sim.steptime.figures import RankFigures, StepTerms, rank_figures, step_terms
+from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
 from dsakv.sim.steptime.kernels import (
     DEEPGEMM_DENSE_EFF,
     DEEPGEMM_GROUPED_EFF,
-    INDEXER_KERNELS,
-    LAYER_KERNELS,
     MOE_A2A,
 )
 from dsakv.sim.steptime.sums import StepSums, batch_sums
@@ -89,14 +88,19 @@ class RooflineStepTime:
     has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
-    mla_prefill_eff: float = 640 / 989.4  # FlashMLA sparse prefill, H800: 640 TFLOP/s
-    mla_decode_eff: float = 0.395  # fitted, below FlashMLA sparse fp8 decode's 410 / 989.4 TFLOP/s on H800
-    indexer_eff: float = 0.64  # fitted
-    bw_eff: float = 0.69  # fitted
-    link_eff: float = 0.35  # fitted (NCCL ring bus bandwidth of small messages)
-    layer_floor_s: float = 60e-6  # fitted; launch / small-kernel floor per layer and step
-    layer_min_s: float = 104e-6  # the shortest a layer's roofline work takes (Kimi-K2's batch-1 TPOT), per layer
-    overhead_s: float = 0.0014  # fitted; scheduling and sampling per step
+    # None: derived per GPU kind (``terms``, ``figures.step_terms``); a number overrides (experiments, --step-settings)
+    mla_prefill_eff: float | None = (
+        None  # FlashMLA sparse prefill's published rate: 640 / 989.4 Hopper, 1450 / 2250 B200
+    )
+    mla_decode_eff: float | None = None  # FlashMLA sparse fp8 decode's: 410 / 989.4 Hopper, 350 / 2250 Blackwell
+    indexer_eff: float = INDEXER_EFF  # fitted (one of three, fitted.py)
+    bw_eff: float = BW_EFF  # fitted (one of three, fitted.py)
+    link_eff: float = LINK_EFF  # fitted (one of three, fitted.py)
+    layer_floor_s: float | None = None  # derived: the layer's kernel chain (kernels.LAYER_KERNEL_CHAIN)
+    indexer_floor_s: float | None = None  # derived: the indexer's kernel chain per full indexer layer
+    layer_min_s: float | None = None  # derived: Kimi-K2's batch-1 layer beyond its floor (fact 14)
+    overhead_s: float | None = None  # derived: the kernels outside the layers, the lm_head gather (kernels.py)
+    terms: StepTerms = field(init=False, repr=False, compare=False)  # the resolved efficiencies and fixed costs
     rank: RankFigures = field(init=False, repr=False, compare=False)  # the per-rank figures (``rank_figures``)
 
     def __post_init__(self) -> None:
@@ -113,10 +117,12 @@ class RooflineStepTime:
             raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
         for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
             v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1]")
-        if min(self.layer_floor_s, self.layer_min_s, self.overhead_s) < 0:
-            raise DsakvError("step time layer_floor_s, layer_min_s and overhead_s must be >= 0")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
+                raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1] (or None: derived)")
+        for name in ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
         if not isinstance(self.mtp_index_share, bool):
             raise DsakvError(f"step time mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         object.__setattr__(
@@ -125,16 +131,11 @@ class RooflineStepTime:
         arch = self.layout.spec.arch_value
         if not (arch("hidden_size") and arch("num_attention_heads")):
             raise DsakvError("the roofline step time needs hidden_size and num_attention_heads in the config")
-        # Derived per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
+        # Derived terms and per-rank constants, computed once (frozen dataclass: set through object.__setattr__).
+        object.__setattr__(self, "terms", step_terms(self))
         object.__setattr__(self, "rank", rank_figures(self))
         # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
         object.__setattr__(self, "_saturated", {})
-
-    @property
-    def indexer_floor_s(self) -> float:
-        """The indexer's kernel chain per full indexer layer and step: its kernels at the layer floor's
-        per-kernel share (``INDEXER_KERNELS / LAYER_KERNELS`` of ``layer_floor_s``; docs/steptime.md, fact 12)."""
-        return self.layer_floor_s * INDEXER_KERNELS / LAYER_KERNELS
 
     @property
     def tokens_per_decode(self) -> float:
@@ -232,7 +233,7 @@ class RooflineStepTime:
             floor_s = r.floor_s + larger(0.0, r.layer_min_s - work)
         else:
             floor_s = 0.0
-        overhead_s = self.overhead_s if tokens else 0.0
+        overhead_s = self.terms.overhead_s if tokens else 0.0
         total = components + floor_s + overhead_s
         if not breakdown:
             return total
@@ -259,13 +260,13 @@ class RooflineStepTime:
         )  # fmt: skip
         n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
         dec_pairs = q * dec_topk
-        dec_eff = self.mla_decode_eff
+        dec_eff = self.terms.mla_decode_eff
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
-            pf_rows, pf_eff = pf_pairs, self.mla_decode_eff
+            pf_rows, pf_eff = pf_pairs, self.terms.mla_decode_eff
         elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
-            pf_rows, pf_eff, dec_eff = pf_pairs, self.mla_prefill_eff, self.mla_prefill_eff
+            pf_rows, pf_eff, dec_eff = pf_pairs, self.terms.mla_prefill_eff, self.terms.mla_prefill_eff
         else:  # one prefill kernel per chunk: each selected row read once for the chunk
-            pf_rows, pf_eff = pf_chunk_rows, self.mla_prefill_eff
+            pf_rows, pf_eff = pf_chunk_rows, self.terms.mla_prefill_eff
         mla_bytes = layers * (pf_rows + dec_rows) * r.mla_row_bytes
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
@@ -366,12 +367,12 @@ class RooflineStepTime:
         coll_s = coll_bytes / r.link_bw + coll_count * self.gpu.link_latency_s
         write_s = n_dec * r.mtp_cell_bytes / bw
         one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
-        one = larger(one, self.layer_min_s) + r.mtp_floor_s  # fact 14: one layer; its launch floors
+        one = larger(one, self.terms.layer_min_s) + r.mtp_floor_s  # fact 14: one layer; its launch floors
         if not self.mtp_index_share or self.num_draft_tokens == 1:
             return self.num_draft_tokens * one
         # index_share_for_mtp_iteration: passes 2 .. k attend the previous pass's top-k (no indexer scoring; the
         # new token's indexer key is still written, the floors stay)
-        shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.layer_min_s) + r.mtp_floor_s
+        shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.terms.layer_min_s) + r.mtp_floor_s
         return one + (self.num_draft_tokens - 1) * shared
 
     def step_seconds(
@@ -389,11 +390,18 @@ class RooflineStepTime:
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "has_indexer",
-            "gemm_eff",
-            "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff", "layer_floor_s",
-            "indexer_floor_s", "layer_min_s", "overhead_s",
+            "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
+        for name in (
+            "mla_prefill_eff",
+            "mla_decode_eff",
+            "layer_floor_s",
+            "indexer_floor_s",
+            "layer_min_s",
+            "overhead_s",
+        ):
+            out[name] = getattr(self.terms, name)  # the values priced with, derived or given
         out.update(
             peak_bf16_flops=self.gpu.bf16_flops,
             peak_fp8_flops=self.gpu.fp8_flops,
@@ -401,5 +409,6 @@ class RooflineStepTime:
             link_bytes_per_s=self.gpu.link_bytes_per_s,
             link_latency_s=self.gpu.link_latency_s,
             mla_head_pad=self.gpu.mla_head_pad,
+            kernel_node_s=self.gpu.kernel_node_s,
         )
         return out
