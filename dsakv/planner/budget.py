@@ -10,7 +10,7 @@ API (used by ``dsakv plan``, the simulator, the diagnostics and the engine's ``T
     row = context_row(cell, tokens)                # bytes of each cache, pages, ratio for one request
     fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
 
-Pool size (DESIGN.md §3): ``physical_pages = available // page_bytes`` (whole pages only) and
+Pool size (docs/planner.md §2): ``physical_pages = available // page_bytes`` (whole pages only) and
 ``pages = physical_pages - scratch_pages``: the pool keeps its first pages as scratch pages for padded
 writes (``PageAllocator(first_page=scratch_pages)``), so they cost memory but are never handed out; a CUDA
 serving engine needs one (``scratch_pages(page_size, CUDA_GRAPH_PADDING_SLOTS) == 1``). ``tokens = pages x
@@ -296,7 +296,7 @@ class RequestFit:
 
 
 def request_fit(cell: RankCell, capacity: PoolCapacity, tokens: int) -> RequestFit:
-    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (DESIGN.md §3)."""
+    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (docs/planner.md §4)."""
     row = context_row(cell, tokens)
     return RequestFit(row, row.pages <= capacity.pages, capacity.pages // row.pages, 4 * tokens, 4 * row.pages)
 

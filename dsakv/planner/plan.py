@@ -181,7 +181,7 @@ def plan(
 
 
 def context_table(cell: RankCell, lengths: tuple[int, ...] = CONTEXT_LENGTHS) -> tuple[ContextRow, ...]:
-    """The DESIGN.md §3 table (bytes of each cache, pages, ratio) for ``lengths``."""
+    """The context-length table (docs/planner.md §4) (bytes of each cache, pages, ratio) for ``lengths``."""
     return tuple(context_row(cell, n) for n in lengths)
 
 

@@ -1,4 +1,4 @@
-"""What-if variants of a cache layout: the knobs that change the cell (DESIGN.md §2) and what each
+"""What-if variants of a cache layout: the knobs that change the cell (docs/planner.md §1) and what each
 does to capacity. Used by the planner's what-if table and by ``--explain-tokens`` diagnostics.
 
 Knobs: full-indexer-layer count, MTP/draft layers, indexer kept on all layers, KV dtype, index-K
