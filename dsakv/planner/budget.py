@@ -1,15 +1,16 @@
 """The budget: what one token, one page and one request cost per rank, and how many pages a rank's
 memory holds. Pure functions over a ``CacheLayout``; nothing here allocates or mutates anything.
 
-API (used by ``dsakv plan``, the simulator and the engine's ``TwinPool``)::
+API (used by ``dsakv plan``, the simulator, the diagnostics and the engine's ``TwinPool``)::
 
     cell = RankCell(layout, dcp=1)                 # bytes per token / per page on one rank
     cap = pool_capacity(layout, GpuSetting(...))   # -> PoolCapacity: .pages, .tokens, .page_bytes, .memory
     cap = pool_capacity(layout, available_bytes=N) # same, from bytes already set aside for the pool
+    cap = pool_capacity(layout, setting, available_bytes=N, dcp=d)  # both: the bytes, the setting's DCP (or d)
     row = context_row(cell, tokens)                # bytes of each cache, pages, ratio for one request
     fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
 
-Pool size (DESIGN.md §3): ``physical_pages = available // page_bytes`` (whole pages only) and
+Pool size (docs/planner.md §2): ``physical_pages = available // page_bytes`` (whole pages only) and
 ``pages = physical_pages - scratch_pages``: the pool keeps its first pages as scratch pages for padded
 writes (``PageAllocator(first_page=scratch_pages)``), so they cost memory but are never handed out; a CUDA
 serving engine needs one (``scratch_pages(page_size, CUDA_GRAPH_PADDING_SLOTS) == 1``). ``tokens = pages x
@@ -23,7 +24,7 @@ ranks while the indexer K is replicated, so one rank page holds ``page_size`` ma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsakv.errors import DsakvError
 from dsakv.planner.deployment import (
@@ -192,18 +193,26 @@ def pool_capacity(
     dcp: int | None = None,
     dcp_replicated: bool = False,
 ) -> PoolCapacity:
-    """Pool pages and tokens per rank, from a GPU setting or from ``available_bytes`` (exactly one).
+    """The pool of ``layout`` on one rank: the one door for this number (``dsakv plan``, ``dsakv simulate``, the
+    what-if table and ``--explain-tokens`` / ``dsakv diagnose`` all call it).
 
-    ``dcp`` defaults to the setting's (1 without a setting); ``dcp_replicated``: every rank holds the whole
-    pool (``RankCell.dcp_replicated``). Zero pages when memory is short.
+    Memory: the setting's split (``rank_memory``: the weights are those of ``layout`` itself, its indexer
+    schedule and its ``mtp_layers``, unless the setting names ``weights_bytes``), or ``available_bytes``, which
+    replaces that split (the setting, when given too, still names the DCP size). At least one is needed.
+    ``dcp``: a variant's DCP size, defaulting to the setting's (1 without one); with a setting it must be a size
+    the setting's TP layout runs (``DsakvError`` otherwise). ``dcp_replicated``: every rank holds the whole pool
+    (``RankCell.dcp_replicated``). Zero pages when memory is short (``require_pool`` refuses that).
     """
-    if (setting is None) == (available_bytes is None):
-        raise DsakvError("pool_capacity: give exactly one of a GPU setting or available_bytes")
-    memory = None
+    if setting is None and available_bytes is None:
+        raise DsakvError("pool_capacity: give a GPU setting or available_bytes")
+    if setting is not None and dcp is not None and dcp != setting.dcp:
+        setting = replace(setting, dcp=dcp)  # GpuSetting checks that the TP layout runs this DCP size
     if setting is not None:
+        dcp = setting.dcp
+    memory = None
+    if available_bytes is None:
         memory = rank_memory(layout, setting)
         available_bytes = memory.available_bytes
-        dcp = setting.dcp if dcp is None else dcp
     elif isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes <= 0:
         raise DsakvError(f"available bytes = {available_bytes!r}: must be a positive integer")
     cell = RankCell(layout, dcp or 1, dcp_replicated)
@@ -287,7 +296,7 @@ class RequestFit:
 
 
 def request_fit(cell: RankCell, capacity: PoolCapacity, tokens: int) -> RequestFit:
-    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (DESIGN.md §3)."""
+    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (docs/planner.md §4)."""
     row = context_row(cell, tokens)
     return RequestFit(row, row.pages <= capacity.pages, capacity.pages // row.pages, 4 * tokens, 4 * row.pages)
 

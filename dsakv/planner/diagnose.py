@@ -15,7 +15,7 @@ from itertools import combinations
 
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import GpuSetting, RankCell
-from dsakv.planner.variants import Variant, variant_capacity
+from dsakv.planner.variants import Variant, variant_pool
 from dsakv.spec.layout import KV_DTYPES, CacheLayout
 
 
@@ -96,7 +96,7 @@ def explain_tokens(
     if setting is not None:
         dcp = setting.dcp
     base = Variant("as configured", layout, dcp)
-    planned = variant_capacity(layout, base, setting, available_bytes)
+    planned = variant_pool(base, setting, available_bytes)
     if planned is None:
         raise DsakvError("explain-tokens needs a GPU setting or --available-bytes")
     options = _knob_options(layout, dcp, patterns or {})
@@ -116,7 +116,7 @@ def explain_tokens(
             continue
         key = (var_layout.page_bytes, var_layout.index_kpool, var_layout.mtp_layers, var_dcp)
         if key not in seen_cells:
-            cap = variant_capacity(layout, Variant("", var_layout, var_dcp), setting, available_bytes)
+            cap = variant_pool(Variant("", var_layout, var_dcp), setting, available_bytes)
             seen_cells[key] = -1 if cap is None else cap.tokens
         tokens = seen_cells[key]
         if tokens < 0:

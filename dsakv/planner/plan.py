@@ -129,10 +129,8 @@ def plan(
     layout = layout or CacheLayout(spec)
     setting = setting or GpuSetting()
     cell = RankCell(layout, setting.dcp)
-    if available_bytes is None:
-        pool, source = pool_capacity(layout, setting), "gpu setting"
-    else:
-        pool, source = pool_capacity(layout, available_bytes=available_bytes, dcp=setting.dcp), "available bytes"
+    pool = pool_capacity(layout, setting, available_bytes=available_bytes)  # the one door, as dsakv simulate
+    source = "gpu setting" if available_bytes is None else "available bytes"
     require_pool(pool)  # the same check (and words) as dsakv simulate
     weights = None
     if setting.weights_bytes is None and spec.arch_value("hidden_size"):
@@ -183,7 +181,7 @@ def plan(
 
 
 def context_table(cell: RankCell, lengths: tuple[int, ...] = CONTEXT_LENGTHS) -> tuple[ContextRow, ...]:
-    """The DESIGN.md §3 table (bytes of each cache, pages, ratio) for ``lengths``."""
+    """The context-length table (docs/planner.md §4) (bytes of each cache, pages, ratio) for ``lengths``."""
     return tuple(context_row(cell, n) for n in lengths)
 
 

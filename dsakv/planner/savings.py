@@ -1,4 +1,5 @@
-"""What a prefix-cache hit saves (DESIGN.md §5). Pure function; the scheduler and simulator reuse it.
+"""What a prefix-cache hit saves (docs/planner.md §6). Pure function; ``dsakv plan --cached`` and the simulator's
+records (``dsakv.sim.report``) use it.
 
 For a request of ``L`` tokens of which ``cached_tokens`` hit the prefix cache, only whole cached
 pages count (the radix tree holds whole pages): ``P = (cached_tokens // page_size) x page_size`` and

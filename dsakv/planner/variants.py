@@ -1,12 +1,13 @@
-"""What-if variants of a cache layout: the knobs that change the cell (DESIGN.md §2) and what each
+"""What-if variants of a cache layout: the knobs that change the cell (docs/planner.md §1) and what each
 does to capacity. Used by the planner's what-if table and by ``--explain-tokens`` diagnostics.
 
 Knobs: full-indexer-layer count, MTP/draft layers, indexer kept on all layers, KV dtype, index-K
 pooling (kpool), DCP size, and IndexCache F/S patterns. Capacity change is measured in the same
 memory: ``base cell / variant cell - 1`` (39 full layers on GLM-5.3: 53,940 / 56,316 - 1 = -4.2%).
-When a GPU setting is given, each variant also gets its pool on that setting; the weights stay
-those of the base checkpoint (a different cache schedule does not change what is loaded), except
-that MTP layers add their draft weights.
+When a GPU setting is given, each variant also gets its pool on that setting from the one door,
+``dsakv.planner.budget.pool_capacity``: the weights are the variant layout's own (its indexer schedule,
+its MTP layers), so a row's pool is what ``dsakv plan`` prints for that layout; ``None`` where the
+variant's DCP size cannot run on the setting's TP layout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import GpuSetting, PoolCapacity, RankCell, pool_capacity
-from dsakv.planner.weights import weights_per_rank
 from dsakv.spec.layout import KV_DTYPES, CacheLayout
 
 
@@ -34,6 +34,19 @@ class Variant:
         return RankCell(self.layout, self.dcp)
 
 
+def variant_pool(variant: Variant, setting: GpuSetting | None, available_bytes: int | None) -> PoolCapacity | None:
+    """The door (``pool_capacity``) for a variant: its layout at its DCP size, on the setting or the bytes.
+    ``None`` when neither is given or the setting's TP layout cannot run the variant's DCP size."""
+    if setting is None and available_bytes is None:
+        return None
+    if setting is not None and variant.dcp != setting.dcp:
+        try:
+            setting = replace(setting, dcp=variant.dcp)
+        except DsakvError:
+            return None  # a DCP size this TP layout cannot run
+    return pool_capacity(variant.layout, setting, available_bytes=available_bytes, dcp=variant.dcp)
+
+
 @dataclass(frozen=True)
 class WhatIfRow:
     label: str
@@ -45,30 +58,6 @@ class WhatIfRow:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def variant_capacity(
-    base: CacheLayout, variant: Variant, setting: GpuSetting | None, available_bytes: int | None
-) -> PoolCapacity | None:
-    """The variant's pool on the same setting (base weights + its MTP weights) or the same bytes."""
-    if setting is None:
-        return (
-            pool_capacity(variant.layout, available_bytes=available_bytes, dcp=variant.dcp) if available_bytes else None
-        )
-    weights = setting.weights_bytes
-    if weights is None:
-        weights = weights_per_rank(
-            base.spec,
-            tp=setting.tensor_parallel,
-            dp_attention=setting.dp_attention,
-            mtp_layers=variant.layout.mtp_layers,
-            dtype=setting.weight_dtype,
-        ).rank_bytes
-    try:
-        var_setting = replace(setting, dcp=variant.dcp, weights_bytes=weights)
-    except DsakvError:
-        return None  # a DCP size this TP layout cannot run
-    return pool_capacity(variant.layout, var_setting)
 
 
 def what_if_variants(
@@ -121,7 +110,7 @@ def what_if_rows(
     base_cell = RankCell(layout, dcp).cell_bytes
     rows = []
     for knob, v in what_if_variants(layout, dcp, patterns):
-        cap = variant_capacity(layout, v, setting, available_bytes)
+        cap = variant_pool(v, setting, available_bytes)
         cell = v.cell.cell_bytes
         rows.append(
             WhatIfRow(v.label, knob, cell, cell - base_cell, base_cell / cell - 1, None if cap is None else cap.tokens)
@@ -129,4 +118,4 @@ def what_if_rows(
     return rows
 
 
-__all__ = ["Variant", "WhatIfRow", "variant_capacity", "what_if_rows", "what_if_variants"]
+__all__ = ["Variant", "WhatIfRow", "variant_pool", "what_if_rows", "what_if_variants"]

@@ -1,4 +1,4 @@
-"""Process-wide workspaces outside the pages (DESIGN.md §3): the top-k index buffer and the indexer
+"""Process-wide workspaces outside the pages (docs/planner.md §5): the top-k index buffer and the indexer
 logits budget with the row-chunk size it implies. Pure functions of sizes; nothing is allocated.
 
 * top-k indices: ``max_num_batched_tokens x index_topk x 4`` B (int32), allocated once;

@@ -2,12 +2,11 @@
 resolves to (``SimSetup``): spec, cache layout, pool capacity from the planner, step-time model, scheduler
 configuration. Building a setup reads no trace and changes nothing.
 
-The pool comes from the planner (``dsakv.planner.variants.variant_capacity`` over
-``dsakv.planner.budget.pool_capacity``) for the nested GPU setting (``SimConfig.gpu``, a ``GpuSetting``:
-default GLM-5.3 on 8 x H200, TP8), or from ``available_bytes``, unless ``pool_tokens`` overrides it. For the
-configured layout this is exactly the pool ``dsakv plan`` prints for the same flags; layout what-ifs (indexer
-schedule, MTP, KV dtype, DCP) keep the base checkpoint's weights, like the planner's what-if table. The
-simulator's allocator hands out page ids from the planner's ``PoolCapacity.scratch_pages`` on.
+The pool comes from the planner's one door, ``dsakv.planner.budget.pool_capacity``, for the configured layout
+on the nested GPU setting (``SimConfig.gpu``, a ``GpuSetting``: default GLM-5.3 on 8 x H200, TP8) or on
+``available_bytes``, unless ``pool_tokens`` overrides it: the very call ``dsakv plan`` makes, so both print the
+same pool for the same flags (the weights are the configured layout's own: its indexer schedule, its MTP
+layers). The simulator's allocator hands out page ids from the planner's ``PoolCapacity.scratch_pages`` on.
 
 Pages are the planner's rank pages: ``page_size x dcp`` tokens of the attention group each (under DCP the
 group's tokens are interleaved over the DCP ranks; a rank page holds ``page_size`` main rows and the
@@ -25,11 +24,10 @@ from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import DEFAULT_HIT_THRESHOLD, WRITE_THROUGH, WritePolicy
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.endpoint import check_instance_endpoints
-from dsakv.planner.budget import PoolCapacity, RankCell, require_pool
+from dsakv.planner.budget import PoolCapacity, RankCell, pool_capacity, require_pool
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.tiers import tier_capacity
-from dsakv.planner.variants import Variant, variant_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
 from dsakv.scheduler.policies import check_mode
 from dsakv.sim.routing import ROUTERS, SHARDABLE_ROUTERS
@@ -300,12 +298,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
     page_size = cfg.page_size if cfg.page_size is not None else CUDA_PAGE_SIZE * cfg.kpool
     layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers, page_size=page_size, index_kpool=cfg.kpool)
     setting = cfg.gpu
-    base = CacheLayout(base_spec)
-    variant = Variant("sim", layout, setting.dcp)
-    if cfg.available_bytes is not None:
-        capacity = variant_capacity(base, variant, None, cfg.available_bytes)
-    else:
-        capacity = variant_capacity(base, variant, setting, None)
+    capacity = pool_capacity(layout, setting, available_bytes=cfg.available_bytes)  # the one door, as dsakv plan
     tokens_per_page = capacity.tokens_per_page
     if cfg.pool_tokens is not None:
         pages, source = cfg.pool_tokens // tokens_per_page, "--pool-tokens"

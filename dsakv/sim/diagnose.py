@@ -85,13 +85,10 @@ def pool_size(facts: LogFacts, cfg: SimConfig, setup: SimSetup) -> Verdict:
             "not enough data: needs the pool line (SGLang 'KV Cache is allocated. … #tokens' or "
             "'max_total_num_tokens=', vLLM 'GPU KV cache size: … tokens')",
         )
-    from dsakv.spec.layout import CacheLayout
-
-    layout = CacheLayout(setup.spec, kv_dtype=setup.layout.kv_dtype, mtp_layers=setup.layout.mtp_layers)
     setting = None if cfg.available_bytes is not None else setup.setting
-    ex = explain_tokens(
+    ex = explain_tokens(  # the simulator's own layout, so the expected pool is the one dsakv simulate runs
         facts.pool.tokens,
-        layout,
+        setup.layout,
         setting=setting,
         available_bytes=cfg.available_bytes,
         dcp=setup.setting.dcp,

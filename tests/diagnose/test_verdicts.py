@@ -28,12 +28,11 @@ def test_pool_size_fires_and_names_the_indexer_schedule(write_log, sglang, plan)
     planned = setup.pages * setup.page_tokens
     v = verdicts(write_log(sglang.pool(planned, planned * 53940 / 2**30)), plan)["pool_size"]
     assert v.fires is False and v.figures["gap_tokens"] == 0
-    from dsakv.planner.variants import Variant, variant_capacity
+    from dsakv.planner.budget import pool_capacity
     from dsakv.spec.layout import CacheLayout
 
-    base = CacheLayout(setup.spec)
     var = CacheLayout(setup.spec.with_full_indexer_count(39))
-    logged = variant_capacity(base, Variant("", var, 1), setup.setting, None).tokens
+    logged = pool_capacity(var, setup.setting).tokens
     v = verdicts(write_log(sglang.pool(logged, logged * var.cell_bytes / 2**30), "b.log"), plan)["pool_size"]
     assert (
         v.fires is True
@@ -95,10 +94,14 @@ def test_a_queue_behind_a_full_batch_is_not_a_page_reservation(write_log, sglang
     assert v.fires is False and v.figures["queued_lines"] == 5
 
 
-def test_the_pool_comes_from_the_metrics_scrape_when_the_log_has_none(write_log, sglang, tmp_path, capsys):
+def test_the_pool_comes_from_the_metrics_scrape_when_the_log_has_none(write_log, sglang, tmp_path, capsys, plan):
+    from dsakv.planner.budget import pool_capacity
+    from dsakv.spec.layout import CacheLayout
+
+    logged = pool_capacity(CacheLayout(plan[1].spec.with_full_indexer_count(39)), plan[1].setting).tokens
     log = write_log([sglang.decode(4, 9000, 300.0)] * 3)
     scrape = tmp_path / "metrics.txt"
-    scrape.write_text("# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens 555584\n")
+    scrape.write_text(f"# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens {logged}\n")
     assert main(["diagnose", "--log", log, "--metrics", str(scrape), "--json"]) == 0
     pool = json.loads(capsys.readouterr().out)["verdicts"][0]
     assert pool["fires"] is True and pool["figures"]["explained_by"][0] == "39 full indexer layers"

@@ -144,11 +144,13 @@ def test_bad_gpu_setting_names_the_field(kwargs, field):
         GpuSetting(**kwargs)
 
 
-def test_pool_capacity_needs_exactly_one_source(layout):
+def test_pool_capacity_needs_a_source_and_bytes_replace_the_settings_memory_split(layout):
     with pytest.raises(DsakvError):
         pool_capacity(layout)
     with pytest.raises(DsakvError, match="available bytes"):
         pool_capacity(layout, available_bytes=0)
+    both = pool_capacity(layout, GpuSetting(dcp=2), available_bytes=10**11)
+    assert both == pool_capacity(layout, available_bytes=10**11, dcp=2) and both.memory is None
 
 
 @pytest.mark.parametrize(
