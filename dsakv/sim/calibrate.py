@@ -208,7 +208,8 @@ def calibrate(facts: LogFacts, base: RooflineStepTime, page_tokens: int) -> Cali
     stride = max(1, -(-len(sample) // MAX_GAPS))
     gaps = sample[::stride]
     model = _Model(base, gaps, page_tokens)
-    start = {n: getattr(base, n) for n in FIT_FIELDS}
+    # the values the model prices with: a field left None is derived (``RooflineStepTime.terms``)
+    start = {n: getattr(base.terms, n) if getattr(base, n) is None else getattr(base, n) for n in FIT_FIELDS}
     before = model.residuals(start)
     units = tuple(FIT_UNITS)
     values, free = dict(start), []

@@ -11,4 +11,4 @@ def test_bench_prints_one_summary_line(load_file_module, repo_dir, monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["diagnose.py", "--mb", "0.2"])
     bench.main()
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and re.search(r"MB/s per CPU second, peak RSS \d+ MB$", out[0])
+    assert len(out) == 1 and re.search(r"MB/s per CPU second, peak RSS [\d,]+ MB$", out[0])

@@ -10,9 +10,8 @@ import pytest
 
 from dsakv.cli import main
 
-TRUTH = {  # hbm bandwidth, the step overhead and the prefill compute (its three efficiencies x 0.85)
+TRUTH = {  # hbm bandwidth and the prefill compute (its three efficiencies x 0.85); the step overhead stays derived
     "bw_eff": 0.6,
-    "overhead_s": 0.002,
     "gemm_eff": 0.515 * 0.85,
     "moe_eff": 0.44 * 0.85,
     "mla_prefill_eff": 0.6469 * 0.85,

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING
 
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
+    BATCH1_LAYER_S,
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
     INDEXER_KERNEL_CHAIN,
-    KIMI_K2_BATCH1_TPOT_S,
-    KIMI_K2_LAYERS,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
     chain_fixed_seconds,
@@ -57,7 +56,7 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     floor = given(model.layer_floor_s, chain_fixed_seconds(LAYER_KERNEL_CHAIN, node))
     gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
     overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node) + gather)
-    batch1 = (KIMI_K2_BATCH1_TPOT_S - overhead) / KIMI_K2_LAYERS - floor  # fact 14, at this model's floor and overhead
+    batch1 = BATCH1_LAYER_S - floor  # fact 14: Kimi-K2's batch-1 layer beyond this model's floor
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
         mla_decode_eff=given(model.mla_decode_eff, flashmla_efficiency(FLASHMLA_SPARSE_DECODE, gpu.arch)),
