@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.gpu_args import ascii_int, parse_bytes
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
@@ -52,8 +53,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
     p.add_argument(
-        "--mtp", type=ascii_int, metavar="K", help="MTP speculative decoding: K drafts a step (0: MTP layer only)"
+        "--num-speculative-tokens",
+        type=ascii_int,
+        metavar="K",
+        help="MTP speculative decoding: K speculative tokens a step (0: the MTP layer only)",
     )
+    add_hidden_alias(p, "--mtp", "num_speculative_tokens", type=ascii_int)
     p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
     p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
     d = p.add_argument_group("PD disaggregation (the pd extra)")
@@ -163,13 +168,14 @@ def _engine_options(args) -> dict:
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
         "dcp": args.dcp,
-    } | _mtp_options(args, args.mtp)
+    } | _mtp_options(args, args.num_speculative_tokens)
 
 
-def _mtp_options(args, steps: int | None) -> dict:
-    if args.mtp is not None and args.mtp < 0:  # the upper bound is EngineConfig's (the step's token budget)
-        raise DsakvError(f"--mtp = {args.mtp}: must be an integer >= 0 (draft tokens a step)")
-    return {} if args.mtp is None else {"speculative": "mtp", "num_steps": steps}
+def _mtp_options(args, k: int | None) -> dict:
+    n = args.num_speculative_tokens
+    if n is not None and n < 0:  # the upper bound is EngineConfig's (the step's token budget)
+        raise DsakvError(f"--num-speculative-tokens = {n}: must be an integer >= 0 (speculative tokens a step)")
+    return {} if n is None else {"speculative": "mtp", "num_speculative_tokens": k}
 
 
 def run(args) -> int:
@@ -193,7 +199,7 @@ def run(args) -> int:
     if args.checkpoint:
         from dsakv.model.dsa_model import DsaModel
 
-        model = DsaModel.from_checkpoint(args.checkpoint, mtp=args.mtp is not None)
+        model = DsaModel.from_checkpoint(args.checkpoint, mtp=args.num_speculative_tokens is not None)
     workload = chat_workload(
         vocab_size=model.cfg.vocab_size if model is not None else 512,
         conversations=args.conversations,
@@ -254,7 +260,7 @@ def _mtp_figures(engine) -> dict:
     totals = engine.speculator.totals
     rate = totals.accepted_tokens / totals.draft_tokens if totals.draft_tokens else 0.0
     return {
-        "mtp_steps": engine.config.num_steps,
+        "mtp_steps": engine.config.num_speculative_tokens,
         "draft_tokens": totals.draft_tokens,
         "accepted_tokens": totals.accepted_tokens,
         "acceptance_rate": round(rate, 4),
@@ -286,7 +292,7 @@ def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
         on_engine=hook,
         reference_options=_mtp_options(args, 0),  # the reference runs the MTP layer too, drafting nothing
     )
-    if args.mtp is not None:
+    if args.num_speculative_tokens is not None:
         summary |= _mtp_figures(seen[-1])
     summary["dcp"] = args.dcp  # the pressured run's DCP ranks; the reference is one rank
     if args.json:

@@ -23,6 +23,7 @@ from rich.console import Console
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import WRITE_POLICIES
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.emit_args import add_emit_arguments, check_emit_args, emit_run, step_settings
 from dsakv.cli.gpu_args import (
     add_gpu_arguments,
@@ -93,9 +94,18 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model and cache layout")
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
-    m.add_argument("--indexer", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name")
+    m.add_argument(
+        "--indexer-pattern", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name"
+    )
+    add_hidden_alias(m, "--indexer", "indexer_pattern")
     m.add_argument("--kv-dtype", default=DEFAULT.kv_dtype, help=f"main KV format: {', '.join(KV_DTYPES)}")
-    m.add_argument("--mtp", default=str(DEFAULT.mtp), help="MTP draft tokens per decode (0 = off)")
+    m.add_argument(
+        "--num-speculative-tokens",
+        metavar="K",
+        default=str(DEFAULT.num_speculative_tokens),
+        help="speculative tokens: k MTP drafts proposed and verified per decode step (0 = off; on, one MTP cache layer)",
+    )
+    add_hidden_alias(m, "--mtp", "num_speculative_tokens")
     m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
     m.add_argument("--page-size", help="tokens per page (default 64 x kpool: the indexer's physical page is 64)")
     m.add_argument(
@@ -107,7 +117,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--mtp-index-share",
         action="store_true",
-        help="index_share_for_mtp_iteration: draft passes 2 .. --mtp reuse the previous pass's top-k (no MTP-layer "
+        help="index_share_for_mtp_iteration: draft passes 2 .. K reuse the previous pass's top-k (no MTP-layer "
         "indexer scoring; step time)",
     )
 
@@ -296,7 +306,7 @@ def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
 
 def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:
     """``--mtp-accept``: one acceptance probability in (0, 1] for every draft position, or a comma list of one per
-    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against ``--mtp``)."""
+    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against ``--num-speculative-tokens``)."""
     parts = text.split(",")
     if len(parts) == 1:
         return parse_fraction(flag, text)
@@ -309,9 +319,9 @@ _PARSERS = {
     "mtp_accept": parse_accept,
     "new_token_ratio": parse_share,
     "host_bytes": parse_tier_bytes,
-    "indexer": parse_indexer,  # a full-layer count in ASCII digits only
+    "indexer_pattern": parse_indexer,  # a full-layer count in ASCII digits only
 }
-_FROM_ZERO = frozenset({"mtp", "pool_tokens", "seed", "host_tokens", "store_tokens"})
+_FROM_ZERO = frozenset({"num_speculative_tokens", "pool_tokens", "seed", "host_tokens", "store_tokens"})
 _DERIVED = frozenset({"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings"})
 
 

@@ -143,7 +143,14 @@ class Cluster:
         else:
             digest = setup.page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
             self.router = router or make_router(
-                cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay, digest
+                cfg.router,
+                setup.cell,
+                setup.page_tokens,
+                n,
+                cfg.num_speculative_tokens > 0,
+                cfg.kv_events,
+                cfg.kv_events_replay,
+                digest,
             )
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Group]] = []  # target t = group x instances + instance

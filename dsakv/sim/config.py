@@ -62,12 +62,13 @@ MAX_SIM_POOL_PAGES = 2**23
 class SimConfig:
     """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
     DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
-    ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
-    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer); ``mtp_accept``: each draft
-    position's acceptance probability, one for all or a tuple of ``mtp`` (position i accepted only if 1 .. i-1
-    were: ``check_accept``); ``mtp_index_share``: SGLang's ``index_share_for_mtp_iteration``, draft passes 2 ..
-    ``mtp`` reuse the previous pass's top-k instead of scoring the MTP layer's indexer (step time only; no effect
-    at ``mtp`` 0 or 1, so a sweep over ``mtp`` may keep it on). ``ep`` / ``moe_a2a``: expert
+    ``indexer_pattern``: the indexer schedule, None (as configured), ``all``, a full-layer count, an F/S string
+    or an IndexCache pattern name (whether the model has an indexer at all is the step time's ``has_indexer``). ``num_speculative_tokens``: k, the speculative (MTP draft) tokens proposed and verified per decode step
+    (vLLM's name; SGLang's ``speculative_num_steps``; 0 = off; on, the pool holds one MTP cache layer);
+    ``mtp_accept``: each draft position's acceptance probability, one for all or a tuple of k (position i
+    accepted only if 1 .. i-1 were: ``check_accept``); ``mtp_index_share``: SGLang's
+    ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
+    MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on). ``ep`` / ``moe_a2a``: expert
     parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
     prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
     finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
@@ -97,10 +98,12 @@ class SimConfig:
     kv_dtype: str = "fp8_ds_mla"
     kpool: int = 1  # index_kpool: one indexer state per kpool tokens
     page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
-    mtp: int = 0
+    num_speculative_tokens: int = 0  # k: speculative (MTP draft) tokens per decode step; 0: off
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
-    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. mtp reuse pass 1's top-k
-    indexer: str | None = None
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    indexer_pattern: str | None = (
+        None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
+    )
     pool_tokens: int | None = None
     eviction_policy: str = "lru"
     insert_mode: str = "finish"
@@ -151,11 +154,11 @@ class SimConfig:
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
             raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")
-        for name in ("mtp", "seed"):
+        for name in ("num_speculative_tokens", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
-        object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.mtp))
+        object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         if not isinstance(self.mtp_index_share, bool):
             raise DsakvError(f"mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
@@ -240,7 +243,7 @@ class SimConfig:
     def radix_page_keys(self) -> str:
         """What the radix trees key on: ``page_keys``, except token keys with MTP drafts (bigram keys reach one
         token into the next page, which a page's digest cannot)."""
-        return "tokens" if self.mtp > 0 else self.page_keys
+        return "tokens" if self.num_speculative_tokens > 0 else self.page_keys
 
     @property
     def has_tiers(self) -> bool:
@@ -295,8 +298,8 @@ def _apply_indexer(spec: ModelSpec, indexer: str | None) -> ModelSpec:
 def build_setup(cfg: SimConfig) -> SimSetup:
     """Resolve a config; an impossible one (no pool page, bad sizes) raises ``DsakvError`` with the reason."""
     base_spec = load_spec(cfg.model, cfg.config)
-    spec = _apply_indexer(base_spec, cfg.indexer)
-    mtp_layers = 1 if cfg.mtp else 0
+    spec = _apply_indexer(base_spec, cfg.indexer_pattern)
+    mtp_layers = 1 if cfg.num_speculative_tokens else 0  # MTP cache layers: the one MTP layer drafts
     page_size = cfg.page_size if cfg.page_size is not None else CUDA_PAGE_SIZE * cfg.kpool
     layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers, page_size=page_size, index_kpool=cfg.kpool)
     setting = cfg.gpu
@@ -337,7 +340,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             ep=cfg.ep,
             moe_a2a=cfg.moe_a2a,
             weight_dtype=setting.weight_dtype,
-            num_draft_tokens=cfg.mtp,
+            num_speculative_tokens=cfg.num_speculative_tokens,
             mtp_accept=cfg.mtp_accept,
             mtp_index_share=cfg.mtp_index_share,
             mla_mixed_batch=vllm_mixed_batch(
@@ -356,7 +359,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         new_token_ratio=cfg.new_token_ratio,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
-        num_draft_tokens=cfg.mtp,
+        num_speculative_tokens=cfg.num_speculative_tokens,
         schedule_policy=cfg.schedule_policy,
     )
     cell = RankCell(layout, setting.dcp)

@@ -41,7 +41,7 @@ KNOB_HINTS = {  # explain_tokens' knobs -> where an operator sets them
     "indexer schedule": "the checkpoint's indexer schedule (config.json indexer_types, index_topk_pattern or "
     "index_topk_freq + index_skip_topk_offset)",
     "dcp": "the decode-context-parallel size (the indexer K is replicated on every DCP rank)",
-    "mtp": "the speculative (MTP) draft layers",
+    "mtp": "the MTP cache layers (speculative decoding's draft layer)",
     "kv dtype": "the KV cache dtype (--kv-cache-dtype)",
     "kpool": "index_kpool",
 }
@@ -273,7 +273,7 @@ def decode_linear_in_context(facts: LogFacts, setup: SimSetup) -> Verdict:
         f"{expected * 1e9:,.1f} ns): every step reads each context key's indexer K "
         f"({cell.indexer_bytes_per_token:,} B a token over {setup.spec.num_full_indexer_layers} full layers) and its "
         "top-k latent rows, which batching does not amortise; knobs: fewer full indexer layers (an IndexCache "
-        "pattern, --indexer), index_kpool = 2, shorter contexts per instance"
+        "pattern, --indexer-pattern), index_kpool = 2, shorter contexts per instance"
     )
     return Verdict("decode_linear_in_context", True, figures, advice)
 

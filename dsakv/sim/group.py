@@ -153,7 +153,7 @@ class Group:
             self.allocator,
             eviction_policy=cfg.eviction_policy,
             insert_mode=cfg.insert_mode,
-            speculative=cfg.mtp > 0,
+            speculative=cfg.num_speculative_tokens > 0,
             event_sink=event_sink,
             page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
         )
@@ -202,8 +202,10 @@ class Group:
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
         """The tokens each item reports: none unless it samples; with MTP drafts, 1 + the accepted drafts."""
         live, rng = self.live, self._rng
-        accept = accept_positions(self.cfg.mtp_accept, self.cfg.mtp)  # position i's, given 1 .. i-1 accepted
-        drafts_on = self.cfg.mtp > 0
+        accept = accept_positions(
+            self.cfg.mtp_accept, self.cfg.num_speculative_tokens
+        )  # position i's, given 1 .. i-1 accepted
+        drafts_on = self.cfg.num_speculative_tokens > 0
         sampled: list[tuple[int, ...]] = []
         for item in plan.items:
             if not item.sample:

@@ -55,12 +55,12 @@ def what_if_points(base: SimConfig) -> list[dict]:
     points: list[dict] = [{}]
     points += [{"eviction_policy": p} for p in ("lfu", "fifo", "slru") if p != base.eviction_policy]
     for count in sorted({spec.num_full_indexer_layers, n // 2, n} - {spec.num_full_indexer_layers}):
-        points.append({"indexer": str(count)})
+        points.append({"indexer_pattern": str(count)})
     ic = [name for name, pat in indexer_patterns().items() if len(pat) == n and "indexcache" in name.lower()]
     if ic:
-        points.append({"indexer": sorted(ic)[0]})
+        points.append({"indexer_pattern": sorted(ic)[0]})
     points += [
-        {"mtp": 1},
+        {"num_speculative_tokens": 1},
         {"dcp": 2},
         {"kv_dtype": "bf16"},
         {"insert_mode": "allocate" if base.insert_mode == "finish" else "finish"},

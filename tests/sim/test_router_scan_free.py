@@ -111,7 +111,7 @@ def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp,
         pool_tokens=12_800,
         step_model="constant",
         gpu=GpuSetting(dp_attention=dp),
-        mtp=mtp,
+        num_speculative_tokens=mtp,
         page_keys=page_keys,
         host_tokens=host_tokens,  # load-backs from the host tier store pages in the device trees too
     )
