@@ -141,11 +141,11 @@ class Cluster:
         if shard is not None:
             self.router = None  # the stream's router has chosen
         else:
-            digest = setup.page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
+            digest = setup.group_page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
             self.router = router or make_router(
                 cfg.router,
                 setup.cell,
-                setup.page_tokens,
+                setup.group_page_tokens,
                 n,
                 cfg.num_speculative_tokens > 0,
                 cfg.kv_events,

@@ -256,15 +256,15 @@ class SimConfig:
 @dataclass(frozen=True)
 class SimSetup:
     """What a ``SimConfig`` resolves to: the spec and cache layout, the planner's pool, the step-time model
-    and the scheduler configuration. ``pages`` are rank pages of ``page_tokens`` (page_size x dcp) tokens."""
+    and the scheduler configuration. ``num_pages`` are rank pages of ``group_page_tokens`` (page_size x dcp) tokens."""
 
     spec: ModelSpec
     layout: CacheLayout
     setting: GpuSetting
     capacity: PoolCapacity
     cell: RankCell
-    pages: int  # pool pages handed out (the planner's scratch pages come on top: capacity.scratch_pages)
-    page_tokens: int  # page_size x dcp
+    num_pages: int  # pool pages handed out (the planner's scratch pages come on top: capacity.scratch_pages)
+    group_page_tokens: int  # tokens of one page: page_size x dcp (a DCP group's rank page; page_size at dcp 1)
     pool_source: str
     step_time: RooflineStepTime | ConstantStepTime
     scheduler: SchedulerConfig
@@ -276,8 +276,8 @@ class SimSetup:
             "model": self.spec.to_dict(),
             "layout": self.layout.to_dict(),
             "gpu_setting": self.setting.to_dict(),
-            "pool": {**self.capacity.to_dict(), "simulator_pages": self.pages, "source": self.pool_source},
-            "page_tokens": self.page_tokens,
+            "pool": {**self.capacity.to_dict(), "simulator_pages": self.num_pages, "source": self.pool_source},
+            "group_page_tokens": self.group_page_tokens,
             "cell": self.cell.to_dict(),
             "step_time": self.step_time.to_dict(),
             "scheduler": asdict(self.scheduler),
@@ -309,23 +309,23 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         capacity = variant_capacity(base, variant, None, cfg.available_bytes)
     else:
         capacity = variant_capacity(base, variant, setting, None)
-    tokens_per_page = capacity.tokens_per_page
+    group_page_tokens = capacity.group_page_tokens
     if cfg.pool_tokens is not None:
-        pages, source = cfg.pool_tokens // tokens_per_page, "--pool-tokens"
+        pages, source = cfg.pool_tokens // group_page_tokens, "--pool-tokens"
         if pages < 1:
             raise DsakvError(
-                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {tokens_per_page} tokens"
+                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {group_page_tokens} tokens"
                 + (f" (page_size {layout.page_size} x dcp {setting.dcp})" if setting.dcp > 1 else "")
             )
     else:
         require_pool(capacity)  # the same check (and words) as dsakv plan
-        pages = capacity.pages
+        pages = capacity.num_pages
         source = "--available-bytes" if cfg.available_bytes is not None else "planner (GPU setting)"
     if pages > MAX_SIM_POOL_PAGES:
         what = f"pool_tokens = {cfg.pool_tokens:,}" if cfg.pool_tokens is not None else f"the {source} pool"
         raise DsakvError(
-            f"{what}: {pages:,} pages of {tokens_per_page} tokens; the simulator takes at most "
-            f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * tokens_per_page:,} tokens): its page allocator "
+            f"{what}: {pages:,} pages of {group_page_tokens} tokens; the simulator takes at most "
+            f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * group_page_tokens:,} tokens): its page allocator "
             f"keeps a flag byte and, once used, an 8-byte id per free page in memory"
         )
     if cfg.step_model == "constant":
@@ -351,9 +351,9 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
-    chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
+    chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)
     sched = SchedulerConfig(
-        max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),
+        max_batched_tokens=max(setting.max_batched_tokens, group_page_tokens),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         new_token_ratio=cfg.new_token_ratio,
@@ -364,14 +364,16 @@ def build_setup(cfg: SimConfig) -> SimSetup:
     )
     cell = RankCell(layout, setting.dcp)
     tiers = tier_setup(cfg, cell, setting) if cfg.has_tiers else None
-    return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched, tiers)
+    return SimSetup(spec, layout, setting, capacity, cell, pages, group_page_tokens, source, step_time, sched, tiers)
 
 
-def _tier_pages(size: int | str | None, tokens: int | None, pages_of_bytes: int | None, tpp: int) -> int | None:
+def _tier_pages(
+    size: int | str | None, tokens: int | None, pages_of_bytes: int | None, group_page_tokens: int
+) -> int | None:
     if size == UNBOUNDED:
         return None
     if tokens is not None:
-        return tokens // tpp
+        return tokens // group_page_tokens
     return pages_of_bytes
 
 
@@ -381,14 +383,14 @@ def tier_setup(cfg: SimConfig, cell: RankCell, setting: GpuSetting) -> TierSetup
     host_b = cfg.host_bytes if isinstance(cfg.host_bytes, int) else None
     store_b = cfg.store_bytes if isinstance(cfg.store_bytes, int) else None
     cap = tier_capacity(cell, setting, host_b, store_b)
-    tpp = cell.tokens_per_page
+    group_page_tokens = cell.group_page_tokens
     kind = gpu_kind(setting.gpu)
-    store_pages = _tier_pages(cfg.store_bytes, cfg.store_tokens, cap.store_pages, tpp)
+    store_pages = _tier_pages(cfg.store_bytes, cfg.store_tokens, cap.store_pages, group_page_tokens)
     if store_pages is not None and cfg.store_bytes is not None:
         store_pages //= setting.pools
     return TierSetup(
         has_host=cfg.host_bytes is not None or cfg.host_tokens is not None,
-        host_pages=_tier_pages(cfg.host_bytes, cfg.host_tokens, cap.host_pages, tpp),
+        host_pages=_tier_pages(cfg.host_bytes, cfg.host_tokens, cap.host_pages, group_page_tokens),
         has_store=cfg.store_bytes is not None or cfg.store_tokens is not None,
         store_pages=store_pages,
         write_policy=cfg.write_policy,

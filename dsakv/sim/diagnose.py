@@ -68,7 +68,7 @@ def _check_model(facts: LogFacts, setup: SimSetup) -> None:
     if facts.pool is None or facts.pool_kv_bytes is None or not facts.pool.tokens:
         return
     logged = facts.pool_kv_bytes / facts.pool.tokens
-    expected = setup.cell.page_bytes / setup.cell.tokens_per_page
+    expected = setup.cell.page_bytes / setup.cell.group_page_tokens
     if not 1 / CELL_RATIO_LIMIT <= logged / expected <= CELL_RATIO_LIMIT:
         raise DsakvError(
             f"--log {facts.path}: the pool holds {logged:,.0f} B per token on a rank; {setup.spec.name} stores "
@@ -131,10 +131,10 @@ def long_request_admission(facts: LogFacts, setup: SimSetup) -> Verdict:
             "not enough data: needs batch lines with the queue and the pool's usage (SGLang 'Prefill batch' / "
             "'Decode batch' #queue-req and token usage, or vLLM's stats line Waiting and GPU KV cache usage)",
         )
-    pool = facts.pool.tokens if facts.pool is not None else setup.pages * setup.page_tokens
+    pool = facts.pool.tokens if facts.pool is not None else setup.num_pages * setup.group_page_tokens
     free = None if facts.queued_min_usage is None else round((1 - facts.queued_min_usage) * pool)
     context = facts.context_len or setup.spec.max_position_embeddings
-    page = setup.page_tokens
+    page = setup.group_page_tokens
     figures = {
         "queued_lines": facts.queued_lines,
         "queued_while_free_lines": facts.queued_free_lines,

@@ -25,7 +25,7 @@ KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and co
     score_t = hit_pages_t x page_bytes  -  load_weight x load_tokens_t x token_bytes
 
 ``page_bytes`` is a page of *both* caches (main latent rows + indexer K), as the target's ``BlockStored``
-events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a
+events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / group_page_tokens``; so a
 cached token is worth one token of queue at ``load_weight = 1`` (the default, like Dynamo's overlap weight).
 """
 
@@ -141,7 +141,7 @@ class KvAware:
     before each score, so both give the same decisions."""
 
     cell: RankCell
-    page_tokens: int
+    group_page_tokens: int
     instances: int = 1
     speculative: bool = False
     load_weight: float = 1.0
@@ -155,7 +155,7 @@ class KvAware:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
-        self._token_bytes = self.cell.page_bytes / self.page_tokens  # both caches' bytes of one token
+        self._token_bytes = self.cell.page_bytes / self.group_page_tokens  # both caches' bytes of one token
         self.feed = self._open_feed()
 
     def _open_feed(self) -> EventFeed | ZmqEventFeed:
@@ -188,8 +188,8 @@ class KvAware:
 
     def page_hashes(self, key: RadixKey) -> list[bytes]:
         """The chained hashes the tree would give the key's matchable pages (``leave_one``: at most
-        ``(n - 1) // page_tokens``; in speculative mode one less, as a match gives the last page back)."""
-        ps = self.page_tokens
+        ``(n - 1) // group_page_tokens``; in speculative mode one less, as a match gives the last page back)."""
+        ps = self.group_page_tokens
         n = (key.num_tokens - 1) // ps
         if self.speculative:
             n -= 1
@@ -252,7 +252,7 @@ class Oracle:
     which the hashes do not cover: a target holding ``d`` leading pages by hash matches ``d`` or ``d - 1`` of
     them, so the oracle peeks at the trees of the targets holding the most, or one page less, to settle it."""
 
-    page_tokens: int = 64
+    group_page_tokens: int = 64
     speculative: bool = False
     page_digest: int = 0  # the trees' kind of key (RadixCache.page_digest), for the peeks
     name: str = "oracle"
@@ -274,7 +274,7 @@ class Oracle:
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
         key = request_key(req)  # token keys: the hashes chain over tokens (a peek takes the trees' kind, below)
-        ps = self.page_tokens
+        ps = self.group_page_tokens
         seed = chain_seed(self._hash, *key.namespace)
         depth, holding, above = self.holders.match(seed, key.token_data, TOKEN_BYTES * ps, (key.num_tokens - 1) // ps)
         if not self.speculative:
@@ -298,7 +298,7 @@ Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
 def make_router(
     name: str,
     cell: RankCell,
-    page_tokens: int,
+    group_page_tokens: int,
     instances: int,
     speculative: bool,
     kv_events: str | None = None,
@@ -306,13 +306,13 @@ def make_router(
     page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
+    ``group_page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
     in speculative mode, peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
-            cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
+            cell, group_page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
         )
     if name == "oracle":
-        return Oracle(page_tokens, speculative, page_digest)
+        return Oracle(group_page_tokens, speculative, page_digest)
     return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity}[name]()

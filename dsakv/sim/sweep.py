@@ -65,7 +65,7 @@ def what_if_points(base: SimConfig) -> list[dict]:
         {"kv_dtype": "bf16"},
         {"insert_mode": "allocate" if base.insert_mode == "finish" else "finish"},
     ]
-    pool = setup.pages * setup.page_tokens
+    pool = setup.num_pages * setup.group_page_tokens
     points += [{"pool_tokens": pool // 2}, {"pool_tokens": pool * 2}]
     return points
 

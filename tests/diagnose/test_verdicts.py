@@ -25,7 +25,7 @@ def verdicts(path, plan) -> dict:
 
 def test_pool_size_fires_and_names_the_indexer_schedule(write_log, sglang, plan):
     cfg, setup = plan
-    planned = setup.pages * setup.page_tokens
+    planned = setup.num_pages * setup.group_page_tokens
     v = verdicts(write_log(sglang.pool(planned, planned * 53940 / 2**30)), plan)["pool_size"]
     assert v.fires is False and v.figures["gap_tokens"] == 0
     from dsakv.planner.variants import Variant, variant_capacity
@@ -33,7 +33,7 @@ def test_pool_size_fires_and_names_the_indexer_schedule(write_log, sglang, plan)
 
     base = CacheLayout(setup.spec)
     var = CacheLayout(setup.spec.with_full_indexer_count(39))
-    logged = variant_capacity(base, Variant("", var, 1), setup.setting, None).tokens
+    logged = variant_capacity(base, Variant("", var, 1), setup.setting, None).pool_tokens
     v = verdicts(write_log(sglang.pool(logged, logged * var.cell_bytes / 2**30), "b.log"), plan)["pool_size"]
     assert (
         v.fires is True

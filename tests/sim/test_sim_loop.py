@@ -159,7 +159,7 @@ def test_without_a_prefix_cache_everything_finishes_and_nothing_hits(chat):
 
 def _pool_tokens(cfg: SimConfig) -> int:
     setup = build_setup(cfg)
-    return setup.pages * setup.page_tokens
+    return setup.num_pages * setup.group_page_tokens
 
 
 def test_what_if_layouts_change_pool_capacity():
@@ -205,7 +205,7 @@ def test_allocator_keeps_the_planner_scratch_pages_out_of_the_pool():
     setup = build_setup(cfg)
     sim = Group(cfg, setup)
     assert sim.allocator.first_page == setup.capacity.scratch_pages == 1
-    assert sim.allocator.num_pages == setup.pages == setup.capacity.pages
+    assert sim.allocator.num_pages == setup.num_pages == setup.capacity.num_pages
 
 
 def test_seeded_counters_are_copied_and_reach_the_summary():

@@ -87,7 +87,7 @@ def test_the_host_tier_is_a_tier_of_the_page_and_byte_gauges():
     index, lay = engine.tiers.host_index, engine.layout
     assert len(index) > 0 and index.pinned_pages == 0  # pages went down to host; no load-back is pending
     assert got[("dsakv:cache_pages", (("state", "cached"), ("tier", "host")))] == len(index)
-    assert got[("dsakv:cache_pages", (("state", "free"), ("tier", "host")))] == index.capacity_pages - len(index)
+    assert got[("dsakv:cache_pages", (("state", "free"), ("tier", "host")))] == index.num_pages - len(index)
     assert got[("dsakv:cache_bytes", (("cache", "main"), ("tier", "host")))] == len(index) * lay.main_page_bytes
     assert got[("dsakv:cache_bytes", (("cache", "indexer"), ("tier", "host")))] == len(index) * lay.indexer_page_bytes
 
