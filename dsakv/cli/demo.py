@@ -3,7 +3,7 @@
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
 The exit status is 0 when every generated token and every finished request's cache read-back match.
-``--kv-events`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port`` serves
+``--kv-events-endpoint`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port`` serves
 its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
 out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
 the tiny model's context) are one-line errors naming the limit, before torch is loaded.
@@ -69,8 +69,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--pd-transport", choices=("mooncake", "store"), default="mooncake", help="Mooncake TE + ZMQ, or --store"
     )
     w = p.add_argument_group("KV events and metrics (the events / metrics extras)")
-    w.add_argument("--kv-events", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here")
-    w.add_argument("--kv-events-replay", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    w.add_argument(
+        "--kv-events-endpoint", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here"
+    )
+    add_hidden_alias(w, "--kv-events", "kv_events_endpoint")
+    w.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    add_hidden_alias(w, "--kv-events-replay", "kv_events_replay_endpoint")
     w.add_argument(
         "--kv-events-topic",
         default="",
@@ -148,12 +152,14 @@ def _check_limits(args) -> int:
 
 
 def _check_wire_flags(args) -> None:
-    if args.kv_events is not None:
-        check_endpoint("--kv-events", args.kv_events)
-    if args.kv_events_replay is not None:
-        check_endpoint("--kv-events-replay", args.kv_events_replay)
-        if args.kv_events is None:
-            raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what the PUB socket sent)")
+    if args.kv_events_endpoint is not None:
+        check_endpoint("--kv-events-endpoint", args.kv_events_endpoint)
+    if args.kv_events_replay_endpoint is not None:
+        check_endpoint("--kv-events-replay-endpoint", args.kv_events_replay_endpoint)
+        if args.kv_events_endpoint is None:
+            raise DsakvError(
+                "--kv-events-replay-endpoint: needs --kv-events-endpoint (replay serves what the PUB socket sent)"
+            )
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise DsakvError(f"--metrics-port = {short_repr(args.metrics_port)}: must be an integer in 0..65535")
     if not 0.0 <= args.linger <= MAX_LINGER_S:
@@ -163,8 +169,8 @@ def _check_wire_flags(args) -> None:
 def _engine_options(args) -> dict:
     """The pressured engine's KV-event and metrics options from the flags."""
     return {
-        "kv_events_endpoint": args.kv_events,
-        "kv_events_replay_endpoint": args.kv_events_replay,
+        "kv_events_endpoint": args.kv_events_endpoint,
+        "kv_events_replay_endpoint": args.kv_events_replay_endpoint,
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
         "dcp": args.dcp,

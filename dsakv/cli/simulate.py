@@ -203,10 +203,11 @@ def _tier_flags(p: argparse.ArgumentParser) -> None:
         "--write-policy", default=DEFAULT.write_policy, help=f"when pages go down a tier: {', '.join(WRITE_POLICIES)}"
     )
     t.add_argument(
-        "--write-threshold",
-        default=str(DEFAULT.write_threshold),
+        "--hit-threshold",
+        default=str(DEFAULT.hit_threshold),
         help="write_through_selective: device hits before a page is written down",
     )
+    add_hidden_alias(t, "--write-threshold", "hit_threshold")
 
 
 def _cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -218,16 +219,18 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
         help=f"which DP group of which instance a request goes to: {', '.join(ROUTERS)}; a comma list compares them",
     )
     c.add_argument(
-        "--kv-events",
+        "--kv-events-endpoint",
         metavar="ENDPOINT",
         help="with --router kv-aware: the instances publish their KV events over ZMQ, in vLLM's wire format, from "
         "tcp://HOST:PORT (instance i at PORT + i) to the router's subscribers, instead of in process",
     )
+    add_hidden_alias(c, "--kv-events", "kv_events_endpoint")
     c.add_argument(
-        "--kv-events-replay",
+        "--kv-events-replay-endpoint",
         metavar="ENDPOINT",
         help="the instances' replay sockets (instance i at PORT + i): the subscribers ask them for dropped batches",
     )
+    add_hidden_alias(c, "--kv-events-replay", "kv_events_replay_endpoint")
     c.add_argument(
         "--pd",
         metavar="xPyD",
@@ -291,17 +294,19 @@ def _store_bytes(args: argparse.Namespace) -> int | str | None:
 
 
 def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
-    """``--kv-events`` / ``--kv-events-replay`` checked under their flag names: one kv-aware run publishes there."""
-    if args.kv_events_replay is not None and args.kv_events is None:
-        raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what PUB sent)")
-    if args.kv_events is None:
+    """``--kv-events-endpoint`` / ``--kv-events-replay-endpoint`` checked under their flag names: one kv-aware run
+    publishes there."""
+    pub, replay = "--kv-events-endpoint", "--kv-events-replay-endpoint"
+    if args.kv_events_replay_endpoint is not None and args.kv_events_endpoint is None:
+        raise DsakvError(f"{replay}: needs {pub} (replay serves what PUB sent)")
+    if args.kv_events_endpoint is None:
         return
     if args.sweep or len(routers) > 1:
-        raise DsakvError("--kv-events: one run publishes there; a sweep or router comparison runs several at once")
+        raise DsakvError(f"{pub}: one run publishes there; a sweep or router comparison runs several at once")
     if routers != ["kv-aware"]:
-        raise DsakvError(f"--kv-events: feeds the kv-aware router's index; --router {routers[0]} reads no events")
+        raise DsakvError(f"{pub}: feeds the kv-aware router's index; --router {routers[0]} reads no events")
     instances = parse_int("--instances", args.instances)
-    check_instance_endpoints("--kv-events", args.kv_events, "--kv-events-replay", args.kv_events_replay, instances)
+    check_instance_endpoints(pub, args.kv_events_endpoint, replay, args.kv_events_replay_endpoint, instances)
 
 
 def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:

@@ -148,8 +148,8 @@ class Cluster:
                 setup.group_page_tokens,
                 n,
                 cfg.num_speculative_tokens > 0,
-                cfg.kv_events,
-                cfg.kv_events_replay,
+                cfg.kv_events_endpoint,
+                cfg.kv_events_replay_endpoint,
                 digest,
             )
         self.instances = [Instance(i, []) for i in range(n)]
@@ -201,7 +201,7 @@ class Cluster:
                 group.chunks_in_runs = False
 
     def close(self) -> None:
-        """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events``)."""
+        """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events_endpoint``)."""
         if isinstance(self.router, KvAware):
             self.router.close()
 

@@ -79,7 +79,7 @@ class SimConfig:
     service time of the one front-end process every request passes first, in send order (per request and per
     prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only). ``instances``: engine instances of the cluster, each of
     ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
-    ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
+    ``kv_events_endpoint`` (and ``kv_events_replay_endpoint``): a ZMQ address from which the instances publish their KV events,
     in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
@@ -130,13 +130,13 @@ class SimConfig:
     store_tokens: int | None = None
     store_gbps: float = DEFAULT_STORE_GBPS
     write_policy: str = WRITE_THROUGH
-    write_threshold: int = DEFAULT_HIT_THRESHOLD
+    hit_threshold: int = DEFAULT_HIT_THRESHOLD  # write_through_selective: device hits before a page goes down
     instances: int = 1
     router: str = "round-robin"
     # the KV-aware router's events over real ZMQ sockets (instance i publishes at the port + i; replay
-    # sockets at kv_events_replay's port + i); None: in process. The figures are the same either way.
-    kv_events: str | None = None
-    kv_events_replay: str | None = None
+    # sockets at kv_events_replay_endpoint's port + i); None: in process. The figures are the same either way.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
     page_keys: str = "digest"
     workers: int = 1
     # the roofline's efficiencies / fixed costs replaced, as (field, value) pairs (``dsakv.sim.step_settings``:
@@ -199,21 +199,27 @@ class SimConfig:
         gbps = self.store_gbps
         if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < float("inf"):
             raise DsakvError(f"store_gbps = {gbps!r}: must be a positive number of GB/s")
-        WritePolicy(self.write_policy, self.write_threshold)
+        WritePolicy(self.write_policy, self.hit_threshold)
         if self.has_tiers and not self.prefix_cache:
             raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
 
     def _check_kv_events(self) -> None:
-        if self.kv_events_replay is not None and self.kv_events is None:
-            raise DsakvError("kv_events_replay: needs kv_events (replay serves what PUB sent)")
-        if self.kv_events is None:
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise DsakvError("kv_events_replay_endpoint: needs kv_events_endpoint (replay serves what PUB sent)")
+        if self.kv_events_endpoint is None:
             return
         if self.router != "kv-aware":
             raise DsakvError(
-                f"kv_events = {self.kv_events!r}: feeds the kv-aware router's index; router = {self.router!r} "
+                f"kv_events_endpoint = {self.kv_events_endpoint!r}: feeds the kv-aware router's index; router = {self.router!r} "
                 "reads no events"
             )
-        check_instance_endpoints("kv_events", self.kv_events, "kv_events_replay", self.kv_events_replay, self.instances)
+        check_instance_endpoints(
+            "kv_events_endpoint",
+            self.kv_events_endpoint,
+            "kv_events_replay_endpoint",
+            self.kv_events_replay_endpoint,
+            self.instances,
+        )
 
     def _check_workers(self) -> None:
         """Several workers each route the whole stream and keep their instances' requests: exact only when no
@@ -394,7 +400,7 @@ def tier_setup(cfg: SimConfig, cell: RankCell, setting: GpuSetting) -> TierSetup
         has_store=cfg.store_bytes is not None or cfg.store_tokens is not None,
         store_pages=store_pages,
         write_policy=cfg.write_policy,
-        hit_threshold=cfg.write_threshold,
+        hit_threshold=cfg.hit_threshold,
         rank_page_bytes=cell.page_bytes,
         entry_bytes=cap.entry_bytes,
         entry_main_bytes=cell.layout.main_page_bytes * cell.dcp,

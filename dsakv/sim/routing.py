@@ -11,7 +11,7 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   first ``AFFINITY_BLOCKS`` trace blocks: a conversation's opening) modulo the targets; load-blind.
 * ``kv-aware``: a global ``PrefixIndex`` (``dsakv.kvevents.index``) fed only by the targets' KV events, in
   vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (in process by default,
-  ``dsakv.kvevents.feed.EventFeed``; over real ZMQ sockets when given ``kv_events``,
+  ``dsakv.kvevents.feed.EventFeed``; over real ZMQ sockets when given ``kv_events_endpoint``,
   ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
   the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
   wins.
@@ -135,7 +135,7 @@ class KvAware:
 
     ``instances`` maps a target to its ``WorkerId`` (target ``t``: instance ``t mod instances``, DP rank
     ``t // instances``); the page bytes of a hit are those the target's own events announced. The events
-    reach the index in process, or, given ``kv_events`` (a ZMQ address, and ``kv_events_replay`` for the
+    reach the index in process, or, given ``kv_events_endpoint`` (a ZMQ address, and ``kv_events_replay_endpoint`` for the
     replay sockets), over real sockets: instance ``i`` publishes at that address's port + ``i`` (``feed``
     binds them here; ``close()`` releases them). Either way the index is made current (``feed.sync()``)
     before each score, so both give the same decisions."""
@@ -145,8 +145,8 @@ class KvAware:
     instances: int = 1
     speculative: bool = False
     load_weight: float = 1.0
-    kv_events: str | None = None
-    kv_events_replay: str | None = None
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
     name: str = "kv-aware"
     index: PrefixIndex = field(default_factory=PrefixIndex)
     clock_s: float = 0.0  # the simulated time, stamped on event batches (the cluster sets it)
@@ -166,13 +166,15 @@ class KvAware:
         from dsakv.kvevents.feed import EventFeed
 
         cost, clock = PageCost.of(self.cell.layout), lambda: self.clock_s
-        if self.kv_events is None:
+        if self.kv_events_endpoint is None:
             return EventFeed(self.index, cost, clock)
         try:
             from dsakv.kvevents.zmq_feed import ZmqEventFeed
         except ImportError:
-            raise DsakvError("kv_events: needs pyzmq (pip install 'dsakv[events]')") from None
-        return ZmqEventFeed(self.index, self.instances, self.kv_events, self.kv_events_replay, cost=cost, clock=clock)
+            raise DsakvError("kv_events_endpoint: needs pyzmq (pip install 'dsakv[events]')") from None
+        return ZmqEventFeed(
+            self.index, self.instances, self.kv_events_endpoint, self.kv_events_replay_endpoint, cost=cost, clock=clock
+        )
 
     def close(self) -> None:
         """Release the feed's sockets (none in process)."""
@@ -301,17 +303,22 @@ def make_router(
     group_page_tokens: int,
     instances: int,
     speculative: bool,
-    kv_events: str | None = None,
-    kv_events_replay: str | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_events_replay_endpoint: str | None = None,
     page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``group_page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
+    ``group_page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events_endpoint`` when given; the oracle,
     in speculative mode, peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
-            cell, group_page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
+            cell,
+            group_page_tokens,
+            instances,
+            speculative,
+            kv_events_endpoint=kv_events_endpoint,
+            kv_events_replay_endpoint=kv_events_replay_endpoint,
         )
     if name == "oracle":
         return Oracle(group_page_tokens, speculative, page_digest)

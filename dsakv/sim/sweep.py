@@ -125,9 +125,9 @@ def run_sweep(
     anything runs; an impossible GPU setting or pool (a DP-attention size that does not divide TP, no room
     for one page) becomes that point's row with the error."""
     check_rereadable(source)
-    if base.kv_events is not None or any("kv_events" in over for over in points):
+    if base.kv_events_endpoint is not None or any("kv_events_endpoint" in over for over in points):
         raise DsakvError(
-            "kv_events: a sweep runs its points at once, and each would bind the same ports; publish from one run"
+            "kv_events_endpoint: a sweep runs its points at once, and each would bind the same ports; publish from one run"
         )
     jobs = []
     for over in points:
