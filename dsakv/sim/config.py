@@ -83,9 +83,10 @@ class SimConfig:
     in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
-    trees key a page on (``RadixCache``): ``"digest"`` (the default), a 16-byte digest of its tokens, so a
-    cached page costs 16 bytes of key instead of ``4 x page_size`` and a thousand instances' trees fit in
-    memory; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
+    trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
+    ``"tokens"`` for the engine's one tree), a 16-byte digest of its tokens, so a cached page costs 16 bytes of
+    key instead of ``4 x page_size`` and a thousand instances' trees fit in memory, and the figures do not
+    depend on it; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
     with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the
     processes a cluster's instances are split among (``dsakv.sim.shards``; the same figures as one process):
     more than 1 only for a router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and
