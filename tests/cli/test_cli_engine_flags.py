@@ -1,4 +1,4 @@
-"""``dsakv simulate``'s engine flags (issue 15): ``--ep``, ``--moe-a2a``, ``--schedule-policy``, ``--mtp`` and
+"""``dsakv simulate``'s engine flags (issue 15): ``--ep``, ``--moe-a2a``, ``--schedule-policy``, ``--num-speculative-tokens`` and
 ``--weight-dtype`` reach the step time and the scheduler; bad values are one-line errors naming the flag and
 what is allowed; ``--sweep`` takes ``ep``, ``moe_a2a`` and ``schedule_policy``."""
 
