@@ -3,8 +3,8 @@
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
 The exit status is 0 when every generated token and every finished request's cache read-back match.
-``--kv-events-endpoint`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port`` serves
-its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
+``--kv-events-endpoint`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port``
+serves its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
 out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
 the tiny model's context) are one-line errors naming the limit, before torch is loaded.
 """

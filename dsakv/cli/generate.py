@@ -4,8 +4,8 @@
 ``generate()``); the default is the production mode (``fp8_ds_mla`` main KV, fp8 indexer K with Hadamard).
 ``--json`` prints one object: ``tokens`` (the generated ids), ``hit_tokens``, ``kv_dtype`` and the rest.
 ``--num-speculative-tokens K`` (old spelling ``--mtp K``) drafts K tokens a step with the checkpoint's MTP
-layer (``EngineConfig(speculative="mtp", num_speculative_tokens=K)``): the tokens are the same, and the object adds ``draft_tokens``, ``accepted_tokens`` and
-``acceptance_rate`` (accepted / drafted).
+layer (``EngineConfig(speculative="mtp", num_speculative_tokens=K)``): the tokens are the same, and the
+object adds ``draft_tokens``, ``accepted_tokens`` and ``acceptance_rate`` (accepted / drafted).
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens",
         metavar="K",
         default=str(DEFAULT.num_speculative_tokens),
-        help="speculative tokens: k MTP drafts proposed and verified per decode step (0 = off; on, one MTP cache layer)",
+        help="speculative tokens: k MTP drafts proposed and verified per decode step (0 = off; on, one MTP cache "
+        "layer)",
     )
     add_hidden_alias(m, "--mtp", "num_speculative_tokens")
     m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
@@ -311,7 +312,8 @@ def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
 
 def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:
     """``--mtp-accept``: one acceptance probability in (0, 1] for every draft position, or a comma list of one per
-    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against ``--num-speculative-tokens``)."""
+    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against
+    ``--num-speculative-tokens``)."""
     parts = text.split(",")
     if len(parts) == 1:
         return parse_fraction(flag, text)

@@ -62,7 +62,8 @@ def _convert(key: str, text: str):
 
 
 def parse_sweep(specs: list[str], base: SimConfig) -> list[dict]:
-    """``["policy=lru,lfu", "num_speculative_tokens=0,1"]`` -> the Cartesian product as field overrides; ``what-if`` preset."""
+    """``["policy=lru,lfu", "num_speculative_tokens=0,1"]`` -> the Cartesian product as field overrides;
+    ``what-if`` preset."""
     if specs == ["what-if"]:
         return what_if_points(base)
     dims = []

@@ -58,8 +58,8 @@ class EngineConfig:
     # Speculative decoding with the model's MTP layer; docs/scheduler.md (SGLang's and vLLM's names for these).
     speculative: str | None = None  # "mtp", or None: off
     # k, the draft chain length: speculative tokens proposed and verified per decode step (vLLM's
-    # num_speculative_tokens; SGLang's speculative_num_steps, its speculative_num_draft_tokens being k + 1 for a chain);
-    # 0 with speculative = "mtp": the MTP layer runs and fills its cache, nothing is drafted
+    # num_speculative_tokens; SGLang's speculative_num_steps, its speculative_num_draft_tokens being k + 1 for
+    # a chain); 0 with speculative = "mtp": the MTP layer runs and fills its cache, nothing is drafted
     num_speculative_tokens: int = 0
     eagle_topk: int = 1  # drafts per chain step: chains only (tree drafting with topk > 1 is not built)
     index_share_for_mtp_iteration: bool = False  # chain steps after the first reuse the previous step's top-k

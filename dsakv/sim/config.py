@@ -63,34 +63,36 @@ class SimConfig:
     """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
     DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
     ``indexer_pattern``: the indexer schedule, None (as configured), ``all``, a full-layer count, an F/S string
-    or an IndexCache pattern name (whether the model has an indexer at all is the step time's ``has_indexer``). ``num_speculative_tokens``: k, the speculative (MTP draft) tokens proposed and verified per decode step
+    or an IndexCache pattern name (whether the model has an indexer at all is the step time's ``has_indexer``).
+    ``num_speculative_tokens``: k, the speculative (MTP draft) tokens proposed and verified per decode step
     (vLLM's name; SGLang's ``speculative_num_steps``; 0 = off; on, the pool holds one MTP cache layer);
     ``mtp_accept``: each draft position's acceptance probability, one for all or a tuple of k (position i
     accepted only if 1 .. i-1 were: ``check_accept``); ``mtp_index_share``: SGLang's
     ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
-    MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on). ``ep`` / ``moe_a2a``: expert
-    parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
-    prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
-    and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a client
-    sending a request to the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to
-    the scheduler): the request's arrival is the client's send time, so its TTFT and the makespan include it
-    (default 0: the engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` / ``frontend_token_s``: the
-    service time of the one front-end process every request passes first, in send order (per request and per
-    prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only). ``instances``: engine instances of the cluster, each of
-    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
-    ``kv_events_endpoint`` (and ``kv_events_replay_endpoint``): a ZMQ address from which the instances publish their KV events,
-    in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
+    MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on). ``ep`` /
+    ``moe_a2a``: expert parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's
+    (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
+    when request k - C finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever
+    the instances and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a
+    client sending a request to the engine's scheduler queuing it (HTTP, tokenization, the hop from the API
+    server to the scheduler): the request's arrival is the client's send time, so its TTFT and the makespan
+    include it (default 0: the engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` /
+    ``frontend_token_s``: the service time of the one front-end process every request passes first, in send
+    order (per request and per prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only).
+    ``instances``: engine instances of the cluster, each of ``gpu`` (``dsakv.sim.cluster``); ``router``: which
+    of their DP groups a request goes to (``ROUTERS``). ``kv_events_endpoint`` (and
+    ``kv_events_replay_endpoint``): a ZMQ address from which the instances publish their KV events, in vLLM's
+    wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
     trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
     ``"tokens"`` for the engine's one tree), a 16-byte digest of its tokens, so a cached page costs 16 bytes of
-    key instead of ``4 x page_size`` and a thousand instances' trees fit in memory, and the figures do not
-    depend on it; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
-    with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the
-    processes a cluster's instances are split among (``dsakv.sim.shards``; the same figures as one process):
-    more than 1 only for a router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and
-    at least as many instances."""
+    key instead of ``4 x page_size`` and a thousand instances' trees fit in memory; ``"tokens"``, the exact
+    token ids (``--page-keys tokens``). The figures are the same either way; with MTP drafts the trees key
+    bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the processes a cluster's
+    instances are split among (``dsakv.sim.shards``; the same figures as one process): more than 1 only for a
+    router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and at least as many
+    instances."""
 
     model: str | None = None
     config: str | None = None
@@ -211,8 +213,8 @@ class SimConfig:
             return
         if self.router != "kv-aware":
             raise DsakvError(
-                f"kv_events_endpoint = {self.kv_events_endpoint!r}: feeds the kv-aware router's index; router = {self.router!r} "
-                "reads no events"
+                f"kv_events_endpoint = {self.kv_events_endpoint!r}: feeds the kv-aware router's index; "
+                f"router = {self.router!r} reads no events"
             )
         check_instance_endpoints(
             "kv_events_endpoint",
