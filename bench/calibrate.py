@@ -314,7 +314,7 @@ def sim_config(anchor: dict) -> SimConfig:
         model=anchor["model"],
         gpu=setting,
         kv_dtype=engine_kv_dtype(anchor),
-        mtp=_int(anchor.get("mtp"), 0),
+        num_speculative_tokens=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),

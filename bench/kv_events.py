@@ -12,7 +12,7 @@ adds vLLM's msgpack encode + decode per event (``kvevents.feed.EventFeed``); "zm
 the best of ``--repeats``; every route must end with the same index as the direct one (checked).
 
 ``--cluster`` runs the trace (or scenario) through ``--instances`` instances behind the KV-aware router twice,
-in process and with ``SimConfig.kv_events`` on loopback (free ports, replay sockets), and prints both wall
+in process and with ``SimConfig.kv_events_endpoint`` on loopback (free ports, replay sockets), and prints both wall
 times, the batches that crossed the sockets and whether the summaries and records are equal (they must be).
 """
 
@@ -87,7 +87,7 @@ def bench_cluster(args: argparse.Namespace) -> int:
     source = Source(trace=args.trace, scenario=None if args.trace else args.scenario, scale=args.scale)
     cfg = SimConfig(instances=args.instances, router="kv-aware")
     local = cluster_run(cfg, source)
-    wired = cluster_run(replace(cfg, kv_events=LOOPBACK, kv_events_replay=LOOPBACK), source)
+    wired = cluster_run(replace(cfg, kv_events_endpoint=LOOPBACK, kv_events_replay_endpoint=LOOPBACK), source)
     equal = wired["summary"] == local["summary"] and list(wired["records"]) == list(local["records"])
     out = {
         "requests": local["summary"]["requests"],

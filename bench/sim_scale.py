@@ -60,7 +60,7 @@ def main() -> None:
     trace = MooncakeTrace(args.trace)
     id_span = 1 + max((max(r.hash_ids, default=0) for r in trace), default=0)
     base = build_setup(SimConfig())
-    cfg = SimConfig(pool_tokens=args.scale * base.pages * base.page_tokens)
+    cfg = SimConfig(pool_tokens=args.scale * base.num_pages * base.group_page_tokens)
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     result = simulate(cfg, scaled_requests(trace, args.scale, args.limit, id_span), setup=build_setup(cfg))
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0

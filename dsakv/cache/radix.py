@@ -86,7 +86,12 @@ class RadixCache(RadixState):
     ``"digest"``, the 16-byte xxh3_128 digest of its token bytes (16 B a page instead of ``4 * page_size``;
     ``key.py`` says why a collision is negligible). The two give the same matches, evictions and page ids,
     and the same events (page hashes chain over the tokens either way). Keys passed in must be of the
-    cache's kind: build them with ``key()``. Speculative (bigram) mode takes token keys only."""
+    cache's kind: build them with ``key()``. Speculative (bigram) mode takes token keys only.
+
+    Why ``"tokens"`` is the default here (while ``SimConfig.page_keys`` defaults to ``"digest"``): the
+    radix cache is the engine's too, whose one tree covers one pool, where the exact ids cost little, need no
+    digest per page, and work in every mode (speculative bigram keys included); a caller that holds many trees
+    at once (the simulator's thousand instances) asks for digests."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ them. Nothing here holds bytes; the engine copies them, the simulator prices the
   ``reserve`` and ``record_written``. ``TierIndex`` implements it in memory (the simulator's host and store,
   the engine's host); the engine's Redis store implements it over a server whose content can vanish at any
   time (there ``pin`` cannot hold a page, and a load-back may fail: ``Scheduler.load_backs_done``).
-* ``TierIndex`` keeps at most ``capacity_pages`` entries (None: unbounded) and evicts unpinned ones by the
+* ``TierIndex`` keeps at most ``num_pages`` entries (None: unbounded) and evicts unpinned ones by the
   device tier's policies (``dsakv.cache.eviction``); within one policy key, deeper pages of a chain go
   first, since a missing page ends every hit through it. An index with ``slots`` gives each entry a slot,
   the index of its page in the engine's host buffer.
@@ -142,31 +142,27 @@ class TierEntry:
 class TierIndex:
     """In-memory index of one lower tier (see the module docstring); implements ``LowerTier``.
 
-    ``capacity_pages``: entries it holds at most (None: unbounded). ``eviction_policy``: a name of
-    ``dsakv.cache.eviction.POLICIES``. ``slots``: give each entry a slot in ``0 .. capacity_pages - 1`` (a
+    ``num_pages``: entries it holds at most (None: unbounded). ``eviction_policy``: a name of
+    ``dsakv.cache.eviction.POLICIES``. ``slots``: give each entry a slot in ``0 .. num_pages - 1`` (a
     host buffer's page index; an unbounded index numbers them on). Not thread-safe: one scheduler drives it.
     """
 
-    def __init__(
-        self, name: str, capacity_pages: int | None, *, eviction_policy: str = "lru", slots: bool = False
-    ) -> None:
+    def __init__(self, name: str, num_pages: int | None, *, eviction_policy: str = "lru", slots: bool = False) -> None:
         check_choice("tier", name, LOWER_TIERS)
-        if capacity_pages is not None and (
-            isinstance(capacity_pages, bool) or not isinstance(capacity_pages, int) or capacity_pages < 0
-        ):
-            raise DsakvError(f"capacity_pages = {capacity_pages!r}: must be an integer >= 0, or None (unbounded)")
+        if num_pages is not None and (isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0):
+            raise DsakvError(f"num_pages = {num_pages!r}: must be an integer >= 0, or None (unbounded)")
         policy = get_policy(eviction_policy)
         if not isinstance(slots, bool):
             raise DsakvError(f"slots = {slots!r}: must be True or False")
         self.name = name
-        self.capacity_pages = capacity_pages
+        self.num_pages = num_pages
         self.eviction_policy = eviction_policy
         self.has_slots = slots
         self._policy_key = policy.key
         self._entries: dict[bytes, TierEntry] = {}
         self._heap: LeafHeap[TierEntry] = LeafHeap(self._eviction_key)
-        self._free_slots: list[int] = list(range(capacity_pages - 1, -1, -1)) if slots and capacity_pages else []
-        self._next_slot = 0 if capacity_pages is None else capacity_pages
+        self._free_slots: list[int] = list(range(num_pages - 1, -1, -1)) if slots and num_pages else []
+        self._next_slot = 0 if num_pages is None else num_pages
         self._tick = 0
         self._seq = itertools.count()
 
@@ -237,7 +233,7 @@ class TierIndex:
                 new.append((h, d))
         if not new:
             return Reservation((), (), (), ())
-        cap = self.capacity_pages
+        cap = self.num_pages
         overflow = 0 if cap is None else len(entries) + len(new) - cap
         if overflow > 0:  # keep the chain's front pages when not all of them fit
             room = cap - len(entries) + self._evictable_count(overflow)
@@ -304,7 +300,7 @@ class TierIndex:
         """Raise ``AssertionError`` unless: entries within capacity; slots (when kept) distinct, in range and
         disjoint from the free slots; pins >= 0; every unpinned entry has a heap entry with its current key."""
         entries = self._entries
-        cap = self.capacity_pages
+        cap = self.num_pages
         if cap is not None and len(entries) > cap:
             raise AssertionError(f"{self.name} tier holds {len(entries)} pages > capacity {cap}")
         for h, e in entries.items():

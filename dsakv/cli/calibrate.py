@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             "calibrate needs SGLang 'Decode batch' / 'Prefill batch' lines"
         )
     _, setup = log_setup(args, facts)
-    cal = calibrate(facts, setup.step_time, setup.page_tokens)
+    cal = calibrate(facts, setup.step_time, setup.group_page_tokens)
     out = {"log": facts.counts(), **cal.to_dict()}
     if args.out:
         write_step_settings(args.out, cal.settings, out)

@@ -3,8 +3,8 @@
 The workload and the two runs (a small pool that evicts and preempts, and an unpressured reference) are
 ``dsakv.workloads.chat``; this module parses the flags and renders the figures (a table, or ``--json``).
 The exit status is 0 when every generated token and every finished request's cache read-back match.
-``--kv-events`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port`` serves
-its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
+``--kv-events-endpoint`` publishes the pressured engine's KV events in vLLM's wire format, ``--metrics-port``
+serves its Prometheus metrics, and ``--linger`` keeps both up after the summary is printed. Flags
 out of range (``_check_limits``: pools above 1 GiB of CPU memory, more threads than CPUs, prompts beyond
 the tiny model's context) are one-line errors naming the limit, before torch is loaded.
 """
@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.gpu_args import ascii_int, parse_bytes
 from dsakv.cli.output import dumps
 from dsakv.engine.config import POOL_KINDS
@@ -52,8 +53,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="a GLM-MoE-DSA / DeepSeek-V3.2 checkpoint folder (default: the tiny model)")
     p.add_argument("--exact", action="store_true", help="exact cache mode (fp32 main KV and indexer K)")
     p.add_argument(
-        "--mtp", type=ascii_int, metavar="K", help="MTP speculative decoding: K drafts a step (0: MTP layer only)"
+        "--num-speculative-tokens",
+        type=ascii_int,
+        metavar="K",
+        help="MTP speculative decoding: K speculative tokens a step (0: the MTP layer only)",
     )
+    add_hidden_alias(p, "--mtp", "num_speculative_tokens", type=ascii_int)
     p.add_argument("--host-bytes", help="host tier below the small pool: bytes of both caches (e.g. 64MiB)")
     p.add_argument("--store", metavar="URL", help="shared page store below the small pool: redis://HOST:PORT/DB")
     d = p.add_argument_group("PD disaggregation (the pd extra)")
@@ -64,8 +69,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--pd-transport", choices=("mooncake", "store"), default="mooncake", help="Mooncake TE + ZMQ, or --store"
     )
     w = p.add_argument_group("KV events and metrics (the events / metrics extras)")
-    w.add_argument("--kv-events", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here")
-    w.add_argument("--kv-events-replay", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    w.add_argument(
+        "--kv-events-endpoint", metavar="ENDPOINT", help="publish KV events in vLLM's format: bind a PUB socket here"
+    )
+    add_hidden_alias(w, "--kv-events", "kv_events_endpoint")
+    w.add_argument("--kv-events-replay-endpoint", metavar="ENDPOINT", help="bind the replay (ROUTER) socket here")
+    add_hidden_alias(w, "--kv-events-replay", "kv_events_replay_endpoint")
     w.add_argument(
         "--kv-events-topic",
         default="",
@@ -143,12 +152,14 @@ def _check_limits(args) -> int:
 
 
 def _check_wire_flags(args) -> None:
-    if args.kv_events is not None:
-        check_endpoint("--kv-events", args.kv_events)
-    if args.kv_events_replay is not None:
-        check_endpoint("--kv-events-replay", args.kv_events_replay)
-        if args.kv_events is None:
-            raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what the PUB socket sent)")
+    if args.kv_events_endpoint is not None:
+        check_endpoint("--kv-events-endpoint", args.kv_events_endpoint)
+    if args.kv_events_replay_endpoint is not None:
+        check_endpoint("--kv-events-replay-endpoint", args.kv_events_replay_endpoint)
+        if args.kv_events_endpoint is None:
+            raise DsakvError(
+                "--kv-events-replay-endpoint: needs --kv-events-endpoint (replay serves what the PUB socket sent)"
+            )
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise DsakvError(f"--metrics-port = {short_repr(args.metrics_port)}: must be an integer in 0..65535")
     if not 0.0 <= args.linger <= MAX_LINGER_S:
@@ -158,18 +169,19 @@ def _check_wire_flags(args) -> None:
 def _engine_options(args) -> dict:
     """The pressured engine's KV-event and metrics options from the flags."""
     return {
-        "kv_events_endpoint": args.kv_events,
-        "kv_events_replay_endpoint": args.kv_events_replay,
+        "kv_events_endpoint": args.kv_events_endpoint,
+        "kv_events_replay_endpoint": args.kv_events_replay_endpoint,
         "kv_events_topic": args.kv_events_topic,
         "metrics": args.metrics_port is not None,
         "dcp": args.dcp,
-    } | _mtp_options(args, args.mtp)
+    } | _mtp_options(args, args.num_speculative_tokens)
 
 
-def _mtp_options(args, steps: int | None) -> dict:
-    if args.mtp is not None and args.mtp < 0:  # the upper bound is EngineConfig's (the step's token budget)
-        raise DsakvError(f"--mtp = {args.mtp}: must be an integer >= 0 (draft tokens a step)")
-    return {} if args.mtp is None else {"speculative": "mtp", "num_steps": steps}
+def _mtp_options(args, k: int | None) -> dict:
+    n = args.num_speculative_tokens
+    if n is not None and n < 0:  # the upper bound is EngineConfig's (the step's token budget)
+        raise DsakvError(f"--num-speculative-tokens = {n}: must be an integer >= 0 (speculative tokens a step)")
+    return {} if n is None else {"speculative": "mtp", "num_speculative_tokens": k}
 
 
 def run(args) -> int:
@@ -193,7 +205,7 @@ def run(args) -> int:
     if args.checkpoint:
         from dsakv.model.dsa_model import DsaModel
 
-        model = DsaModel.from_checkpoint(args.checkpoint, mtp=args.mtp is not None)
+        model = DsaModel.from_checkpoint(args.checkpoint, mtp=args.num_speculative_tokens is not None)
     workload = chat_workload(
         vocab_size=model.cfg.vocab_size if model is not None else 512,
         conversations=args.conversations,
@@ -254,7 +266,7 @@ def _mtp_figures(engine) -> dict:
     totals = engine.speculator.totals
     rate = totals.accepted_tokens / totals.draft_tokens if totals.draft_tokens else 0.0
     return {
-        "mtp_steps": engine.config.num_steps,
+        "mtp_steps": engine.config.num_speculative_tokens,
         "draft_tokens": totals.draft_tokens,
         "accepted_tokens": totals.accepted_tokens,
         "acceptance_rate": round(rate, 4),
@@ -286,7 +298,7 @@ def _run_pressured(args, workload, model, host_bytes, on_engine) -> dict:
         on_engine=hook,
         reference_options=_mtp_options(args, 0),  # the reference runs the MTP layer too, drafting nothing
     )
-    if args.mtp is not None:
+    if args.num_speculative_tokens is not None:
         summary |= _mtp_figures(seen[-1])
     summary["dcp"] = args.dcp  # the pressured run's DCP ranks; the reference is one rank
     if args.json:

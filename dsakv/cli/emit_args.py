@@ -46,7 +46,7 @@ def step_settings(args: argparse.Namespace) -> Settings:
 
 def emit_run(args: argparse.Namespace, cfg: SimConfig, requests: Iterable, run: dict) -> SimResult:
     """The one-group run stepped one step at a time, its log written to ``--emit-log`` as it goes."""
-    if cfg.instances > 1 or cfg.gpu.dp_attention > 1 or cfg.workers > 1 or cfg.kv_events is not None:
+    if cfg.instances > 1 or cfg.gpu.dp_attention > 1 or cfg.workers > 1 or cfg.kv_events_endpoint is not None:
         raise DsakvError("--emit-log writes one engine's log: give it with one instance, one DP group, one worker")
     if args.log_format not in LOG_FORMATS:
         raise DsakvError(f"--log-format = {args.log_format!r}: must be one of {', '.join(LOG_FORMATS)}")

@@ -3,9 +3,9 @@
 ``--exact`` selects the exact cache mode (fp32 main KV and indexer K: the tokens equal transformers'
 ``generate()``); the default is the production mode (``fp8_ds_mla`` main KV, fp8 indexer K with Hadamard).
 ``--json`` prints one object: ``tokens`` (the generated ids), ``hit_tokens``, ``kv_dtype`` and the rest.
-``--mtp K`` drafts K tokens a step with the checkpoint's MTP layer (``EngineConfig(speculative="mtp",
-num_steps=K)``): the tokens are the same, and the object adds ``draft_tokens``, ``accepted_tokens`` and
-``acceptance_rate`` (accepted / drafted).
+``--num-speculative-tokens K`` (old spelling ``--mtp K``) drafts K tokens a step with the checkpoint's MTP
+layer (``EngineConfig(speculative="mtp", num_speculative_tokens=K)``): the tokens are the same, and the
+object adds ``draft_tokens``, ``accepted_tokens`` and ``acceptance_rate`` (accepted / drafted).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.gpu_args import ascii_int
 from dsakv.errors import DsakvError
 
@@ -27,8 +28,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=ascii_int, default=64)
     p.add_argument("--threads", type=ascii_int, default=1, help="torch CPU threads (default 1)")
     p.add_argument(
-        "--mtp", type=ascii_int, metavar="K", help="speculative decoding: K drafts a step from the MTP layer"
+        "--num-speculative-tokens",
+        type=ascii_int,
+        metavar="K",
+        help="speculative decoding: K speculative tokens a step, drafted by the MTP layer",
     )
+    add_hidden_alias(p, "--mtp", "num_speculative_tokens", type=ascii_int)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 
@@ -53,15 +58,18 @@ def run(args) -> int:
     for name in ("max_new_tokens", "pages", "page_size", "threads"):
         if getattr(args, name) < 1:
             raise DsakvError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be >= 1")
-    if args.mtp is not None and args.mtp < 0:
-        raise DsakvError(f"--mtp = {args.mtp}: must be >= 0 (draft tokens a step; 0 runs the MTP layer only)")
+    k = args.num_speculative_tokens
+    if k is not None and k < 0:
+        raise DsakvError(
+            f"--num-speculative-tokens = {k}: must be >= 0 (draft tokens a step; 0 runs the MTP layer only)"
+        )
     import torch
 
     from dsakv.engine.engine import Engine, EngineConfig
 
     torch.set_num_threads(args.threads)
     dtypes = dict(kv_dtype="fp32", indexer_dtype="fp32") if args.exact else {}
-    spec = dict(speculative="mtp", num_steps=args.mtp) if args.mtp is not None else {}
+    spec = dict(speculative="mtp", num_speculative_tokens=k) if k is not None else {}
     cfg = EngineConfig(num_pages=args.pages, page_size=args.page_size, **dtypes, **spec)
     engine = Engine(cfg, checkpoint=args.checkpoint)
     result = engine.generate([ids], args.max_new_tokens)[0]
@@ -75,10 +83,10 @@ def run(args) -> int:
         "prompt_tokens": len(ids),
         "model_type": engine.model.cfg.model_type,
     }
-    if args.mtp is not None:
+    if k is not None:
         drafted, accepted = result.stats.draft_tokens, result.stats.accepted_draft_tokens
         out |= {
-            "mtp_steps": args.mtp,
+            "mtp_steps": k,
             "draft_tokens": drafted,
             "accepted_tokens": accepted,
             "acceptance_rate": accepted / drafted if drafted else 0.0,

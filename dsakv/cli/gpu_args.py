@@ -47,7 +47,7 @@ def ascii_int(text: str) -> int:
 
 
 def parse_indexer(flag: str, text: str | None) -> str | None:
-    """``--indexer``: a full-layer count is an ASCII integer (``'２１'`` is refused, not taken as 21); 'all', an F/S
+    """``--indexer-pattern``: a full-layer count is an ASCII integer (``'２１'`` is refused, not taken as 21); 'all', an F/S
     string or a pattern name pass through."""
     if text is not None and str(text).strip().isdigit():  # isdigit() is true for any Unicode digit
         return str(parse_int(flag, text, 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.gpu_args import add_gpu_arguments, available_bytes, gpu_setting, parse_int
 from dsakv.errors import DsakvError
 from dsakv.sim.config import SimConfig, SimSetup, build_setup
@@ -23,7 +24,13 @@ def add_log_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
     m.add_argument("--kv-dtype", default="fp8_ds_mla", help=f"main KV format: {', '.join(KV_DTYPES)}")
-    m.add_argument("--mtp", default="0", help="MTP draft tokens per decode the engine ran (0 = off)")
+    m.add_argument(
+        "--num-speculative-tokens",
+        metavar="K",
+        default="0",
+        help="speculative (MTP draft) tokens per decode step the engine ran (0 = off)",
+    )
+    add_hidden_alias(m, "--mtp", "num_speculative_tokens")
     add_gpu_arguments(p)
     p.add_argument("--json", action="store_true", help="print every figure as JSON")
 
@@ -41,7 +48,7 @@ def log_setup(args: argparse.Namespace, facts: LogFacts) -> tuple[SimConfig, Sim
         gpu=gpu_setting(args),
         available_bytes=available_bytes(args),
         kv_dtype=args.kv_dtype,
-        mtp=parse_int("--mtp", args.mtp, 0),
+        num_speculative_tokens=parse_int("--num-speculative-tokens", args.num_speculative_tokens, 0),
         schedule_policy=POLICY_OF_ENGINE.get(facts.engine or "sglang", "prefill_first"),
     )
     return cfg, build_setup(cfg)

@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument(
         "--mtp-layers",
         default=str(LAYOUT_DEFAULTS["mtp_layers"]),
-        help="MTP cache layers (not draft tokens; each: main row + full indexer)",
+        help="MTP cache layers (not speculative tokens: simulate's --num-speculative-tokens; each: main row + full "
+        "indexer)",
     )
     c.add_argument(
         "--kpool", default=str(LAYOUT_DEFAULTS["index_kpool"]), help="index_kpool: one indexer state per N tokens"

@@ -40,7 +40,7 @@ def cell_table(p: Plan) -> Table:
     t.add_row("main KV (B per token)", b(cell.main_bytes_per_token))
     t.add_row("indexer K (B per token)", b(cell.indexer_bytes_per_token))
     t.add_row("cell = main + indexer (B per token)", b(cell.cell_bytes))
-    t.add_row("tokens per page (per rank page)", b(cell.tokens_per_page))
+    t.add_row("tokens per page (per rank page)", b(cell.group_page_tokens))
     t.add_row("page: main + indexer (B)", f"{b(cell.main_page_bytes)} + {b(cell.indexer_page_bytes)}")
     t.add_row("page, both caches (B) [MiB]", f"{b(cell.page_bytes)} [{cell.page_bytes / 2**20:,.2f}]")
     return t
@@ -63,8 +63,8 @@ def memory_table(p: Plan) -> Table:
         t.add_row("- top-k index buffer", b(mem.topk_buffer_bytes), gb(mem.topk_buffer_bytes))
     t.add_row(f"= available for the pool ({p.pool_source})", b(pool.available_bytes), gb(pool.available_bytes))
     t.add_row("pool: whole pages x page bytes", b(pool.pool_bytes), gb(pool.pool_bytes))
-    t.add_row("pool pages (whole pages - 1 scratch page)", b(pool.pages), "")
-    t.add_row("pool tokens per rank", b(pool.tokens), "")
+    t.add_row("pool pages (whole pages - 1 scratch page)", b(pool.num_pages), "")
+    t.add_row("pool tokens per rank", b(pool.pool_tokens), "")
     t.add_row(f"system tokens ({st.pools} independent pools)", b(p.system_tokens), "")
     return t  # a plan always has a pool page: planner.budget.require_pool refuses the settings that leave none
 
@@ -170,7 +170,7 @@ def explain_table(p: Plan) -> Table:
 def tiers_table(p: Plan) -> Table:
     t = p.tiers
     table = _table(
-        f"Lower tiers (one entry = {b(t.entry_bytes)} B of both caches, {t.tokens_per_page} tokens)",
+        f"Lower tiers (one entry = {b(t.entry_bytes)} B of both caches, {t.group_page_tokens} tokens)",
         "tier",
         "GB",
         "pages",

@@ -23,6 +23,7 @@ from rich.console import Console
 from dsakv.cache.eviction import POLICIES
 from dsakv.cache.radix import INSERT_MODES, PAGE_KEYS
 from dsakv.cache.tiers import WRITE_POLICIES
+from dsakv.cli.aliases import add_hidden_alias
 from dsakv.cli.emit_args import add_emit_arguments, check_emit_args, emit_run, step_settings
 from dsakv.cli.gpu_args import (
     add_gpu_arguments,
@@ -93,9 +94,19 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model and cache layout")
     m.add_argument("--model", help=f"preset: {', '.join(PRESETS)} (default glm-5.3)")
     m.add_argument("--config", help="path to a Hugging Face config.json")
-    m.add_argument("--indexer", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name")
+    m.add_argument(
+        "--indexer-pattern", help="indexer schedule: full-layer count, 'all', an F/S string or IndexCache name"
+    )
+    add_hidden_alias(m, "--indexer", "indexer_pattern")
     m.add_argument("--kv-dtype", default=DEFAULT.kv_dtype, help=f"main KV format: {', '.join(KV_DTYPES)}")
-    m.add_argument("--mtp", default=str(DEFAULT.mtp), help="MTP draft tokens per decode (0 = off)")
+    m.add_argument(
+        "--num-speculative-tokens",
+        metavar="K",
+        default=str(DEFAULT.num_speculative_tokens),
+        help="speculative tokens: k MTP drafts proposed and verified per decode step (0 = off; on, one MTP cache "
+        "layer)",
+    )
+    add_hidden_alias(m, "--mtp", "num_speculative_tokens")
     m.add_argument("--kpool", default="1", help="index_kpool: one indexer state per N tokens (page 64 x N)")
     m.add_argument("--page-size", help="tokens per page (default 64 x kpool: the indexer's physical page is 64)")
     m.add_argument(
@@ -107,7 +118,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--mtp-index-share",
         action="store_true",
-        help="index_share_for_mtp_iteration: draft passes 2 .. --mtp reuse the previous pass's top-k (no MTP-layer "
+        help="index_share_for_mtp_iteration: draft passes 2 .. K reuse the previous pass's top-k (no MTP-layer "
         "indexer scoring; step time)",
     )
 
@@ -193,10 +204,11 @@ def _tier_flags(p: argparse.ArgumentParser) -> None:
         "--write-policy", default=DEFAULT.write_policy, help=f"when pages go down a tier: {', '.join(WRITE_POLICIES)}"
     )
     t.add_argument(
-        "--write-threshold",
-        default=str(DEFAULT.write_threshold),
+        "--hit-threshold",
+        default=str(DEFAULT.hit_threshold),
         help="write_through_selective: device hits before a page is written down",
     )
+    add_hidden_alias(t, "--write-threshold", "hit_threshold")
 
 
 def _cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -208,16 +220,18 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
         help=f"which DP group of which instance a request goes to: {', '.join(ROUTERS)}; a comma list compares them",
     )
     c.add_argument(
-        "--kv-events",
+        "--kv-events-endpoint",
         metavar="ENDPOINT",
         help="with --router kv-aware: the instances publish their KV events over ZMQ, in vLLM's wire format, from "
         "tcp://HOST:PORT (instance i at PORT + i) to the router's subscribers, instead of in process",
     )
+    add_hidden_alias(c, "--kv-events", "kv_events_endpoint")
     c.add_argument(
-        "--kv-events-replay",
+        "--kv-events-replay-endpoint",
         metavar="ENDPOINT",
         help="the instances' replay sockets (instance i at PORT + i): the subscribers ask them for dropped batches",
     )
+    add_hidden_alias(c, "--kv-events-replay", "kv_events_replay_endpoint")
     c.add_argument(
         "--pd",
         metavar="xPyD",
@@ -281,22 +295,25 @@ def _store_bytes(args: argparse.Namespace) -> int | str | None:
 
 
 def _kv_events(args: argparse.Namespace, routers: list[str]) -> None:
-    """``--kv-events`` / ``--kv-events-replay`` checked under their flag names: one kv-aware run publishes there."""
-    if args.kv_events_replay is not None and args.kv_events is None:
-        raise DsakvError("--kv-events-replay: needs --kv-events (replay serves what PUB sent)")
-    if args.kv_events is None:
+    """``--kv-events-endpoint`` / ``--kv-events-replay-endpoint`` checked under their flag names: one kv-aware run
+    publishes there."""
+    pub, replay = "--kv-events-endpoint", "--kv-events-replay-endpoint"
+    if args.kv_events_replay_endpoint is not None and args.kv_events_endpoint is None:
+        raise DsakvError(f"{replay}: needs {pub} (replay serves what PUB sent)")
+    if args.kv_events_endpoint is None:
         return
     if args.sweep or len(routers) > 1:
-        raise DsakvError("--kv-events: one run publishes there; a sweep or router comparison runs several at once")
+        raise DsakvError(f"{pub}: one run publishes there; a sweep or router comparison runs several at once")
     if routers != ["kv-aware"]:
-        raise DsakvError(f"--kv-events: feeds the kv-aware router's index; --router {routers[0]} reads no events")
+        raise DsakvError(f"{pub}: feeds the kv-aware router's index; --router {routers[0]} reads no events")
     instances = parse_int("--instances", args.instances)
-    check_instance_endpoints("--kv-events", args.kv_events, "--kv-events-replay", args.kv_events_replay, instances)
+    check_instance_endpoints(pub, args.kv_events_endpoint, replay, args.kv_events_replay_endpoint, instances)
 
 
 def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:
     """``--mtp-accept``: one acceptance probability in (0, 1] for every draft position, or a comma list of one per
-    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against ``--mtp``)."""
+    position (position i accepted only if 1 .. i-1 were; SimConfig checks the count against
+    ``--num-speculative-tokens``)."""
     parts = text.split(",")
     if len(parts) == 1:
         return parse_fraction(flag, text)
@@ -309,9 +326,9 @@ _PARSERS = {
     "mtp_accept": parse_accept,
     "new_token_ratio": parse_share,
     "host_bytes": parse_tier_bytes,
-    "indexer": parse_indexer,  # a full-layer count in ASCII digits only
+    "indexer_pattern": parse_indexer,  # a full-layer count in ASCII digits only
 }
-_FROM_ZERO = frozenset({"mtp", "pool_tokens", "seed", "host_tokens", "store_tokens"})
+_FROM_ZERO = frozenset({"num_speculative_tokens", "pool_tokens", "seed", "host_tokens", "store_tokens"})
 _DERIVED = frozenset({"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings"})
 
 

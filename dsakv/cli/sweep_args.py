@@ -18,9 +18,12 @@ _KEY_ALIASES = {
     "insert": "insert_mode",
     "mode": "insert_mode",
     "policy": "eviction_policy",
+    "indexer": "indexer_pattern",  # the old field names
+    "mtp": "num_speculative_tokens",
 }
 _KEY_ALIASES |= {"max_batched_tokens": "max_batched_tokens", "dp": "dp_attention", "schedule": "schedule_policy"}
-SWEEP_KEYS = ("eviction_policy", "pool_tokens", "gpu_memory_bytes", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode")
+SWEEP_KEYS = ("eviction_policy", "pool_tokens", "gpu_memory_bytes", "indexer_pattern", "num_speculative_tokens", "dcp")
+SWEEP_KEYS += ("kv_dtype", "insert_mode")
 SWEEP_KEYS += ("preemption", "time_scale", "prefix_cache", "mem_fraction_static", "max_batched_tokens", "dp_attention")
 SWEEP_KEYS += ("ep", "moe_a2a", "schedule_policy")
 SWEEP_KEYS += ("instances", "router")
@@ -42,8 +45,8 @@ TABLE_COLUMNS = (
 
 
 def _convert(key: str, text: str):
-    if key in ("pool_tokens", "mtp", "dcp", "max_batched_tokens", "dp_attention", "ep", "instances"):
-        return parse_int(f"--sweep {key}", text, 0 if key == "mtp" else 1)
+    if key in ("pool_tokens", "num_speculative_tokens", "dcp", "max_batched_tokens", "dp_attention", "ep", "instances"):
+        return parse_int(f"--sweep {key}", text, 0 if key == "num_speculative_tokens" else 1)
     if key == "gpu_memory_bytes":
         return parse_bytes(f"--sweep {key}", text)
     if key in ("time_scale", "mem_fraction_static"):
@@ -59,7 +62,8 @@ def _convert(key: str, text: str):
 
 
 def parse_sweep(specs: list[str], base: SimConfig) -> list[dict]:
-    """``["policy=lru,lfu", "mtp=0,1"]`` -> the Cartesian product as field overrides; ``what-if`` preset."""
+    """``["policy=lru,lfu", "num_speculative_tokens=0,1"]`` -> the Cartesian product as field overrides;
+    ``what-if`` preset."""
     if specs == ["what-if"]:
         return what_if_points(base)
     dims = []

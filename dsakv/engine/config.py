@@ -55,11 +55,13 @@ class EngineConfig:
     # the first frame of every PUB message (vLLM's KVEventsConfig.topic; its example subscriber's is "kv-events")
     kv_events_topic: str = ""
     metrics: bool = False  # keep Prometheus metrics in the engine's own registry (the ``metrics`` extra)
-    # Speculative decoding with the model's MTP layer (SGLang's --speculative-* names); docs/scheduler.md.
+    # Speculative decoding with the model's MTP layer; docs/scheduler.md (SGLang's and vLLM's names for these).
     speculative: str | None = None  # "mtp", or None: off
-    num_steps: int | None = None  # draft chain length k; 0: the MTP layer runs and fills its cache, no drafts
+    # k, the draft chain length: speculative tokens proposed and verified per decode step (vLLM's
+    # num_speculative_tokens; SGLang's speculative_num_steps, its speculative_num_draft_tokens being k + 1 for
+    # a chain); 0 with speculative = "mtp": the MTP layer runs and fills its cache, nothing is drafted
+    num_speculative_tokens: int = 0
     eagle_topk: int = 1  # drafts per chain step: chains only (tree drafting with topk > 1 is not built)
-    num_draft_tokens: int | None = None  # tokens verified per step: num_steps + 1 for a chain (None: that)
     index_share_for_mtp_iteration: bool = False  # chain steps after the first reuse the previous step's top-k
 
     def __post_init__(self) -> None:
@@ -115,48 +117,33 @@ class EngineConfig:
         share = self.index_share_for_mtp_iteration
         if not isinstance(share, bool):
             raise DsakvError(f"index_share_for_mtp_iteration = {share!r}: must be True or False")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise DsakvError(f"num_speculative_tokens = {k!r}: must be an integer >= 0 (the draft chain length)")
         if self.speculative is None:
-            unset = {
-                "num_steps": None,
-                "eagle_topk": 1,
-                "num_draft_tokens": None,
-                "index_share_for_mtp_iteration": False,
-            }
+            unset = {"num_speculative_tokens": 0, "eagle_topk": 1, "index_share_for_mtp_iteration": False}
             for name, default in unset.items():
                 if getattr(self, name) != default:
                     raise DsakvError(f"{name} = {getattr(self, name)!r}: needs speculative = 'mtp'")
             return
         check_choice("speculative", self.speculative, SPECULATIVE_ALGORITHMS)
-        k = self.num_steps
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise DsakvError(f"num_steps = {k!r}: must be an integer >= 0 (the draft chain length)")
         if self.eagle_topk != 1 or isinstance(self.eagle_topk, bool):
             raise DsakvError(f"eagle_topk = {self.eagle_topk!r}: must be 1 (chains; tree drafts are not built)")
-        if self.num_draft_tokens is not None and (
-            isinstance(self.num_draft_tokens, bool) or self.num_draft_tokens != k + 1
-        ):
+        if self.scheduler.num_speculative_tokens not in (0, k):
             raise DsakvError(
-                f"num_draft_tokens = {self.num_draft_tokens!r}: a chain of num_steps = {k} verifies {k + 1} tokens"
-            )
-        if self.scheduler.num_draft_tokens not in (0, k):
-            raise DsakvError(
-                f"scheduler.num_draft_tokens = {self.scheduler.num_draft_tokens}: with speculative = 'mtp' "
-                f"the engine sets it to num_steps = {k} (leave it 0)"
+                f"scheduler.num_speculative_tokens = {self.scheduler.num_speculative_tokens}: with speculative = "
+                f"'mtp' the engine sets it to num_speculative_tokens = {k} (leave it 0)"
             )
         if self.scheduler.max_batched_tokens < 1 + k:
             raise DsakvError(
-                f"scheduler.max_batched_tokens = {self.scheduler.max_batched_tokens}: must be >= 1 + num_steps ({1 + k})"
+                f"scheduler.max_batched_tokens = {self.scheduler.max_batched_tokens}: must be >= 1 + "
+                f"num_speculative_tokens ({1 + k})"
             )
 
     @property
     def mtp_layers(self) -> int:
         """MTP cache layers the pool holds: 1 with speculative = 'mtp' (the first MTP layer drafts), else 0."""
         return 0 if self.speculative is None else 1
-
-    @property
-    def draft_steps(self) -> int:
-        """Drafts proposed per decode step (the scheduler's ``num_draft_tokens``): ``num_steps``, or 0."""
-        return 0 if self.speculative is None else self.num_steps
 
     @property
     def padding_slots(self) -> int:

@@ -16,7 +16,7 @@ never handed out; up to ``SCRATCH_SEQS`` padded sequences share one forward). Th
 speculative decoding leave every byte of both caches unchanged, which the equivalence tests prove (with
 one torch CPU thread; the demo and the tests set it).
 
-Speculative decoding: with ``SchedulerConfig.num_draft_tokens = k`` a ``drafter(request, k)`` proposes the
+Speculative decoding: with ``SchedulerConfig.num_speculative_tokens = k`` a ``drafter(request, k)`` proposes the
 drafts; the engine writes them to both caches with the last token, accepts the longest prefix that matches
 greedy verification, adds the model's own next token, and the scheduler rolls the rest back. With
 ``EngineConfig.speculative = "mtp"`` the model's own MTP layer drafts instead and keeps its own two caches
@@ -124,9 +124,9 @@ class Engine:
         if config.speculative is not None:
             if drafter is not None:
                 raise DsakvError("drafter: give none with speculative = 'mtp' (the model's MTP layer drafts)")
-            sched_cfg = replace(sched_cfg, num_draft_tokens=config.draft_steps)
-        if sched_cfg.num_draft_tokens and drafter is None and config.speculative is None:
-            raise DsakvError("drafter: None, but num_draft_tokens > 0 needs a drafter(request, k) -> k token ids")
+            sched_cfg = replace(sched_cfg, num_speculative_tokens=config.num_speculative_tokens)
+        if sched_cfg.num_speculative_tokens and drafter is None and config.speculative is None:
+            raise DsakvError("drafter: None, but num_speculative_tokens > 0 needs a drafter(request, k) -> k token ids")
         self.config = config
         self.spec = spec
         self.vocab_size = spec.arch_value("vocab_size")

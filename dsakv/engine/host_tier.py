@@ -1,4 +1,4 @@
-"""The host tier's bytes: one host buffer of ``capacity_pages`` pages of both caches, packed order.
+"""The host tier's bytes: one host buffer of ``num_pages`` pages of both caches, packed order.
 
 The scheduler's host ``TierIndex`` (``dsakv.cache.tiers``, ``slots=True``) decides which page lives in which
 slot; this buffer only holds the bytes, row ``slot`` = one page in the layout's ``packed`` order (every
@@ -23,22 +23,22 @@ from dsakv.errors import DsakvError
 
 
 class HostTierBuffer:
-    """``capacity_pages`` x ``layout.page_bytes`` host bytes for the host tier of one pool."""
+    """``num_pages`` x ``layout.page_bytes`` host bytes for the host tier of one pool."""
 
-    def __init__(self, pool: TwinPool, capacity_pages: int) -> None:
-        if isinstance(capacity_pages, bool) or not isinstance(capacity_pages, int) or capacity_pages < 1:
-            raise DsakvError(f"host capacity_pages = {capacity_pages!r}: must be a positive integer")
+    def __init__(self, pool: TwinPool, num_pages: int) -> None:
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
+            raise DsakvError(f"host num_pages = {num_pages!r}: must be a positive integer")
         self.pool = pool
-        self.capacity_pages = capacity_pages
-        self.blocks = host_buffer(capacity_pages, pool.layout.page_bytes, pool.device)
+        self.num_pages = num_pages
+        self.blocks = host_buffer(num_pages, pool.layout.page_bytes, pool.device)
 
     @property
     def nbytes(self) -> int:
         return self.blocks.numel()
 
     def _rows(self, slots: Sequence[int | None], what: str) -> list[int]:
-        if any(s is None or not 0 <= s < self.capacity_pages for s in slots):
-            raise DsakvError(f"{what}: host slots {list(slots)} must lie in 0..{self.capacity_pages - 1}")
+        if any(s is None or not 0 <= s < self.num_pages for s in slots):
+            raise DsakvError(f"{what}: host slots {list(slots)} must lie in 0..{self.num_pages - 1}")
         return list(slots)
 
     def write_from_device(self, pages: Sequence[int], slots: Sequence[int | None]) -> None:

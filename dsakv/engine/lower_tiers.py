@@ -61,9 +61,7 @@ class EngineTiers:
         self.pool = pool
         self.host = host
         self.store = store
-        self.host_index = (
-            TierIndex(HOST, host.capacity_pages, eviction_policy=eviction_policy, slots=True) if host else None
-        )
+        self.host_index = TierIndex(HOST, host.num_pages, eviction_policy=eviction_policy, slots=True) if host else None
         self.scheduler_tiers = SchedulerTiers(self.host_index, store, policy)
         self.totals = TierTotals()
 
@@ -76,7 +74,7 @@ class EngineTiers:
             HOST,
             used=pinned,
             cached=len(index) - pinned,
-            free=index.capacity_pages - len(index),
+            free=index.num_pages - len(index),
             main_page_bytes=layout.main_page_bytes,
             indexer_page_bytes=layout.indexer_page_bytes,
         )
@@ -145,7 +143,7 @@ class EngineTiers:
     def check_integrity(self) -> None:
         if self.host_index is not None:
             self.host_index.check_integrity()
-            if self.host_index.capacity_pages != self.host.capacity_pages:
+            if self.host_index.num_pages != self.host.num_pages:
                 raise AssertionError("engine: the host index and the host buffer disagree on capacity")
 
 

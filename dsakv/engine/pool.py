@@ -142,7 +142,7 @@ class TwinPool:
         """A pool and its allocator: ``num_pages`` pages to hand out after ``scratch_pages(page_size,
         padding_slots)`` scratch pages (ids ``0 .. first_page - 1``).
 
-        The default padding is a CUDA serving engine's, so ``for_pages(layout, pool_capacity(layout, ...).pages)``
+        The default padding is a CUDA serving engine's, so ``for_pages(layout, pool_capacity(layout, ...).num_pages)``
         holds exactly the planner's ``physical_pages`` and ``pool_bytes``; the engine passes its own padding.
         """
         first = scratch_pages(layout.page_size, padding_slots)

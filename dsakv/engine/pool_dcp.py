@@ -63,7 +63,7 @@ def pool_for_pages(
     dcp_replicated: bool = False,
 ) -> TwinPool | DcpPool:
     """The pool of one rank (``dcp = 1``: a ``TwinPool``) or of a DCP group, with ``num_pages`` page ids to hand
-    out: for ``pool_capacity(layout, ..., dcp=dcp, dcp_replicated=...).pages`` it holds exactly the planner's
+    out: for ``pool_capacity(layout, ..., dcp=dcp, dcp_replicated=...).num_pages`` it holds exactly the planner's
     ``pool_bytes`` on each rank."""
     check_int("dcp", dcp, 1)
     if dcp == 1:

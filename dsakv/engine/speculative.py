@@ -2,7 +2,7 @@
 
 The model's MTP layer (``dsakv.model.mtp``) drafts; the target verifies; the scheduler rolls back. One
 decode step of a request whose ``N = num_computed`` positions are cached and whose last token ``t[N]`` is
-known, with a chain of ``k`` drafts (``EngineConfig.num_steps``)::
+known, with a chain of ``k`` drafts (``EngineConfig.num_speculative_tokens``)::
 
     pending (from the last step)   MTP row at N-1: (target h[N-1], t[N]) -> d1       already in the MTP cache
     chain   (propose, before the   MTP row at N  : (its own h', d1)      -> d2       written at N .. N+k-2:
@@ -19,7 +19,7 @@ caches is stale: the scheduler cuts the page table at that token boundary (``sch
 next step's writes land there before anything reads them. Prefill chunks extend the MTP cache over their
 positions too (the token after a chunk's last position is the next prompt token, or the sampled one).
 
-``num_steps = 0`` runs the extend only: the MTP cache is filled (what a prefill engine hands to a decode
+``num_speculative_tokens = 0`` runs the extend only: the MTP cache is filled (what a prefill engine hands to a decode
 engine) and nothing is drafted. ``index_share_for_mtp_iteration`` lets chain steps after the first attend
 the previous step's selection plus their own position instead of scoring the MTP layer's indexer.
 
@@ -179,7 +179,7 @@ class MtpSpeculator:
             rows.append(_Rows(req, tokens, item.start + len(tokens), hidden[first : first + len(tokens)], None))
         results = self._run(rows)
         self.totals.extend_rows += sum(len(r.tokens) for r in rows)
-        if not self.config.draft_steps:
+        if not self.config.num_speculative_tokens:
             return
         for r, res in zip(rows, results):  # a prefill chunk's too: its remainder may be a one-token decode
             pos = r.length - 1

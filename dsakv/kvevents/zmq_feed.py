@@ -54,7 +54,9 @@ class ZmqEventFeed:
         clock: Callable[[], float] | None = None,
         timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
-        check_instance_endpoints("kv_events", endpoint, "kv_events_replay", replay_endpoint, instances)
+        check_instance_endpoints(
+            "kv_events_endpoint", endpoint, "kv_events_replay_endpoint", replay_endpoint, instances
+        )
         self.index, self.cost, self.timeout_s = index, cost, timeout_s
         self.clock = clock or (lambda: 0.0)
         self.publishers: list[KVEventPublisher] = []
@@ -98,7 +100,7 @@ class ZmqEventFeed:
             if sub.unrecovered:
                 raise DsakvError(
                     f"KV events of instance {i}: {sub.unrecovered} batches lost for good, so the router's index "
-                    "would miss pages; give a replay endpoint (kv_events_replay)"
+                    "would miss pages; give a replay endpoint (kv_events_replay_endpoint)"
                 )
 
     def _batches(self, pending: list[tuple[int, float, CacheEvent]]) -> list[KVEventBatch]:

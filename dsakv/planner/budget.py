@@ -4,17 +4,17 @@ memory holds. Pure functions over a ``CacheLayout``; nothing here allocates or m
 API (used by ``dsakv plan``, the simulator, the diagnostics and the engine's ``TwinPool``)::
 
     cell = RankCell(layout, dcp=1)                 # bytes per token / per page on one rank
-    cap = pool_capacity(layout, GpuSetting(...))   # -> PoolCapacity: .pages, .tokens, .page_bytes, .memory
+    cap = pool_capacity(layout, GpuSetting(...))   # -> PoolCapacity: .num_pages, .pool_tokens, .page_bytes, .memory
     cap = pool_capacity(layout, available_bytes=N) # same, from bytes already set aside for the pool
     cap = pool_capacity(layout, setting, available_bytes=N, dcp=d)  # both: the bytes, the setting's DCP (or d)
     row = context_row(cell, tokens)                # bytes of each cache, pages, ratio for one request
     fit = request_fit(cell, cap, tokens)           # fits? how many concurrently? page-table bytes
 
 Pool size (docs/planner.md §2): ``physical_pages = available // page_bytes`` (whole pages only) and
-``pages = physical_pages - scratch_pages``: the pool keeps its first pages as scratch pages for padded
+``num_pages = physical_pages - scratch_pages``: the pool keeps its first pages as scratch pages for padded
 writes (``PageAllocator(first_page=scratch_pages)``), so they cost memory but are never handed out; a CUDA
-serving engine needs one (``scratch_pages(page_size, CUDA_GRAPH_PADDING_SLOTS) == 1``). ``tokens = pages x
-tokens_per_page``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
+serving engine needs one (``scratch_pages(page_size, CUDA_GRAPH_PADDING_SLOTS) == 1``). ``pool_tokens = num_pages x
+group_page_tokens``. Available bytes on one rank = ``floor(total x mem_fraction_static) - weights per
 rank - activation reserve - top-k index buffer`` (docs/planner.md).
 
 DCP (decode context parallelism, size d): the main latent of the group's tokens is split over the d
@@ -73,7 +73,7 @@ class RankCell:
             raise DsakvError(f"dcp_replicated = {self.dcp_replicated!r}: must be True or False")
 
     @property
-    def tokens_per_page(self) -> int:
+    def group_page_tokens(self) -> int:
         return self.layout.page_size * self.dcp
 
     @property
@@ -107,7 +107,7 @@ class RankCell:
     def main_bytes_per_token(self) -> float | int:
         """Main bytes one rank holds per token of the group: the model layers' split over the DCP ranks, the
         draft layers' whole."""
-        return exact_div(self.main_page_bytes, self.tokens_per_page)
+        return exact_div(self.main_page_bytes, self.group_page_tokens)
 
     @property
     def indexer_bytes_per_token(self) -> float | int:
@@ -116,7 +116,7 @@ class RankCell:
 
     @property
     def cell_bytes(self) -> float | int:
-        return exact_div(self.page_bytes, self.tokens_per_page)
+        return exact_div(self.page_bytes, self.group_page_tokens)
 
     def main_bytes(self, tokens: int) -> int:
         """Main-KV bytes the busiest rank writes for ``tokens`` tokens."""
@@ -131,12 +131,12 @@ class RankCell:
 
     def pages_for_tokens(self, tokens: int) -> int:
         """Rank pages that hold ``tokens`` tokens of the group (``layout.pages_for_tokens`` at dcp 1)."""
-        return ceil_div(tokens, self.tokens_per_page)
+        return ceil_div(tokens, self.group_page_tokens)
 
     def to_dict(self) -> dict:
         return {
             "dcp": self.dcp,
-            "tokens_per_page": self.tokens_per_page,
+            "group_page_tokens": self.group_page_tokens,
             "main_bytes_per_token": self.main_bytes_per_token,
             "indexer_bytes_per_token": self.indexer_bytes_per_token,
             "cell_bytes": self.cell_bytes,
@@ -165,15 +165,16 @@ def index_buf_pages(size: int, page_size: int, dcp: int, dcp_replicated: bool = 
 
 @dataclass(frozen=True)
 class PoolCapacity:
-    """Pages and tokens of one rank's pool. ``pages`` (handed out) excludes the ``scratch_pages`` kept for
-    padded writes; ``physical_pages = scratch_pages + pages`` whenever memory holds more than the scratch."""
+    """Pages and tokens of one rank's pool. ``num_pages`` (handed out) excludes the ``scratch_pages`` kept for
+    padded writes; ``physical_pages = scratch_pages + num_pages`` whenever memory holds more than the scratch;
+    ``pool_tokens = num_pages x group_page_tokens``."""
 
     available_bytes: int
     page_bytes: int
-    tokens_per_page: int
+    group_page_tokens: int
     physical_pages: int
-    pages: int
-    tokens: int
+    num_pages: int
+    pool_tokens: int
     pool_bytes: int
     scratch_pages: int
     memory: RankMemory | None = None
@@ -222,10 +223,10 @@ def pool_capacity(
     return PoolCapacity(
         available_bytes=available_bytes,
         page_bytes=cell.page_bytes,
-        tokens_per_page=cell.tokens_per_page,
+        group_page_tokens=cell.group_page_tokens,
         physical_pages=physical,
-        pages=pages,
-        tokens=pages * cell.tokens_per_page,
+        num_pages=pages,
+        pool_tokens=pages * cell.group_page_tokens,
         pool_bytes=physical * cell.page_bytes,
         scratch_pages=scratch,
         memory=memory,
@@ -238,7 +239,7 @@ def require_pool(capacity: PoolCapacity) -> None:
     The one check of a usable pool, shared by ``dsakv plan`` (``dsakv.planner.plan.plan``) and ``dsakv
     simulate`` (``dsakv.sim.config.build_setup``), so both refuse the same settings with the same words.
     """
-    if capacity.pages >= 1:
+    if capacity.num_pages >= 1:
         return
     mem = capacity.memory
     if mem is None:
@@ -296,13 +297,13 @@ class RequestFit:
 
 
 def request_fit(cell: RankCell, capacity: PoolCapacity, tokens: int) -> RequestFit:
-    """A request reserves ``ceil(tokens / tokens_per_page)`` pages up front (docs/planner.md §4)."""
+    """A request reserves ``ceil(tokens / group_page_tokens)`` pages up front (docs/planner.md §4)."""
     row = context_row(cell, tokens)
-    return RequestFit(row, row.pages <= capacity.pages, capacity.pages // row.pages, 4 * tokens, 4 * row.pages)
+    return RequestFit(row, row.pages <= capacity.num_pages, capacity.num_pages // row.pages, 4 * tokens, 4 * row.pages)
 
 
 def mean_tail_waste_bytes(cell: RankCell) -> float | int:
-    """The last page of a request is on average half empty: ``tokens_per_page / 2 x cell``."""
+    """The last page of a request is on average half empty: ``group_page_tokens / 2 x cell``."""
     return exact_div(cell.page_bytes, 2)
 
 

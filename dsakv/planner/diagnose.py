@@ -100,7 +100,9 @@ def explain_tokens(
     if planned is None:
         raise DsakvError("explain-tokens needs a GPU setting or --available-bytes")
     options = _knob_options(layout, dcp, patterns or {})
-    candidates = [Candidate(base.label, (), base.cell.cell_bytes, planned.tokens, planned.tokens - logged_tokens)]
+    candidates = [
+        Candidate(base.label, (), base.cell.cell_bytes, planned.pool_tokens, planned.pool_tokens - logged_tokens)
+    ]
     seen_cells: dict[tuple, int] = {}
     combos = [((k,), (o,)) for k, opts in options.items() for o in opts]
     for k1, k2 in combinations(options, 2):
@@ -117,7 +119,7 @@ def explain_tokens(
         key = (var_layout.page_bytes, var_layout.index_kpool, var_layout.mtp_layers, var_dcp)
         if key not in seen_cells:
             cap = variant_pool(Variant("", var_layout, var_dcp), setting, available_bytes)
-            seen_cells[key] = -1 if cap is None else cap.tokens
+            seen_cells[key] = -1 if cap is None else cap.pool_tokens
         tokens = seen_cells[key]
         if tokens < 0:
             continue
@@ -128,23 +130,23 @@ def explain_tokens(
     candidates.sort(key=lambda c: (abs(c.diff_tokens), len(c.changes), c.label))
     best = tuple(candidates[:top])
     exact = [c for c in best if c.exact]
-    gap = logged_tokens - planned.tokens
-    if planned.tokens == logged_tokens:
+    gap = logged_tokens - planned.pool_tokens
+    if planned.pool_tokens == logged_tokens:
         verdict = f"engine logged {logged_tokens:,} tokens; the plan as configured gives exactly that"
     elif exact:
         c = exact[0]
         verdict = (
-            f"engine logged {logged_tokens:,} tokens; our plan says {planned.tokens:,} (gap {gap:+,}); "
+            f"engine logged {logged_tokens:,} tokens; our plan says {planned.pool_tokens:,} (gap {gap:+,}); "
             f"with {c.label} we get {c.pool_tokens:,} exactly -> explained"
         )
     else:
         c = best[0]
         verdict = (
-            f"engine logged {logged_tokens:,} tokens; our plan says {planned.tokens:,} (gap {gap:+,}); "
+            f"engine logged {logged_tokens:,} tokens; our plan says {planned.pool_tokens:,} (gap {gap:+,}); "
             f"no knob matches exactly; nearest: {c.label} -> {c.pool_tokens:,} ({c.diff_tokens:+,}): "
             "check the memory figures (mem_fraction_static, weights, --available-bytes)"
         )
-    return Explanation(logged_tokens, planned.tokens, gap, bool(exact), verdict, best)
+    return Explanation(logged_tokens, planned.pool_tokens, gap, bool(exact), verdict, best)
 
 
 __all__ = ["Candidate", "Explanation", "explain_tokens"]

@@ -70,7 +70,7 @@ class Plan:
     @property
     def system_tokens(self) -> int:
         """Tokens the whole deployment holds: pool tokens x independent pools."""
-        return self.pool.tokens * self.setting.pools
+        return self.pool.pool_tokens * self.setting.pools
 
     def to_dict(self) -> dict:
         cell = self.cell.to_dict()
@@ -82,8 +82,8 @@ class Plan:
             "cell": cell,
             "setting": self.setting.to_dict(),
             "pool_source": self.pool_source,
-            "pool_pages": self.pool.pages,
-            "pool_tokens": self.pool.tokens,
+            "pool_pages": self.pool.num_pages,
+            "pool_tokens": self.pool.pool_tokens,
             "pools": self.setting.pools,
             "system_tokens": self.system_tokens,
             "pool": self.pool.to_dict(),

@@ -30,7 +30,7 @@ class TierCapacity:
     """Pages and tokens of the host tier (both ways) and the store; None where no size was given."""
 
     entry_bytes: int  # one tier entry: a group page of both caches
-    tokens_per_page: int
+    group_page_tokens: int
     gpus_per_node: int
     groups_per_node: int
     host_bytes: int | None
@@ -51,7 +51,7 @@ def tier_capacity(cell: RankCell, setting: GpuSetting, host_bytes: int | None, s
     for name, value in (("host_bytes", host_bytes), ("store_bytes", store_bytes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise DsakvError(f"{name} = {value!r}: must be an integer >= 0 or None")
-    tpp = cell.tokens_per_page
+    group_page_tokens = cell.group_page_tokens
     entry = cell.layout.page_bytes * cell.dcp
     on_node = min(setting.num_gpus, gpu_kind(setting.gpu).gpus_per_node)
     attention_tp = setting.tensor_parallel // setting.dp_attention
@@ -64,15 +64,15 @@ def tier_capacity(cell: RankCell, setting: GpuSetting, host_bytes: int | None, s
         store_pages = store_bytes // entry
     return TierCapacity(
         entry_bytes=entry,
-        tokens_per_page=tpp,
+        group_page_tokens=group_page_tokens,
         gpus_per_node=on_node,
         groups_per_node=groups,
         host_bytes=host_bytes,
         host_pages=host_pages,
-        host_tokens=None if host_pages is None else host_pages * tpp,
+        host_tokens=None if host_pages is None else host_pages * group_page_tokens,
         host_pages_per_rank_pools=per_rank,
-        host_tokens_per_rank_pools=None if per_rank is None else per_rank * tpp,
+        host_tokens_per_rank_pools=None if per_rank is None else per_rank * group_page_tokens,
         store_bytes=store_bytes,
         store_pages=store_pages,
-        store_tokens=None if store_pages is None else store_pages * tpp,
+        store_tokens=None if store_pages is None else store_pages * group_page_tokens,
     )

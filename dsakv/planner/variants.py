@@ -113,7 +113,9 @@ def what_if_rows(
         cap = variant_pool(v, setting, available_bytes)
         cell = v.cell.cell_bytes
         rows.append(
-            WhatIfRow(v.label, knob, cell, cell - base_cell, base_cell / cell - 1, None if cap is None else cap.tokens)
+            WhatIfRow(
+                v.label, knob, cell, cell - base_cell, base_cell / cell - 1, None if cap is None else cap.pool_tokens
+            )
         )
     return rows
 

@@ -98,7 +98,7 @@ def admit(
     waiting queue and plans its first chunk.
     """
     cfg = state.config
-    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_draft_tokens, state.page_size)
+    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_speculative_tokens, state.page_size)
     if req.status is Status.OFFLOADED:
         admitted = _admit_offloaded(state, req, plan, outstanding, budget, scheduled, estimate)
     else:

@@ -120,7 +120,7 @@ def work_end(start: int, total: int, budget: int, config: SchedulerConfig, page_
 def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int) -> BatchItem | None:
     """The request's work this step within ``budget`` tokens, or None if nothing fits (``work_end``).
 
-    One token left to compute: a decode of it plus up to ``num_draft_tokens`` drafts (never more drafts
+    One token left to compute: a decode of it plus up to ``num_speculative_tokens`` drafts (never more drafts
     than outputs still allowed). More: the next prefill chunk, which samples if it is the last one.
     """
     start, total = req.num_computed, req.prompt_len + len(req.outputs)
@@ -129,7 +129,7 @@ def next_item(req: Request, budget: int, config: SchedulerConfig, page_size: int
         return None
     if total - start == 1:
         remaining_outputs = req.max_new_tokens - len(req.outputs)
-        drafts = max(0, min(config.num_draft_tokens, remaining_outputs - 1, budget - 1))
+        drafts = max(0, min(config.num_speculative_tokens, remaining_outputs - 1, budget - 1))
         return BatchItem(req, start, total, drafts, True)
     return BatchItem(req, start, end, 0, end == total)
 

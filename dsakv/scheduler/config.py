@@ -29,7 +29,9 @@ class SchedulerConfig:
     new_token_ratio: float = 0.7  # share of the remaining max_new_tokens in the admission estimate
     preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
     victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
-    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified per decode step
+    # speculative decoding: k draft tokens proposed and verified per decode step (vLLM's num_speculative_tokens;
+    # SGLang's speculative_num_steps for a chain); 0: off
+    num_speculative_tokens: int = 0
     schedule_policy: str = "mixed"  # see SCHEDULE_POLICIES
 
     def __post_init__(self) -> None:
@@ -44,12 +46,12 @@ class SchedulerConfig:
         check_mode(self.preemption)
         check_victim_order(self.victim_order)
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
-        k = self.num_draft_tokens
+        k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise DsakvError(f"num_draft_tokens = {k!r}: must be an integer >= 0")
+            raise DsakvError(f"num_speculative_tokens = {k!r}: must be an integer >= 0")
         if self.max_batched_tokens < 1 + k:
             raise DsakvError(
-                f"max_batched_tokens = {self.max_batched_tokens}: must be >= 1 + num_draft_tokens ({1 + k})"
+                f"max_batched_tokens = {self.max_batched_tokens}: must be >= 1 + num_speculative_tokens ({1 + k})"
             )
 
     def check_page_size(self, page_size: int) -> None:

@@ -128,7 +128,7 @@ def _runnable(state: SchedulerState) -> bool:
         or state.loading
         or state.tiers is not None
         or state.insert_as_written
-        or config.num_draft_tokens
+        or config.num_speculative_tokens
         or len(running) > config.max_batched_tokens
         or pending.freed_pages
         or pending.offloads

@@ -231,7 +231,7 @@ class Scheduler(SchedulerState):
         if self.tiers is not None:
             self.tiers.start_plan(self.radix, plan.write_backs)
         budget = self.config.max_batched_tokens
-        ps, drafting = self.page_size, self.config.num_draft_tokens > 0
+        ps, drafting = self.page_size, self.config.num_speculative_tokens > 0
         scheduled: set[int] = set()
         if self.config.schedule_policy == "prefill_first" and self._plan_prefill(plan, budget, scheduled):
             return self._in_flight(plan)

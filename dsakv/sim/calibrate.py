@@ -86,7 +86,7 @@ class Calibration:
         }
 
 
-def _step_shape(step: tuple, page_tokens: int) -> tuple[list[tuple[int, int]], list[int]]:
+def _step_shape(step: tuple, group_page_tokens: int) -> tuple[list[tuple[int, int]], list[int]]:
     kind = step[0]
     if kind == "prefill":
         _, new, context, seqs, _ = step
@@ -95,18 +95,18 @@ def _step_shape(step: tuple, page_tokens: int) -> tuple[list[tuple[int, int]], l
     _, running, tokens, repeat = step
     # the line printed the batch after the last of its `repeat` steps: on average the steps saw (repeat - 1) / 2
     # tokens less per request, and each request's last page is half full
-    mean = max(round(tokens / running - page_tokens / 2 - (repeat - 1) / 2), 1)
+    mean = max(round(tokens / running - group_page_tokens / 2 - (repeat - 1) / 2), 1)
     return [], [mean] * running
 
 
 class _Model:
     """Gap seconds for a vector of field values (each distinct step priced once per evaluation)."""
 
-    def __init__(self, base: RooflineStepTime, gaps: list[Gap], page_tokens: int) -> None:
+    def __init__(self, base: RooflineStepTime, gaps: list[Gap], group_page_tokens: int) -> None:
         self.base = base
         steps = sorted({s for g in gaps for s in g.steps})
         index = {s: i for i, s in enumerate(steps)}
-        self.shapes = [_step_shape(s, page_tokens) for s in steps]
+        self.shapes = [_step_shape(s, group_page_tokens) for s in steps]
         self.weights = np.zeros((len(gaps), len(steps)))
         for row, g in enumerate(gaps):
             for s in g.steps:
@@ -195,7 +195,7 @@ def _kind_errors(model: _Model, gaps: list[Gap], before: np.ndarray, after: np.n
     return tuple(out)
 
 
-def calibrate(facts: LogFacts, base: RooflineStepTime, page_tokens: int) -> Calibration:
+def calibrate(facts: LogFacts, base: RooflineStepTime, group_page_tokens: int) -> Calibration:
     """Fit ``base``'s ``FIT_FIELDS`` to the gaps of ``facts`` (see the module's docstring)."""
     if not isinstance(base, RooflineStepTime):
         raise DsakvError("calibrate: fits the roofline step-time model (--step-model roofline)")
@@ -207,7 +207,7 @@ def calibrate(facts: LogFacts, base: RooflineStepTime, page_tokens: int) -> Cali
         )
     stride = max(1, -(-len(sample) // MAX_GAPS))
     gaps = sample[::stride]
-    model = _Model(base, gaps, page_tokens)
+    model = _Model(base, gaps, group_page_tokens)
     # the values the model prices with: a field left None is derived (``RooflineStepTime.terms``)
     start = {n: getattr(base.terms, n) if getattr(base, n) is None else getattr(base, n) for n in FIT_FIELDS}
     before = model.residuals(start)

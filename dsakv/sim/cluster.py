@@ -141,9 +141,16 @@ class Cluster:
         if shard is not None:
             self.router = None  # the stream's router has chosen
         else:
-            digest = setup.page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
+            digest = setup.group_page_tokens if cfg.prefix_cache and cfg.radix_page_keys == "digest" else 0
             self.router = router or make_router(
-                cfg.router, setup.cell, setup.page_tokens, n, cfg.mtp > 0, cfg.kv_events, cfg.kv_events_replay, digest
+                cfg.router,
+                setup.cell,
+                setup.group_page_tokens,
+                n,
+                cfg.num_speculative_tokens > 0,
+                cfg.kv_events_endpoint,
+                cfg.kv_events_replay_endpoint,
+                digest,
             )
         self.instances = [Instance(i, []) for i in range(n)]
         self.targets: list[tuple[Instance, Group]] = []  # target t = group x instances + instance
@@ -194,7 +201,7 @@ class Cluster:
                 group.chunks_in_runs = False
 
     def close(self) -> None:
-        """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events``)."""
+        """Release what the router holds (a KV-aware router's ZMQ sockets, with ``cfg.kv_events_endpoint``)."""
         if isinstance(self.router, KvAware):
             self.router.close()
 

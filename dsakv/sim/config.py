@@ -60,33 +60,37 @@ MAX_SIM_POOL_PAGES = 2**23
 class SimConfig:
     """Knobs of one run. ``gpu`` is the deployment (``GpuSetting``: GPU kind or memory, GPUs, TP, DP attention,
     DCP, memory knobs); its ``max_batched_tokens`` is also the scheduler's token budget per step.
-    ``indexer``: None (as configured), ``all``, a full-layer count, an F/S string or an IndexCache pattern
-    name. ``mtp``: draft tokens per decode (0 = off; on, one MTP cache layer); ``mtp_accept``: each draft
-    position's acceptance probability, one for all or a tuple of ``mtp`` (position i accepted only if 1 .. i-1
-    were: ``check_accept``); ``mtp_index_share``: SGLang's ``index_share_for_mtp_iteration``, draft passes 2 ..
-    ``mtp`` reuse the previous pass's top-k instead of scoring the MTP layer's indexer (step time only; no effect
-    at ``mtp`` 0 or 1, so a sweep over ``mtp`` may keep it on). ``ep`` / ``moe_a2a``: expert
-    parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's (mixed, vLLM-like;
-    prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts when request k - C
-    finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever the instances
-    and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a client
-    sending a request to the engine's scheduler queuing it (HTTP, tokenization, the hop from the API server to
-    the scheduler): the request's arrival is the client's send time, so its TTFT and the makespan include it
-    (default 0: the engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` / ``frontend_token_s``: the
-    service time of the one front-end process every request passes first, in send order (per request and per
-    prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only). ``instances``: engine instances of the cluster, each of
-    ``gpu`` (``dsakv.sim.cluster``); ``router``: which of their DP groups a request goes to (``ROUTERS``).
-    ``kv_events`` (and ``kv_events_replay``): a ZMQ address from which the instances publish their KV events,
-    in vLLM's wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
+    ``indexer_pattern``: the indexer schedule, None (as configured), ``all``, a full-layer count, an F/S string
+    or an IndexCache pattern name (whether the model has an indexer at all is the step time's ``has_indexer``).
+    ``num_speculative_tokens``: k, the speculative (MTP draft) tokens proposed and verified per decode step
+    (vLLM's name; SGLang's ``speculative_num_steps``; 0 = off; on, the pool holds one MTP cache layer);
+    ``mtp_accept``: each draft position's acceptance probability, one for all or a tuple of k (position i
+    accepted only if 1 .. i-1 were: ``check_accept``); ``mtp_index_share``: SGLang's
+    ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
+    MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on). ``ep`` /
+    ``moe_a2a``: expert parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's
+    (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
+    when request k - C finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever
+    the instances and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a
+    client sending a request to the engine's scheduler queuing it (HTTP, tokenization, the hop from the API
+    server to the scheduler): the request's arrival is the client's send time, so its TTFT and the makespan
+    include it (default 0: the engine's own TTFT; docs/steptime.md, front-end latency). ``frontend_request_s`` /
+    ``frontend_token_s``: the service time of the one front-end process every request passes first, in send
+    order (per request and per prompt token; ``dsakv.sim.frontend``; default 0: no queue; one instance only).
+    ``instances``: engine instances of the cluster, each of ``gpu`` (``dsakv.sim.cluster``); ``router``: which
+    of their DP groups a request goes to (``ROUTERS``). ``kv_events_endpoint`` (and
+    ``kv_events_replay_endpoint``): a ZMQ address from which the instances publish their KV events, in vLLM's
+    wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
-    trees key a page on (``RadixCache``): ``"digest"`` (the default), a 16-byte digest of its tokens, so a
-    cached page costs 16 bytes of key instead of ``4 x page_size`` and a thousand instances' trees fit in
-    memory; ``"tokens"``, the exact token ids (``--page-keys tokens``). The figures are the same either way;
-    with MTP drafts the trees key bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the
-    processes a cluster's instances are split among (``dsakv.sim.shards``; the same figures as one process):
-    more than 1 only for a router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and
-    at least as many instances."""
+    trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
+    ``"tokens"`` for the engine's one tree), a 16-byte digest of its tokens, so a cached page costs 16 bytes of
+    key instead of ``4 x page_size`` and a thousand instances' trees fit in memory; ``"tokens"``, the exact
+    token ids (``--page-keys tokens``). The figures are the same either way; with MTP drafts the trees key
+    bigrams, on tokens whatever this says (``radix_page_keys``). ``workers``: the processes a cluster's
+    instances are split among (``dsakv.sim.shards``; the same figures as one process): more than 1 only for a
+    router that reads no instance state (``SHARDABLE_ROUTERS``), an open loop, and at least as many
+    instances."""
 
     model: str | None = None
     config: str | None = None
@@ -95,10 +99,12 @@ class SimConfig:
     kv_dtype: str = "fp8_ds_mla"
     kpool: int = 1  # index_kpool: one indexer state per kpool tokens
     page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
-    mtp: int = 0
+    num_speculative_tokens: int = 0  # k: speculative (MTP draft) tokens per decode step; 0: off
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
-    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. mtp reuse pass 1's top-k
-    indexer: str | None = None
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    indexer_pattern: str | None = (
+        None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
+    )
     pool_tokens: int | None = None
     eviction_policy: str = "lru"
     insert_mode: str = "finish"
@@ -125,13 +131,13 @@ class SimConfig:
     store_tokens: int | None = None
     store_gbps: float = DEFAULT_STORE_GBPS
     write_policy: str = WRITE_THROUGH
-    write_threshold: int = DEFAULT_HIT_THRESHOLD
+    hit_threshold: int = DEFAULT_HIT_THRESHOLD  # write_through_selective: device hits before a page goes down
     instances: int = 1
     router: str = "round-robin"
     # the KV-aware router's events over real ZMQ sockets (instance i publishes at the port + i; replay
-    # sockets at kv_events_replay's port + i); None: in process. The figures are the same either way.
-    kv_events: str | None = None
-    kv_events_replay: str | None = None
+    # sockets at kv_events_replay_endpoint's port + i); None: in process. The figures are the same either way.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
     page_keys: str = "digest"
     workers: int = 1
     # the roofline's efficiencies / fixed costs replaced, as (field, value) pairs (``dsakv.sim.step_settings``:
@@ -149,11 +155,11 @@ class SimConfig:
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
             raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")
-        for name in ("mtp", "seed"):
+        for name in ("num_speculative_tokens", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
-        object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.mtp))
+        object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         if not isinstance(self.mtp_index_share, bool):
             raise DsakvError(f"mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
@@ -194,21 +200,27 @@ class SimConfig:
         gbps = self.store_gbps
         if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < float("inf"):
             raise DsakvError(f"store_gbps = {gbps!r}: must be a positive number of GB/s")
-        WritePolicy(self.write_policy, self.write_threshold)
+        WritePolicy(self.write_policy, self.hit_threshold)
         if self.has_tiers and not self.prefix_cache:
             raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
 
     def _check_kv_events(self) -> None:
-        if self.kv_events_replay is not None and self.kv_events is None:
-            raise DsakvError("kv_events_replay: needs kv_events (replay serves what PUB sent)")
-        if self.kv_events is None:
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise DsakvError("kv_events_replay_endpoint: needs kv_events_endpoint (replay serves what PUB sent)")
+        if self.kv_events_endpoint is None:
             return
         if self.router != "kv-aware":
             raise DsakvError(
-                f"kv_events = {self.kv_events!r}: feeds the kv-aware router's index; router = {self.router!r} "
-                "reads no events"
+                f"kv_events_endpoint = {self.kv_events_endpoint!r}: feeds the kv-aware router's index; "
+                f"router = {self.router!r} reads no events"
             )
-        check_instance_endpoints("kv_events", self.kv_events, "kv_events_replay", self.kv_events_replay, self.instances)
+        check_instance_endpoints(
+            "kv_events_endpoint",
+            self.kv_events_endpoint,
+            "kv_events_replay_endpoint",
+            self.kv_events_replay_endpoint,
+            self.instances,
+        )
 
     def _check_workers(self) -> None:
         """Several workers each route the whole stream and keep their instances' requests: exact only when no
@@ -238,7 +250,7 @@ class SimConfig:
     def radix_page_keys(self) -> str:
         """What the radix trees key on: ``page_keys``, except token keys with MTP drafts (bigram keys reach one
         token into the next page, which a page's digest cannot)."""
-        return "tokens" if self.mtp > 0 else self.page_keys
+        return "tokens" if self.num_speculative_tokens > 0 else self.page_keys
 
     @property
     def has_tiers(self) -> bool:
@@ -251,15 +263,15 @@ class SimConfig:
 @dataclass(frozen=True)
 class SimSetup:
     """What a ``SimConfig`` resolves to: the spec and cache layout, the planner's pool, the step-time model
-    and the scheduler configuration. ``pages`` are rank pages of ``page_tokens`` (page_size x dcp) tokens."""
+    and the scheduler configuration. ``num_pages`` are rank pages of ``group_page_tokens`` (page_size x dcp) tokens."""
 
     spec: ModelSpec
     layout: CacheLayout
     setting: GpuSetting
     capacity: PoolCapacity
     cell: RankCell
-    pages: int  # pool pages handed out (the planner's scratch pages come on top: capacity.scratch_pages)
-    page_tokens: int  # page_size x dcp
+    num_pages: int  # pool pages handed out (the planner's scratch pages come on top: capacity.scratch_pages)
+    group_page_tokens: int  # tokens of one page: page_size x dcp (a DCP group's rank page; page_size at dcp 1)
     pool_source: str
     step_time: RooflineStepTime | ConstantStepTime
     scheduler: SchedulerConfig
@@ -271,8 +283,8 @@ class SimSetup:
             "model": self.spec.to_dict(),
             "layout": self.layout.to_dict(),
             "gpu_setting": self.setting.to_dict(),
-            "pool": {**self.capacity.to_dict(), "simulator_pages": self.pages, "source": self.pool_source},
-            "page_tokens": self.page_tokens,
+            "pool": {**self.capacity.to_dict(), "simulator_pages": self.num_pages, "source": self.pool_source},
+            "group_page_tokens": self.group_page_tokens,
             "cell": self.cell.to_dict(),
             "step_time": self.step_time.to_dict(),
             "scheduler": asdict(self.scheduler),
@@ -293,29 +305,29 @@ def _apply_indexer(spec: ModelSpec, indexer: str | None) -> ModelSpec:
 def build_setup(cfg: SimConfig) -> SimSetup:
     """Resolve a config; an impossible one (no pool page, bad sizes) raises ``DsakvError`` with the reason."""
     base_spec = load_spec(cfg.model, cfg.config)
-    spec = _apply_indexer(base_spec, cfg.indexer)
-    mtp_layers = 1 if cfg.mtp else 0
+    spec = _apply_indexer(base_spec, cfg.indexer_pattern)
+    mtp_layers = 1 if cfg.num_speculative_tokens else 0  # MTP cache layers: the one MTP layer drafts
     page_size = cfg.page_size if cfg.page_size is not None else CUDA_PAGE_SIZE * cfg.kpool
     layout = CacheLayout(spec, kv_dtype=cfg.kv_dtype, mtp_layers=mtp_layers, page_size=page_size, index_kpool=cfg.kpool)
     setting = cfg.gpu
     capacity = pool_capacity(layout, setting, available_bytes=cfg.available_bytes)  # the one door, as dsakv plan
-    tokens_per_page = capacity.tokens_per_page
+    group_page_tokens = capacity.group_page_tokens
     if cfg.pool_tokens is not None:
-        pages, source = cfg.pool_tokens // tokens_per_page, "--pool-tokens"
+        pages, source = cfg.pool_tokens // group_page_tokens, "--pool-tokens"
         if pages < 1:
             raise DsakvError(
-                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {tokens_per_page} tokens"
+                f"pool_tokens = {cfg.pool_tokens}: the pool must hold at least one page of {group_page_tokens} tokens"
                 + (f" (page_size {layout.page_size} x dcp {setting.dcp})" if setting.dcp > 1 else "")
             )
     else:
         require_pool(capacity)  # the same check (and words) as dsakv plan
-        pages = capacity.pages
+        pages = capacity.num_pages
         source = "--available-bytes" if cfg.available_bytes is not None else "planner (GPU setting)"
     if pages > MAX_SIM_POOL_PAGES:
         what = f"pool_tokens = {cfg.pool_tokens:,}" if cfg.pool_tokens is not None else f"the {source} pool"
         raise DsakvError(
-            f"{what}: {pages:,} pages of {tokens_per_page} tokens; the simulator takes at most "
-            f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * tokens_per_page:,} tokens): its page allocator "
+            f"{what}: {pages:,} pages of {group_page_tokens} tokens; the simulator takes at most "
+            f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * group_page_tokens:,} tokens): its page allocator "
             f"keeps a flag byte and, once used, an 8-byte id per free page in memory"
         )
     if cfg.step_model == "constant":
@@ -330,7 +342,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             ep=cfg.ep,
             moe_a2a=cfg.moe_a2a,
             weight_dtype=setting.weight_dtype,
-            num_draft_tokens=cfg.mtp,
+            num_speculative_tokens=cfg.num_speculative_tokens,
             mtp_accept=cfg.mtp_accept,
             mtp_index_share=cfg.mtp_index_share,
             mla_mixed_batch=vllm_mixed_batch(
@@ -341,27 +353,29 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
-    chunk = max(tokens_per_page, cfg.chunk_tokens // tokens_per_page * tokens_per_page)
+    chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)
     sched = SchedulerConfig(
-        max_batched_tokens=max(setting.max_batched_tokens, tokens_per_page),
+        max_batched_tokens=max(setting.max_batched_tokens, group_page_tokens),
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         new_token_ratio=cfg.new_token_ratio,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
-        num_draft_tokens=cfg.mtp,
+        num_speculative_tokens=cfg.num_speculative_tokens,
         schedule_policy=cfg.schedule_policy,
     )
     cell = RankCell(layout, setting.dcp)
     tiers = tier_setup(cfg, cell, setting) if cfg.has_tiers else None
-    return SimSetup(spec, layout, setting, capacity, cell, pages, tokens_per_page, source, step_time, sched, tiers)
+    return SimSetup(spec, layout, setting, capacity, cell, pages, group_page_tokens, source, step_time, sched, tiers)
 
 
-def _tier_pages(size: int | str | None, tokens: int | None, pages_of_bytes: int | None, tpp: int) -> int | None:
+def _tier_pages(
+    size: int | str | None, tokens: int | None, pages_of_bytes: int | None, group_page_tokens: int
+) -> int | None:
     if size == UNBOUNDED:
         return None
     if tokens is not None:
-        return tokens // tpp
+        return tokens // group_page_tokens
     return pages_of_bytes
 
 
@@ -371,18 +385,18 @@ def tier_setup(cfg: SimConfig, cell: RankCell, setting: GpuSetting) -> TierSetup
     host_b = cfg.host_bytes if isinstance(cfg.host_bytes, int) else None
     store_b = cfg.store_bytes if isinstance(cfg.store_bytes, int) else None
     cap = tier_capacity(cell, setting, host_b, store_b)
-    tpp = cell.tokens_per_page
+    group_page_tokens = cell.group_page_tokens
     kind = gpu_kind(setting.gpu)
-    store_pages = _tier_pages(cfg.store_bytes, cfg.store_tokens, cap.store_pages, tpp)
+    store_pages = _tier_pages(cfg.store_bytes, cfg.store_tokens, cap.store_pages, group_page_tokens)
     if store_pages is not None and cfg.store_bytes is not None:
         store_pages //= setting.pools
     return TierSetup(
         has_host=cfg.host_bytes is not None or cfg.host_tokens is not None,
-        host_pages=_tier_pages(cfg.host_bytes, cfg.host_tokens, cap.host_pages, tpp),
+        host_pages=_tier_pages(cfg.host_bytes, cfg.host_tokens, cap.host_pages, group_page_tokens),
         has_store=cfg.store_bytes is not None or cfg.store_tokens is not None,
         store_pages=store_pages,
         write_policy=cfg.write_policy,
-        hit_threshold=cfg.write_threshold,
+        hit_threshold=cfg.hit_threshold,
         rank_page_bytes=cell.page_bytes,
         entry_bytes=cap.entry_bytes,
         entry_main_bytes=cell.layout.main_page_bytes * cell.dcp,

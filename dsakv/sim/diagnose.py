@@ -41,7 +41,7 @@ KNOB_HINTS = {  # explain_tokens' knobs -> where an operator sets them
     "indexer schedule": "the checkpoint's indexer schedule (config.json indexer_types, index_topk_pattern or "
     "index_topk_freq + index_skip_topk_offset)",
     "dcp": "the decode-context-parallel size (the indexer K is replicated on every DCP rank)",
-    "mtp": "the speculative (MTP) draft layers",
+    "mtp": "the MTP cache layers (speculative decoding's draft layer)",
     "kv dtype": "the KV cache dtype (--kv-cache-dtype)",
     "kpool": "index_kpool",
 }
@@ -68,7 +68,7 @@ def _check_model(facts: LogFacts, setup: SimSetup) -> None:
     if facts.pool is None or facts.pool_kv_bytes is None or not facts.pool.tokens:
         return
     logged = facts.pool_kv_bytes / facts.pool.tokens
-    expected = setup.cell.page_bytes / setup.cell.tokens_per_page
+    expected = setup.cell.page_bytes / setup.cell.group_page_tokens
     if not 1 / CELL_RATIO_LIMIT <= logged / expected <= CELL_RATIO_LIMIT:
         raise DsakvError(
             f"--log {facts.path}: the pool holds {logged:,.0f} B per token on a rank; {setup.spec.name} stores "
@@ -128,10 +128,10 @@ def long_request_admission(facts: LogFacts, setup: SimSetup) -> Verdict:
             "not enough data: needs batch lines with the queue and the pool's usage (SGLang 'Prefill batch' / "
             "'Decode batch' #queue-req and token usage, or vLLM's stats line Waiting and GPU KV cache usage)",
         )
-    pool = facts.pool.tokens if facts.pool is not None else setup.pages * setup.page_tokens
+    pool = facts.pool.tokens if facts.pool is not None else setup.num_pages * setup.group_page_tokens
     free = None if facts.queued_min_usage is None else round((1 - facts.queued_min_usage) * pool)
     context = facts.context_len or setup.spec.max_position_embeddings
-    page = setup.page_tokens
+    page = setup.group_page_tokens
     figures = {
         "queued_lines": facts.queued_lines,
         "queued_while_free_lines": facts.queued_free_lines,
@@ -270,7 +270,7 @@ def decode_linear_in_context(facts: LogFacts, setup: SimSetup) -> Verdict:
         f"{expected * 1e9:,.1f} ns): every step reads each context key's indexer K "
         f"({cell.indexer_bytes_per_token:,} B a token over {setup.spec.num_full_indexer_layers} full layers) and its "
         "top-k latent rows, which batching does not amortise; knobs: fewer full indexer layers (an IndexCache "
-        "pattern, --indexer), index_kpool = 2, shorter contexts per instance"
+        "pattern, --indexer-pattern), index_kpool = 2, shorter contexts per instance"
     )
     return Verdict("decode_linear_in_context", True, figures, advice)
 

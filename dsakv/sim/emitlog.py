@@ -49,7 +49,7 @@ class LogEmitter:
                 f"log_interval = {interval!r}: must be a positive integer of decode steps (sglang) "
                 "or a positive number of seconds (vllm)"
             )
-        self.pool_tokens = setup.pages * setup.page_tokens
+        self.pool_tokens = setup.num_pages * setup.group_page_tokens
         self._prefill_tic = self._decode_tic = self._stats_tic = 0.0
         self._decode_steps = self._generated = 0
         self._prompt = self._queries = self._hits = 0
@@ -67,7 +67,7 @@ class LogEmitter:
 
     def _header(self) -> None:
         s = self.setup
-        pool_bytes = s.pages * s.cell.page_bytes
+        pool_bytes = s.num_pages * s.cell.page_bytes
         context = s.spec.max_position_embeddings
         if self.format == "sglang":
             self._write(
@@ -95,8 +95,8 @@ class LogEmitter:
     def _used(self, sim: Any) -> int:
         """Tokens of the pool held by requests (SGLang's num_used: evictable cache pages count as free)."""
         alloc = sim.allocator
-        cached = sim.radix.evictable_tokens // sim.setup.page_tokens if sim.radix is not None else 0
-        return (alloc.num_allocated - cached) * sim.setup.page_tokens
+        cached = sim.radix.evictable_tokens // sim.setup.group_page_tokens if sim.radix is not None else 0
+        return (alloc.num_allocated - cached) * sim.setup.group_page_tokens
 
     # ----- the driver's observer ----------------------------------------------------------------------------
     def __call__(self, steps: AppliedSteps) -> None:

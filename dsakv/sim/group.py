@@ -121,7 +121,9 @@ class Group:
         # groups' chunks (the driver clears this under DP attention)
         self.chunks_in_runs = True
         self._run = NO_RUN  # the run plan_run planned last, which apply_run applies
-        self.allocator = PageAllocator(setup.pages, setup.page_tokens, first_page=setup.capacity.scratch_pages)
+        self.allocator = PageAllocator(
+            setup.num_pages, setup.group_page_tokens, first_page=setup.capacity.scratch_pages
+        )
         self.radix = self._radix(event_sink)
         self.transfers, tiers = None, None
         if setup.tiers is not None:  # lower tiers: metadata indexes, priced by the transfer model
@@ -153,7 +155,7 @@ class Group:
             self.allocator,
             eviction_policy=cfg.eviction_policy,
             insert_mode=cfg.insert_mode,
-            speculative=cfg.mtp > 0,
+            speculative=cfg.num_speculative_tokens > 0,
             event_sink=event_sink,
             page_keys=cfg.radix_page_keys,  # digests by default: 16 B a page, the same figures
         )
@@ -176,7 +178,7 @@ class Group:
         """Queue one request that arrived at ``arrival_s`` under ``request_id`` (unique in the run; its output
         token id derives from it); one refused (or done) on arrival leaves at once (the driver routed it here)."""
         if not self._wide_ids_checked and trace_req.hash_ids and max(trace_req.hash_ids) >= DIRECT_HASH_IDS:
-            if (why := check_wide_page_size(self.setup.page_tokens)) is not None:
+            if (why := check_wide_page_size(self.setup.group_page_tokens)) is not None:
                 raise DsakvError(f"trace line {trace_req.line}: {why}")
             self._wide_ids_checked = True
         # Waiting, the prompt costs its hash ids as 8-byte array items (a tuple of parsed ints costs ~36 bytes
@@ -202,8 +204,10 @@ class Group:
     def sample(self, plan: BatchPlan) -> list[tuple[int, ...]]:
         """The tokens each item reports: none unless it samples; with MTP drafts, 1 + the accepted drafts."""
         live, rng = self.live, self._rng
-        accept = accept_positions(self.cfg.mtp_accept, self.cfg.mtp)  # position i's, given 1 .. i-1 accepted
-        drafts_on = self.cfg.mtp > 0
+        accept = accept_positions(
+            self.cfg.mtp_accept, self.cfg.num_speculative_tokens
+        )  # position i's, given 1 .. i-1 accepted
+        drafts_on = self.cfg.num_speculative_tokens > 0
         sampled: list[tuple[int, ...]] = []
         for item in plan.items:
             if not item.sample:
@@ -343,7 +347,7 @@ class Group:
         self.observe(ends[-1])
 
     def _cached_pages(self) -> int:
-        return self.radix.evictable_tokens // self.setup.page_tokens if self.radix is not None else 0
+        return self.radix.evictable_tokens // self.setup.group_page_tokens if self.radix is not None else 0
 
     def observe_run(
         self,
@@ -362,7 +366,7 @@ class Group:
         if used is None:
             used, cached = self.allocator.num_allocated, self._cached_pages()
         if timeline.merge_equal:  # one sample per stretch of equal values: each ends before a step that takes pages
-            ps, first = self.setup.page_tokens, 0  # the current stretch's first step
+            ps, first = self.setup.group_page_tokens, 0  # the current stretch's first step
             for t in taken:
                 if t.step > first:
                     timeline.sample(ends[t.step - 1], used, cached, running)
@@ -374,7 +378,7 @@ class Group:
             return
         k = len(ends)
         if taken:
-            ps = self.setup.page_tokens
+            ps = self.setup.group_page_tokens
             steps = np.fromiter((t.step for t in taken), dtype=np.int64, count=len(taken))
             pages = np.fromiter((t.pages for t in taken), dtype=np.int64, count=len(taken))
             evicted = np.fromiter((t.evicted_tokens // ps for t in taken), dtype=np.int64, count=len(taken))

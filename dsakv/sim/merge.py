@@ -103,14 +103,14 @@ def merge_groups(
     )
     table = RecordTable.concatenated(records)
     table.sort_by_id()
-    pages = setup.pages * len(counts)
+    pages = setup.num_pages * len(counts)
     use = None if tiers is None else TierUse(setup.tiers, TierCounters.total(tiers))
     return SimResult(
         config=cfg.to_dict(),
         layout=setup.layout,
         cell=setup.cell,
         capacity=setup.capacity,
-        capacity_pages=pages,
+        num_pages=pages,
         records=table,
         timeline=timeline,
         counters=total,

@@ -112,9 +112,9 @@ def check_pd_config(cfg: SimConfig, setup: SimSetup) -> None:
 
 @dataclass(frozen=True)
 class HandOff:
-    """Per page of ``page_tokens`` tokens, the bytes a hand-off moves by cache, and the link's rate."""
+    """Per page of ``group_page_tokens`` tokens, the bytes a hand-off moves by cache, and the link's rate."""
 
-    page_tokens: int
+    group_page_tokens: int
     main_page_bytes: int
     indexer_page_bytes: int
     link_bytes_per_s: float
@@ -127,7 +127,7 @@ class HandOff:
     def pages(self, start: int, end: int) -> int:
         """Pages of tokens ``[start, end)`` the hand-off moves (the hand-off's one page-count function: over
         a request its chunks' pages add up to ``ceil(L / page) - hit pages``)."""
-        return ceil_div(end, self.page_tokens) - ceil_div(start, self.page_tokens)
+        return ceil_div(end, self.group_page_tokens) - ceil_div(start, self.group_page_tokens)
 
     def seconds(self, pages: int) -> float:
         return pages * (self.main_page_bytes + self.indexer_page_bytes) / self.link_bytes_per_s

@@ -47,7 +47,7 @@ def write_plots(out_dir: str | Path, result: SimResult) -> list[Path]:
     paths = [
         _pool_use_plot(out / "pool_use.png", result, plt),
         _hit_rate_plot(out / "hit_rate.png", admitted, t_end, plt),
-        _prefix_cdf_plot(out / "prefix_cdf.png", admitted, result.cell.tokens_per_page, plt),
+        _prefix_cdf_plot(out / "prefix_cdf.png", admitted, result.cell.group_page_tokens, plt),
         _timeline_plot(out / "timeline.png", result, t_end, plt),
     ]
     if "per_instance" in result.summary:
@@ -71,7 +71,7 @@ def _pool_use_plot(path: Path, result: SimResult, plt) -> Path:
         label="held only by the prefix cache (both)",
     )
     ax.axhline(
-        result.capacity_pages * (result.page_main_bytes + result.page_indexer_bytes) / GIB,
+        result.num_pages * (result.page_main_bytes + result.page_indexer_bytes) / GIB,
         color="r",
         lw=1,
         label="pool capacity",
@@ -105,13 +105,13 @@ def _hit_rate_plot(path: Path, admitted: list, t_end: float, plt) -> Path:
     return _save(fig, path, plt)
 
 
-def _prefix_cdf_plot(path: Path, admitted: list, page_tokens: int, plt) -> Path:
+def _prefix_cdf_plot(path: Path, admitted: list, group_page_tokens: int, plt) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     if admitted:
         p = np.sort(np.array([r.hit_tokens for r in admitted]))
         ax.step(p, np.arange(1, p.size + 1) / p.size, where="post")
         if p.max() > 0:
-            ax.set_xscale("symlog", linthresh=page_tokens)
+            ax.set_xscale("symlog", linthresh=group_page_tokens)
     ax.set(
         xlabel="cached prefix P (tokens)", ylabel="fraction of admitted requests", title="CDF of cached-prefix length"
     )

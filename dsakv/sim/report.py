@@ -2,7 +2,7 @@
 
 Every figure is defined in ``docs/metrics.md`` (formula and unit). Bytes are per rank of the TP group
 (``RankCell``: DCP splits the main latent, the indexer K is replicated); pages are the planner's rank
-pages of ``page_size x dcp`` tokens (``RankCell.tokens_per_page``); pairs and FLOPs are of the lightning indexer over all indexer layers
+pages of ``page_size x dcp`` tokens (``RankCell.group_page_tokens``); pairs and FLOPs are of the lightning indexer over all indexer layers
 (``dsakv.planner.savings.prefix_savings``). Records are built once, when a request leaves the simulation, and
 never change afterwards; the driver's counts (steps, evictions, preemptions) and the trace reader's (skipped
 and reordered lines) travel in ``Counters``.
@@ -103,7 +103,7 @@ def make_record(
     prompt_tokens, hit_tokens = req.prompt_len, st.hit_tokens
     sav = prefix_savings(cell.layout, prompt_tokens, hit_tokens)
     total = prompt_tokens + len(req.outputs)
-    tail = (-total) % cell.tokens_per_page if outcome == "finished" else 0
+    tail = (-total) % cell.group_page_tokens if outcome == "finished" else 0
     admitted = st.admit_step is not None
     return RequestRecord(
         id=req.id,
@@ -117,7 +117,7 @@ def make_record(
         suffix_tokens=sav.computed_tokens,
         computed_tokens=st.computed_tokens,
         pages_written=st.pages_written,
-        pages_saved=sav.cached_tokens // cell.tokens_per_page,
+        pages_saved=sav.cached_tokens // cell.group_page_tokens,
         main_bytes_written=cell.main_bytes(st.computed_tokens) if st.computed_tokens else 0,
         indexer_bytes_written=cell.indexer_bytes(st.computed_tokens) if st.computed_tokens else 0,
         main_bytes_saved=cell.main_bytes(sav.cached_tokens) if hit_tokens else 0,
@@ -372,7 +372,7 @@ class SimResult:
     layout: CacheLayout
     cell: RankCell
     capacity: PoolCapacity
-    capacity_pages: int
+    num_pages: int
     records: RecordTable  # or any sequence of ``RequestRecord`` (``summarize`` tables it)
     timeline: Timeline
     counters: Counters

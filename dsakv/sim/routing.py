@@ -11,7 +11,7 @@ on different instances. It sees the cluster only through a ``ClusterView``:
   first ``AFFINITY_BLOCKS`` trace blocks: a conversation's opening) modulo the targets; load-blind.
 * ``kv-aware``: a global ``PrefixIndex`` (``dsakv.kvevents.index``) fed only by the targets' KV events, in
   vLLM's wire format through the same msgpack codec a ZMQ subscriber uses (in process by default,
-  ``dsakv.kvevents.feed.EventFeed``; over real ZMQ sockets when given ``kv_events``,
+  ``dsakv.kvevents.feed.EventFeed``; over real ZMQ sockets when given ``kv_events_endpoint``,
   ``dsakv.kvevents.zmq_feed.ZmqEventFeed``; the radix trees are never read), says how many leading pages of
   the request each target holds; score = bytes of both caches the hit saves - load penalty (below), highest
   wins.
@@ -25,7 +25,7 @@ KV-aware score of target ``t`` for a request (``docs/routing.md`` derives and co
     score_t = hit_pages_t x page_bytes  -  load_weight x load_tokens_t x token_bytes
 
 ``page_bytes`` is a page of *both* caches (main latent rows + indexer K), as the target's ``BlockStored``
-events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / tokens_per_page``; so a
+events announce it (their dsakv extras), and ``token_bytes = RankCell.page_bytes / group_page_tokens``; so a
 cached token is worth one token of queue at ``load_weight = 1`` (the default, like Dynamo's overlap weight).
 """
 
@@ -135,18 +135,18 @@ class KvAware:
 
     ``instances`` maps a target to its ``WorkerId`` (target ``t``: instance ``t mod instances``, DP rank
     ``t // instances``); the page bytes of a hit are those the target's own events announced. The events
-    reach the index in process, or, given ``kv_events`` (a ZMQ address, and ``kv_events_replay`` for the
+    reach the index in process, or, given ``kv_events_endpoint`` (a ZMQ address, and ``kv_events_replay_endpoint`` for the
     replay sockets), over real sockets: instance ``i`` publishes at that address's port + ``i`` (``feed``
     binds them here; ``close()`` releases them). Either way the index is made current (``feed.sync()``)
     before each score, so both give the same decisions."""
 
     cell: RankCell
-    page_tokens: int
+    group_page_tokens: int
     instances: int = 1
     speculative: bool = False
     load_weight: float = 1.0
-    kv_events: str | None = None
-    kv_events_replay: str | None = None
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
     name: str = "kv-aware"
     index: PrefixIndex = field(default_factory=PrefixIndex)
     clock_s: float = 0.0  # the simulated time, stamped on event batches (the cluster sets it)
@@ -155,7 +155,7 @@ class KvAware:
         if not self.load_weight >= 0:
             raise DsakvError(f"load_weight = {self.load_weight!r}: must be a number >= 0")
         self._hash = get_hash(HASH_NAME)
-        self._token_bytes = self.cell.page_bytes / self.page_tokens  # both caches' bytes of one token
+        self._token_bytes = self.cell.page_bytes / self.group_page_tokens  # both caches' bytes of one token
         self.feed = self._open_feed()
 
     def _open_feed(self) -> EventFeed | ZmqEventFeed:
@@ -166,13 +166,15 @@ class KvAware:
         from dsakv.kvevents.feed import EventFeed
 
         cost, clock = PageCost.of(self.cell.layout), lambda: self.clock_s
-        if self.kv_events is None:
+        if self.kv_events_endpoint is None:
             return EventFeed(self.index, cost, clock)
         try:
             from dsakv.kvevents.zmq_feed import ZmqEventFeed
         except ImportError:
-            raise DsakvError("kv_events: needs pyzmq (pip install 'dsakv[events]')") from None
-        return ZmqEventFeed(self.index, self.instances, self.kv_events, self.kv_events_replay, cost=cost, clock=clock)
+            raise DsakvError("kv_events_endpoint: needs pyzmq (pip install 'dsakv[events]')") from None
+        return ZmqEventFeed(
+            self.index, self.instances, self.kv_events_endpoint, self.kv_events_replay_endpoint, cost=cost, clock=clock
+        )
 
     def close(self) -> None:
         """Release the feed's sockets (none in process)."""
@@ -188,8 +190,8 @@ class KvAware:
 
     def page_hashes(self, key: RadixKey) -> list[bytes]:
         """The chained hashes the tree would give the key's matchable pages (``leave_one``: at most
-        ``(n - 1) // page_tokens``; in speculative mode one less, as a match gives the last page back)."""
-        ps = self.page_tokens
+        ``(n - 1) // group_page_tokens``; in speculative mode one less, as a match gives the last page back)."""
+        ps = self.group_page_tokens
         n = (key.num_tokens - 1) // ps
         if self.speculative:
             n -= 1
@@ -252,7 +254,7 @@ class Oracle:
     which the hashes do not cover: a target holding ``d`` leading pages by hash matches ``d`` or ``d - 1`` of
     them, so the oracle peeks at the trees of the targets holding the most, or one page less, to settle it."""
 
-    page_tokens: int = 64
+    group_page_tokens: int = 64
     speculative: bool = False
     page_digest: int = 0  # the trees' kind of key (RadixCache.page_digest), for the peeks
     name: str = "oracle"
@@ -274,7 +276,7 @@ class Oracle:
 
     def choose(self, req: TraceRequest, view: ClusterView) -> int:
         key = request_key(req)  # token keys: the hashes chain over tokens (a peek takes the trees' kind, below)
-        ps = self.page_tokens
+        ps = self.group_page_tokens
         seed = chain_seed(self._hash, *key.namespace)
         depth, holding, above = self.holders.match(seed, key.token_data, TOKEN_BYTES * ps, (key.num_tokens - 1) // ps)
         if not self.speculative:
@@ -298,21 +300,26 @@ Router = RoundRobin | LeastLoaded | Affinity | KvAware | Oracle
 def make_router(
     name: str,
     cell: RankCell,
-    page_tokens: int,
+    group_page_tokens: int,
     instances: int,
     speculative: bool,
-    kv_events: str | None = None,
-    kv_events_replay: str | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_events_replay_endpoint: str | None = None,
     page_digest: int = 0,
 ) -> Router:
     """A fresh router called ``name`` (one of ``ROUTERS``) for ``instances`` instances of pages of
-    ``page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events`` when given; the oracle,
+    ``group_page_tokens`` tokens; a KV-aware one takes its events over ZMQ at ``kv_events_endpoint`` when given; the oracle,
     in speculative mode, peeks at trees that take keys of kind ``page_digest`` (``RadixCache.page_digest``)."""
     check_choice("router", name, ROUTERS)
     if name == "kv-aware":
         return KvAware(
-            cell, page_tokens, instances, speculative, kv_events=kv_events, kv_events_replay=kv_events_replay
+            cell,
+            group_page_tokens,
+            instances,
+            speculative,
+            kv_events_endpoint=kv_events_endpoint,
+            kv_events_replay_endpoint=kv_events_replay_endpoint,
         )
     if name == "oracle":
-        return Oracle(page_tokens, speculative, page_digest)
+        return Oracle(group_page_tokens, speculative, page_digest)
     return {"round-robin": RoundRobin, "least-loaded": LeastLoaded, "affinity": Affinity}[name]()

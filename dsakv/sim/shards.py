@@ -100,7 +100,9 @@ class ShardTask:
 
     def __call__(self, progress: Callable[[int], None] | None) -> ClusterParts:
         cfg, setup = self.cfg, self.setup
-        router = make_router(cfg.router, setup.cell, setup.page_tokens, cfg.instances, cfg.mtp > 0)
+        router = make_router(
+            cfg.router, setup.cell, setup.group_page_tokens, cfg.instances, cfg.num_speculative_tokens > 0
+        )
         dp = setup.setting.dp_attention
         stream = ShardStream(self.requests(), router, cfg.instances, dp, self.first, self.count, cfg.time_scale)
         with rare_collections():

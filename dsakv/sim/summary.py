@@ -197,7 +197,7 @@ def summarize(
     timeline: Timeline,
     counters: Counters,
     cell: RankCell,
-    capacity_pages: int,
+    num_pages: int,
     tiers: TierUse | None,
 ) -> Summary:
     """The summary of a run from its records (a table or any sequence of records), its pool timeline, its
@@ -205,7 +205,7 @@ def summarize(
     nothing it is given."""
     recs = records if isinstance(records, RecordTable) else RecordTable(records)
     req = _request_figures(recs, counters)
-    pool = _pool_figures(timeline, cell, capacity_pages)
+    pool = _pool_figures(timeline, cell, num_pages)
     rates = _latency_figures(recs, req["output_tokens"], req["admitted_input_tokens"], req["computed_tokens"], pool)
     return Summary(**req, **pool, **rates, **_tier_figures(tiers))
 
@@ -272,7 +272,7 @@ def _pool_figures(timeline: Timeline, cell: RankCell, pages: int) -> dict[str, A
     mean = _time_weighted(t, used)
     return {
         "pool_pages": pages,
-        "pool_tokens": pages * cell.tokens_per_page,
+        "pool_tokens": pages * cell.group_page_tokens,
         "pool_main_bytes": pages * page_main,
         "pool_indexer_bytes": pages * page_idx,
         "peak_used_pages": peak,

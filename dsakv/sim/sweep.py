@@ -55,17 +55,17 @@ def what_if_points(base: SimConfig) -> list[dict]:
     points: list[dict] = [{}]
     points += [{"eviction_policy": p} for p in ("lfu", "fifo", "slru") if p != base.eviction_policy]
     for count in sorted({spec.num_full_indexer_layers, n // 2, n} - {spec.num_full_indexer_layers}):
-        points.append({"indexer": str(count)})
+        points.append({"indexer_pattern": str(count)})
     ic = [name for name, pat in indexer_patterns().items() if len(pat) == n and "indexcache" in name.lower()]
     if ic:
-        points.append({"indexer": sorted(ic)[0]})
+        points.append({"indexer_pattern": sorted(ic)[0]})
     points += [
-        {"mtp": 1},
+        {"num_speculative_tokens": 1},
         {"dcp": 2},
         {"kv_dtype": "bf16"},
         {"insert_mode": "allocate" if base.insert_mode == "finish" else "finish"},
     ]
-    pool = setup.pages * setup.page_tokens
+    pool = setup.num_pages * setup.group_page_tokens
     points += [{"pool_tokens": pool // 2}, {"pool_tokens": pool * 2}]
     return points
 
@@ -125,9 +125,9 @@ def run_sweep(
     anything runs; an impossible GPU setting or pool (a DP-attention size that does not divide TP, no room
     for one page) becomes that point's row with the error."""
     check_rereadable(source)
-    if base.kv_events is not None or any("kv_events" in over for over in points):
+    if base.kv_events_endpoint is not None or any("kv_events_endpoint" in over for over in points):
         raise DsakvError(
-            "kv_events: a sweep runs its points at once, and each would bind the same ports; publish from one run"
+            "kv_events_endpoint: a sweep runs its points at once, and each would bind the same ports; publish from one run"
         )
     jobs = []
     for over in points:

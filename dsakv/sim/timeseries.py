@@ -39,7 +39,7 @@ def metric_series(result: SimResult) -> dict[str, np.ndarray]:
     allocated = np.asarray(tl.used_pages, dtype=np.int64)[rows]
     cached = np.asarray(tl.cache_only_pages, dtype=np.int64)[rows]
     running = np.asarray(tl.running, dtype=np.int64)[rows]
-    total = result.capacity_pages
+    total = result.num_pages
     preempt = np.sort(np.asarray(tl.preempt_time_s, dtype=np.float64))
     admitted = sorted((r.admit_s, r.input_tokens, r.hit_tokens) for r in result.records if r.admit_s is not None)
     admit_s = np.asarray([a[0] for a in admitted], dtype=np.float64)

@@ -238,7 +238,7 @@ def tier_summary(engine: Engine, results: list[GenerationResult], hit_tokens: in
         "hit_tokens_store": store,
     }
     if tiers.host is not None:
-        out["host_pages"] = tiers.host.capacity_pages
+        out["host_pages"] = tiers.host.num_pages
         out["host_bytes_written"] = tiers.totals.written_pages_host * page_bytes
         out["host_bytes_read"] = tiers.totals.loaded_pages_host * page_bytes
     if tiers.store is not None:

@@ -56,7 +56,7 @@ def test_a_reservation_larger_than_the_room_keeps_the_chain_front():
     ("call", "message"),
     [
         (lambda: TierIndex("disk", None), "tier = 'disk': must be one of host, store"),
-        (lambda: TierIndex("host", -1), "capacity_pages = -1: must be an integer >= 0, or None (unbounded)"),
+        (lambda: TierIndex("host", -1), "num_pages = -1: must be an integer >= 0, or None (unbounded)"),
         (lambda: TierIndex("host", 4, eviction_policy="random"), "eviction_policy = 'random': must be one of"),
         (lambda: WritePolicy("write_around"), "write_policy = 'write_around': must be one of write_through"),
         (lambda: WritePolicy("write_through_selective", 0), "hit_threshold = 0: must be a positive integer"),

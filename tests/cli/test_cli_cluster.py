@@ -52,9 +52,12 @@ def test_kv_events_over_zmq_print_the_in_process_figures(capsys):
     argv = [*SMALL, "--instances", "3", "--router", "kv-aware", "--json"]
     assert main(argv) == 0
     in_process = json.loads(capsys.readouterr().out)
-    assert main([*argv, "--kv-events", "tcp://127.0.0.1:*", "--kv-events-replay", "tcp://127.0.0.1:*"]) == 0
+    assert (
+        main([*argv, "--kv-events-endpoint", "tcp://127.0.0.1:*", "--kv-events-replay-endpoint", "tcp://127.0.0.1:*"])
+        == 0
+    )
     over_zmq = json.loads(capsys.readouterr().out)
-    assert over_zmq["config"]["config"]["kv_events"] == "tcp://127.0.0.1:*"
+    assert over_zmq["config"]["config"]["kv_events_endpoint"] == "tcp://127.0.0.1:*"
     del in_process["config"], over_zmq["config"]
     assert over_zmq == in_process and in_process["hit_tokens"] > 0
 
@@ -76,14 +79,23 @@ def test_a_closed_loop_over_a_cluster_runs_every_request(capsys):
         (["--ray"], "--ray / --ray-address: run sweep points"),
         (["--router", "oracle,affinity", "--sweep", "policy=lru,lfu"], "give it without --sweep"),
         (["--router", "oracle,affinity", "--ray", "--ray-address", "x:1"], "not both"),
-        (["--router", "kv-aware,oracle", "--kv-events", "tcp://127.0.0.1:*"], "--kv-events: one run publishes"),
-        (["--router", "oracle", "--kv-events", "tcp://127.0.0.1:*"], "--router oracle reads no events"),
-        (["--kv-events-replay", "tcp://127.0.0.1:*"], "--kv-events-replay: needs --kv-events"),
-        (["--router", "kv-aware", "--kv-events", "localhost:1"], "--kv-events = 'localhost:1': must be a ZMQ"),
         (
-            ["--instances", "2", "--router", "kv-aware", "--kv-events", "tcp://127.0.0.1:7000"]
-            + ["--kv-events-replay", "tcp://127.0.0.1:7001"],
-            "which --kv-events of instance 1 binds",
+            ["--router", "kv-aware,oracle", "--kv-events-endpoint", "tcp://127.0.0.1:*"],
+            "--kv-events-endpoint: one run publishes",
+        ),
+        (["--router", "oracle", "--kv-events-endpoint", "tcp://127.0.0.1:*"], "--router oracle reads no events"),
+        (
+            ["--kv-events-replay-endpoint", "tcp://127.0.0.1:*"],
+            "--kv-events-replay-endpoint: needs --kv-events-endpoint",
+        ),
+        (
+            ["--router", "kv-aware", "--kv-events-endpoint", "localhost:1"],
+            "--kv-events-endpoint = 'localhost:1': must be a ZMQ",
+        ),
+        (
+            ["--instances", "2", "--router", "kv-aware", "--kv-events-endpoint", "tcp://127.0.0.1:7000"]
+            + ["--kv-events-replay-endpoint", "tcp://127.0.0.1:7001"],
+            "which --kv-events-endpoint of instance 1 binds",
         ),
     ],
 )

@@ -1,4 +1,4 @@
-"""``dsakv simulate``'s engine flags (issue 15): ``--ep``, ``--moe-a2a``, ``--schedule-policy``, ``--mtp`` and
+"""``dsakv simulate``'s engine flags (issue 15): ``--ep``, ``--moe-a2a``, ``--schedule-policy``, ``--num-speculative-tokens`` and
 ``--weight-dtype`` reach the step time and the scheduler; bad values are one-line errors naming the flag and
 what is allowed; ``--sweep`` takes ``ep``, ``moe_a2a`` and ``schedule_policy``."""
 
@@ -45,8 +45,8 @@ def test_engine_flags_reach_the_step_time_and_the_scheduler(capsys, trace):
     sgl = _run(capsys, trace, "--schedule-policy", "prefill_first")
     assert sgl["config"]["setup"]["scheduler"]["schedule_policy"] == "prefill_first"
     assert _step_time(sgl)["mla_mixed_batch"] is False and _step_time(base)["mla_mixed_batch"] is True
-    mtp = _run(capsys, trace, "--mtp", "2")
-    assert _step_time(mtp)["num_draft_tokens"] == 2 and mtp["steps"] < base["steps"]
+    mtp = _run(capsys, trace, "--num-speculative-tokens", "2")
+    assert _step_time(mtp)["num_speculative_tokens"] == 2 and mtp["steps"] < base["steps"]
 
 
 def test_weight_dtype_reaches_the_step_time(capsys, trace):
@@ -67,10 +67,13 @@ def test_weight_dtype_reaches_the_step_time(capsys, trace):
         (["--moe-a2a", "nccl"], ["moe_a2a = 'nccl'", "none, deepep"]),
         (["--moe-a2a", "deepep"], ["moe_a2a = 'deepep'", "ep >= 2"]),
         (["--schedule-policy", "fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
-        (["--mtp", "-1"], ["--mtp", "integer >= 0"]),
-        (["--mtp", "2", "--mtp-accept", "0.9,x"], ["--mtp-accept position 2 = 'x'", "(0, 1]"]),
-        (["--mtp", "2", "--mtp-accept", "0.9,0.8,0.7"], ["mtp_accept = (0.9, 0.8, 0.7)", "for 2 draft tokens"]),
-        (["--mtp", "2", "--mtp-accept", "1.5"], ["--mtp-accept", "(0, 1]"]),
+        (["--num-speculative-tokens", "-1"], ["--num-speculative-tokens", "integer >= 0"]),
+        (["--num-speculative-tokens", "2", "--mtp-accept", "0.9,x"], ["--mtp-accept position 2 = 'x'", "(0, 1]"]),
+        (
+            ["--num-speculative-tokens", "2", "--mtp-accept", "0.9,0.8,0.7"],
+            ["mtp_accept = (0.9, 0.8, 0.7)", "for 2 draft tokens"],
+        ),
+        (["--num-speculative-tokens", "2", "--mtp-accept", "1.5"], ["--mtp-accept", "(0, 1]"]),
         (["--weight-dtype", "int3"], ["weight dtype 'int3'", "fp8"]),
         (["--sweep", "moe_a2a=none,nccl"], ["moe_a2a = 'nccl'", "none, deepep"]),
         (["--sweep", "schedule_policy=fifo"], ["schedule_policy = 'fifo'", "mixed, prefill_first"]),
@@ -95,6 +98,6 @@ def test_sweep_over_ep_moe_a2a_and_schedule_policy(capsys, trace):
 
 def test_mtp_accept_takes_one_probability_per_draft_position(capsys, trace):
     # A chain that accepts more drafts yields more tokens per decode step: fewer steps for the same output.
-    chain = _run(capsys, trace, "--mtp", "3", "--mtp-accept", "0.9,0.6,0.3")
-    low = _run(capsys, trace, "--mtp", "3", "--mtp-accept", "0.3")
+    chain = _run(capsys, trace, "--num-speculative-tokens", "3", "--mtp-accept", "0.9,0.6,0.3")
+    low = _run(capsys, trace, "--num-speculative-tokens", "3", "--mtp-accept", "0.3")
     assert chain["finished"] == low["finished"] == 8 and chain["steps"] < low["steps"]

@@ -150,7 +150,7 @@ def test_bad_config_file_is_one_line_naming_the_field(capsys, tmp_path, text, ne
     assert needle in err and "\n" not in err and err.startswith("dsakv: error:")
 
 
-def test_plan_help_says_mtp_layers_counts_cache_layers_not_draft_tokens(capsys):
+def test_plan_help_says_mtp_layers_counts_cache_layers_not_speculative_tokens(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
-    assert "MTP cache layers (not draft tokens" in " ".join(capsys.readouterr().out.split())
+    assert "MTP cache layers (not speculative tokens" in " ".join(capsys.readouterr().out.split())

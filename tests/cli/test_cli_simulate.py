@@ -74,7 +74,7 @@ def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
 
 def test_mtp_index_share_reaches_the_step_time_and_shortens_mtp_steps(capsys):
     # index_share_for_mtp_iteration: draft passes 2 .. 3 skip the MTP layer's indexer (docs/steptime.md).
-    argv = ["simulate", "--scenario", "chat", "--scale", "0.02", "--mtp", "3", "--json"]
+    argv = ["simulate", "--scenario", "chat", "--scale", "0.02", "--num-speculative-tokens", "3", "--json"]
     plain, shared = _json(capsys, argv), _json(capsys, argv + ["--mtp-index-share"])
     assert not plain["config"]["config"]["mtp_index_share"] and shared["config"]["config"]["mtp_index_share"]
     assert shared["config"]["setup"]["step_time"]["mtp_index_share"] is True

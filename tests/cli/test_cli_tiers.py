@@ -58,7 +58,7 @@ def test_plan_prints_the_tier_table(capsys):
         (["simulate", "--store-gbps", "0"], "--store-gbps = '0': must be a positive number"),
         (["simulate", "--store-gbps", "fast"], "--store-gbps = 'fast': must be a positive number"),
         (["simulate", "--write-policy", "later"], "write_policy = 'later': must be one of write_through"),
-        (["simulate", "--write-threshold", "0"], "--write-threshold = '0': must be an integer >= 1"),
+        (["simulate", "--hit-threshold", "0"], "--hit-threshold = '0': must be an integer >= 1"),
         (["simulate", "--host-tokens", "64", "--no-prefix-cache"], "tiers need the prefix cache"),
     ],
 )
@@ -73,7 +73,7 @@ def test_bad_tier_flags_are_one_line(capsys, argv, needle):
         ["--host-bytes", "unbounded"],
         ["--host-tokens", "100000", "--store-bytes", "1.5TiB", "--write-policy", "write_back"],
         ["--store-tokens", "50000", "--store-gbps", "50"],
-        ["--host-bytes", "500GB", "--write-policy", "write_through_selective", "--write-threshold", "1"],
+        ["--host-bytes", "500GB", "--write-policy", "write_through_selective", "--hit-threshold", "1"],
     ],
 )
 def test_simulate_tier_flags_report_hits_per_tier(capsys, argv):

@@ -48,7 +48,7 @@ def _pools(plan_flags: list[str], sim_flags: list[str]):
 @pytest.mark.parametrize("plan_flags, sim_flags", [s[1:] for s in SHAPES], ids=[s[0] for s in SHAPES])
 def test_plan_and_simulate_take_the_same_pool_for_the_same_flags(plan_flags, sim_flags):
     planned, simulated = _pools(plan_flags, sim_flags)
-    assert planned.to_dict() == simulated.to_dict() and planned.pages >= 1
+    assert planned.to_dict() == simulated.to_dict() and planned.num_pages >= 1
 
 
 def test_the_printed_pools_agree(capsys):
@@ -87,11 +87,11 @@ def test_the_weights_priced_are_the_layouts_own():
 def test_a_what_if_row_is_the_plan_of_that_layout(label, plan_kwargs):
     """The default plan's what-if row for a variant holds the pool ``dsakv plan`` prints for that variant."""
     rows = {r.label: r for r in plan(GLM).what_if}
-    assert rows[label].pool_tokens == plan(GLM, **plan_kwargs).pool.tokens
+    assert rows[label].pool_tokens == plan(GLM, **plan_kwargs).pool.pool_tokens
 
 
 def test_explain_tokens_names_the_variant_whose_plan_gives_the_logged_pool():
-    logged = plan(GLM, CacheLayout(GLM.with_full_indexer_count(39))).pool.tokens
+    logged = plan(GLM, CacheLayout(GLM.with_full_indexer_count(39))).pool.pool_tokens
     explained = explain_tokens(logged, CacheLayout(GLM), setting=GpuSetting())
     assert explained.explained and explained.candidates[0].label == "39 full indexer layers"
 

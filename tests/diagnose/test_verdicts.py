@@ -25,14 +25,14 @@ def verdicts(path, plan) -> dict:
 
 def test_pool_size_fires_and_names_the_indexer_schedule(write_log, sglang, plan):
     cfg, setup = plan
-    planned = setup.pages * setup.page_tokens
+    planned = setup.num_pages * setup.group_page_tokens
     v = verdicts(write_log(sglang.pool(planned, planned * 53940 / 2**30)), plan)["pool_size"]
     assert v.fires is False and v.figures["gap_tokens"] == 0
     from dsakv.planner.budget import pool_capacity
     from dsakv.spec.layout import CacheLayout
 
     var = CacheLayout(setup.spec.with_full_indexer_count(39))
-    logged = pool_capacity(var, setup.setting).tokens
+    logged = pool_capacity(var, setup.setting).pool_tokens
     v = verdicts(write_log(sglang.pool(logged, logged * var.cell_bytes / 2**30), "b.log"), plan)["pool_size"]
     assert (
         v.fires is True
@@ -98,7 +98,7 @@ def test_the_pool_comes_from_the_metrics_scrape_when_the_log_has_none(write_log,
     from dsakv.planner.budget import pool_capacity
     from dsakv.spec.layout import CacheLayout
 
-    logged = pool_capacity(CacheLayout(plan[1].spec.with_full_indexer_count(39)), plan[1].setting).tokens
+    logged = pool_capacity(CacheLayout(plan[1].spec.with_full_indexer_count(39)), plan[1].setting).pool_tokens
     log = write_log([sglang.decode(4, 9000, 300.0)] * 3)
     scrape = tmp_path / "metrics.txt"
     scrape.write_text(f"# TYPE sglang:max_total_num_tokens gauge\nsglang:max_total_num_tokens {logged}\n")

@@ -109,7 +109,7 @@ def test_no_leak_under_preemption_and_speculative_decoding(mode):
     def drafter(request, k):
         return [(len(request.outputs) * 7 + i) % 512 for i in range(k)]
 
-    sched = dict(chunk_tokens=32, max_batched_tokens=64, new_token_ratio=0.0, preemption=mode, num_draft_tokens=2)
+    sched = dict(chunk_tokens=32, max_batched_tokens=64, new_token_ratio=0.0, preemption=mode, num_speculative_tokens=2)
     e = Engine(EngineConfig(num_pages=4, page_size=PAGE, scheduler=SchedulerConfig(**sched)), drafter=drafter)
     reqs = [e.add_request(prompt(24 + 4 * i, base=i), 10) for i in range(3)]
     while not e.scheduler.is_idle:
@@ -159,7 +159,7 @@ def test_recomputed_request_resumes_from_its_own_cached_prefix():
 
 def test_speculative_engine_requires_a_drafter():
     with pytest.raises(DsakvError, match="drafter"):
-        Engine(EngineConfig(page_size=PAGE, scheduler=SchedulerConfig(num_draft_tokens=2)))
+        Engine(EngineConfig(page_size=PAGE, scheduler=SchedulerConfig(num_speculative_tokens=2)))
 
 
 def test_aborting_an_offloaded_request_drops_its_host_copy():

@@ -147,7 +147,7 @@ def oracle_drafter(reference, accept_prob: float, seed: int, rejected: list):
 
 @pytest.mark.parametrize("pool", ["large", "small_recompute", "small_offload"])
 def test_speculative_decoding_with_random_accept_reject_matches(pool, reference):
-    sched = dict(chunk_tokens=32, max_batched_tokens=64, num_draft_tokens=3, new_token_ratio=0.0)
+    sched = dict(chunk_tokens=32, max_batched_tokens=64, num_speculative_tokens=3, new_token_ratio=0.0)
     if pool != "large":
         sched["preemption"] = pool.removeprefix("small_")
     cfg = engine_config(num_pages=64 if pool == "large" else SMALL, scheduler=sched)

@@ -1,9 +1,9 @@
 """MTP speculative decoding on the tiny model: lossless, and every cache of every layer exact.
 
-Reference runs: plain greedy decoding (the tokens), and ``num_steps = 0`` (the MTP layer runs on every
+Reference runs: plain greedy decoding (the tokens), and ``num_speculative_tokens = 0`` (the MTP layer runs on every
 computed token and drafts nothing: the MTP layer's cache a non-speculative run writes). A speculative run
 must give the same tokens, and every finished request's caches -- both caches of every target layer and of
-the MTP layer -- must read back bit-identical to the ``num_steps = 0`` run's.
+the MTP layer -- must read back bit-identical to the ``num_speculative_tokens = 0`` run's.
 
 The tiny model's MTP layer has random weights, so its greedy drafts are almost never accepted; an *oracle*
 draft choice (the reference's own next token, wrong at chosen indices) makes accepted prefixes, mid-page
@@ -74,7 +74,7 @@ def plain():
 
 @pytest.fixture(scope="module")
 def mtp_reference(plain):
-    res = run(make_engine(speculative="mtp", num_steps=0))
+    res = run(make_engine(speculative="mtp", num_speculative_tokens=0))
     assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
     return res
 
@@ -89,7 +89,7 @@ def assert_same(res, plain, mtp_reference) -> None:
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_mtp_tokens_and_every_cache_equal_the_non_speculative_run(k, plain, mtp_reference):
     # 9 pages: the later two requests must evict the first one's cached tail; chunks of 32 tokens
-    eng = make_engine(num_pages=9, choice=oracle(plain, reject_every=4), speculative="mtp", num_steps=k)
+    eng = make_engine(num_pages=9, choice=oracle(plain, reject_every=4), speculative="mtp", num_speculative_tokens=k)
     res = run(eng)
     assert_same(res, plain, mtp_reference)
     assert len(eng.layout.indexer_layers) == len(eng.spec.full_indexer_layers) + 1  # the MTP layer's own indexer
@@ -101,12 +101,14 @@ def test_mtp_tokens_and_every_cache_equal_the_non_speculative_run(k, plain, mtp_
 
 @pytest.mark.parametrize("kw", [dict(pool_kind="packed"), dict(insert_mode="allocate")])
 def test_mtp_in_the_packed_layout_and_with_insert_at_allocation(kw, plain, mtp_reference):
-    eng = make_engine(num_pages=9, choice=oracle(plain, reject_every=4), speculative="mtp", num_steps=3, **kw)
+    eng = make_engine(
+        num_pages=9, choice=oracle(plain, reject_every=4), speculative="mtp", num_speculative_tokens=3, **kw
+    )
     assert_same(run(eng), plain, mtp_reference)
 
 
 def test_greedy_mtp_drafts_are_verified_losslessly(plain, mtp_reference):
-    eng = make_engine(speculative="mtp", num_steps=2)
+    eng = make_engine(speculative="mtp", num_speculative_tokens=2)
     res = run(eng)
     assert_same(res, plain, mtp_reference)
     assert all(r.stats.draft_tokens > 0 for r in res)
@@ -118,7 +120,7 @@ def test_preemption_during_mtp_decoding_keeps_tokens_and_caches(mode, plain, mtp
     # prompts of 5 + 4 + 5 pages admitted optimistically into 14; decoding needs 15: a request is preempted
     # (greedy drafts: the oracle's accepted ones would finish the others first and leave room)
     sched = dict(new_token_ratio=0.0, preemption=mode)
-    eng = make_engine(num_pages=14, speculative="mtp", num_steps=3, prefix_cache=False, scheduler=sched)
+    eng = make_engine(num_pages=14, speculative="mtp", num_speculative_tokens=3, prefix_cache=False, scheduler=sched)
     res = eng.generate(ps, NEW)
     eng.check_integrity()
     assert sum(r.stats.preemptions for r in res) > 0
@@ -131,7 +133,7 @@ def test_forced_mid_page_reject_invalidates_both_caches_tails_together():
     back exact up to the accepted end, so no rejected draft's row is ever read as valid."""
     new = 20
     prompt = prompts()[0]
-    reference = make_engine(speculative="mtp", num_steps=0, prefix_cache=False).generate([prompt], new)[0]
+    reference = make_engine(speculative="mtp", num_speculative_tokens=0, prefix_cache=False).generate([prompt], new)[0]
     ref, want = reference.output_tokens, reference.cache
     full = prompt + ref
     # prompt 67 tokens, a 5-step chain: step 1 accepts all (end 73); step 2 drafts 74..78, rejects 76 (end
@@ -141,7 +143,7 @@ def test_forced_mid_page_reject_invalidates_both_caches_tails_together():
     def choose(req, index, logits):
         return (full[index] + 1) % VOCAB if index in reject else full[index] if index < len(full) else 0
 
-    eng = make_engine(choice=choose, speculative="mtp", num_steps=5, prefix_cache=False)
+    eng = make_engine(choice=choose, speculative="mtp", num_speculative_tokens=5, prefix_cache=False)
     req = eng.add_request(prompt, new)
     plan_step, held = eng.scheduler.step, []
 
@@ -172,7 +174,7 @@ def test_a_hit_after_a_speculative_run_drops_exactly_one_page():
     prompt = prompts()[0]  # 67 tokens: 4 whole pages
     hits = {}
     for spec in (None, "mtp"):
-        kw = dict(speculative="mtp", num_steps=2) if spec else {}
+        kw = dict(speculative="mtp", num_speculative_tokens=2) if spec else {}
         eng = make_engine(**kw)
         first = eng.generate([prompt], NEW)[0]
         again = eng.generate([prompt], NEW)[0]
@@ -185,21 +187,23 @@ def test_a_hit_after_a_speculative_run_drops_exactly_one_page():
 
 def test_a_one_token_prompt_decodes_with_mtp_from_its_first_step():
     plain = make_engine().generate([[5], [7, 9]], NEW)
-    res = make_engine(speculative="mtp", num_steps=3).generate([[5], [7, 9]], NEW)
+    res = make_engine(speculative="mtp", num_speculative_tokens=3).generate([[5], [7, 9]], NEW)
     assert [r.output_tokens for r in res] == [r.output_tokens for r in plain]
 
 
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
-        (dict(speculative="eagle", num_steps=1), "speculative"),
-        (dict(speculative="mtp"), "num_steps"),
-        (dict(speculative="mtp", num_steps=-1), "num_steps"),
-        (dict(speculative="mtp", num_steps=3, eagle_topk=5), "eagle_topk"),
-        (dict(speculative="mtp", num_steps=3, num_draft_tokens=3), "num_draft_tokens"),
-        (dict(num_steps=3), "num_steps"),
+        (dict(speculative="eagle", num_speculative_tokens=1), "speculative"),
+        (dict(speculative="mtp", num_speculative_tokens=-1), "num_speculative_tokens"),
+        (dict(speculative="mtp", num_speculative_tokens=True), "num_speculative_tokens"),
+        (dict(speculative="mtp", num_speculative_tokens=3, eagle_topk=5), "eagle_topk"),
+        (dict(num_speculative_tokens=3), "num_speculative_tokens"),
         (dict(index_share_for_mtp_iteration=True), "index_share_for_mtp_iteration"),
-        (dict(speculative="mtp", num_steps=3, scheduler=SchedulerConfig(num_draft_tokens=2)), "num_draft_tokens"),
+        (
+            dict(speculative="mtp", num_speculative_tokens=3, scheduler=SchedulerConfig(num_speculative_tokens=2)),
+            "num_speculative_tokens",
+        ),
     ],
 )
 def test_bad_speculative_config_is_a_one_line_error_naming_the_field(kw, field):
@@ -209,13 +213,16 @@ def test_bad_speculative_config_is_a_one_line_error_naming_the_field(kw, field):
 
 
 def test_speculative_config_in_sglang_terms_is_accepted():
-    cfg = EngineConfig(speculative="mtp", num_steps=3, eagle_topk=1, num_draft_tokens=4)
-    assert cfg.draft_steps == 3 and cfg.mtp_layers == 1
+    cfg = EngineConfig(speculative="mtp", num_speculative_tokens=3, eagle_topk=1)
+    assert cfg.num_speculative_tokens == 3 and cfg.mtp_layers == 1
+    assert EngineConfig(speculative="mtp").num_speculative_tokens == 0  # the MTP layer runs, nothing is drafted
 
 
 def test_index_share_keeps_tokens_and_caches_and_scores_fewer_indexer_rows(plain, mtp_reference):
-    a = make_engine(choice=oracle(plain, 5), speculative="mtp", num_steps=3)
-    b = make_engine(choice=oracle(plain, 5), speculative="mtp", num_steps=3, index_share_for_mtp_iteration=True)
+    a = make_engine(choice=oracle(plain, 5), speculative="mtp", num_speculative_tokens=3)
+    b = make_engine(
+        choice=oracle(plain, 5), speculative="mtp", num_speculative_tokens=3, index_share_for_mtp_iteration=True
+    )
     ra, rb = run(a), run(b)
     assert_same(rb, plain, mtp_reference)
     assert a.speculator.totals.chain_rows == b.speculator.totals.chain_rows > 0
@@ -225,7 +232,9 @@ def test_index_share_keeps_tokens_and_caches_and_scores_fewer_indexer_rows(plain
 
 def test_mtp_pages_go_down_to_the_host_tier_and_come_back_with_the_target_pages(plain, mtp_reference):
     """A page is one unit across tiers: the MTP layer's rows written back and loaded with the target's."""
-    eng = make_engine(num_pages=9, speculative="mtp", num_steps=3, host_bytes=32 * make_engine().layout.page_bytes)
+    eng = make_engine(
+        num_pages=9, speculative="mtp", num_speculative_tokens=3, host_bytes=32 * make_engine().layout.page_bytes
+    )
     ps = prompts()
     first = eng.generate([ps[0]], NEW)[0]
     for p in ps[1:]:  # push the first request's pages out of the 9-page pool into host memory
@@ -249,7 +258,7 @@ def test_any_accept_reject_pattern_keeps_tokens_and_every_cache(k, rejects, kind
             return 0
         return (seq[index] + 1) % VOCAB if index in rejects else seq[index]
 
-    eng = make_engine(num_pages=9, choice=choose, speculative="mtp", num_steps=k, pool_kind=kind)
+    eng = make_engine(num_pages=9, choice=choose, speculative="mtp", num_speculative_tokens=k, pool_kind=kind)
     assert_same(run(eng), plain, mtp_reference)
 
 
@@ -258,8 +267,10 @@ def test_an_accepted_eos_ends_the_request_with_every_cache_exact():
     base = make_engine().generate([prompt], 20)[0].output_tokens
     eos, full = base[7], prompt + base
     plain = make_engine().generate([prompt], 20, eos_token_id=eos)[0]
-    ref = make_engine(speculative="mtp", num_steps=0).generate([prompt], 20, eos_token_id=eos)[0]
-    eng = make_engine(speculative="mtp", num_steps=3, choice=lambda req, i, logits: full[i] if i < len(full) else 0)
+    ref = make_engine(speculative="mtp", num_speculative_tokens=0).generate([prompt], 20, eos_token_id=eos)[0]
+    eng = make_engine(
+        speculative="mtp", num_speculative_tokens=3, choice=lambda req, i, logits: full[i] if i < len(full) else 0
+    )
     got = eng.generate([prompt], 20, eos_token_id=eos)[0]
     assert got.output_tokens == plain.output_tokens and got.output_tokens[-1] == eos
     assert got.stats.accepted_draft_tokens > 0 and got.cache.equals(ref.cache)

@@ -231,12 +231,12 @@ def test_pool_for_the_planners_pages_holds_exactly_the_planners_pages_plus_scrat
     lay = CacheLayout(TINY, **layout_kw)
     budget = 10 * lay.page_bytes + extra_bytes
     cap = pool_capacity(lay, available_bytes=budget)
-    pool = TwinPool.for_pages(lay, cap.pages, kind="packed")
-    assert cap.pages == pool.allocator.num_pages
+    pool = TwinPool.for_pages(lay, cap.num_pages, kind="packed")
+    assert cap.num_pages == pool.allocator.num_pages
     assert pool.allocator.first_page == cap.scratch_pages == scratch_pages(lay.page_size, CUDA_GRAPH_PADDING_SLOTS)
-    assert pool.num_physical_pages == cap.physical_pages == cap.scratch_pages + cap.pages
+    assert pool.num_physical_pages == cap.physical_pages == cap.scratch_pages + cap.num_pages
     assert pool.nbytes == cap.pool_bytes <= budget
-    assert pool.allocator.alloc(cap.pages) and pool.allocator.num_free == 0
+    assert pool.allocator.alloc(cap.num_pages) and pool.allocator.num_free == 0
     pool.check_integrity()
 
 
@@ -245,7 +245,7 @@ def test_one_scratch_page_rule_gives_the_planner_one_page_per_preset(preset):
     # The planner sizes a CUDA engine's pool: its padded graph rows share one dummy slot, so one page.
     layout = CacheLayout(ModelSpec.preset(preset))
     cap = pool_capacity(layout, available_bytes=100 * layout.page_bytes)
-    assert cap.scratch_pages == scratch_pages(layout.page_size, 1) == 1 and cap.pages == 99
+    assert cap.scratch_pages == scratch_pages(layout.page_size, 1) == 1 and cap.num_pages == 99
     assert CUDA_GRAPH_PADDING_SLOTS == 1
     # The engine's rule, same function: whole pages for every padding slot at once.
     assert [scratch_pages(16, n) for n in (1, 16, 17, 128)] == [1, 1, 2, 8]

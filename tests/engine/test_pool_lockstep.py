@@ -290,7 +290,7 @@ def test_every_public_operation_moves_both_caches_together_or_neither(op, kind, 
 def test_tiny_preset_end_to_end_prefill_decode_preempt_resume():
     """Prefill 150 tokens, decode 20, offload (preempt), free, restore into fresh pages, read back equal."""
     lay = CacheLayout(TINY)
-    pool = TwinPool.for_pages(lay, pool_capacity(lay, available_bytes=8 * lay.page_bytes).pages, kind="packed")
+    pool = TwinPool.for_pages(lay, pool_capacity(lay, available_bytes=8 * lay.page_bytes).num_pages, kind="packed")
     g = torch.Generator().manual_seed(21)
     pages = pool.allocator.alloc(lay.pages_for_tokens(150))
 

@@ -34,16 +34,16 @@ def test_planner_pool_is_what_the_pool_allocates(dcp, replicated, kpool, kind, m
     cell = RankCell(layout, dcp, replicated)
     budget = 3 * cell.page_bytes + cell.page_bytes // 2  # three whole pages and a remainder
     cap = pool_capacity(layout, available_bytes=budget, dcp=dcp, dcp_replicated=replicated)
-    pool = pool_for_pages(layout, cap.pages, dcp=dcp, kind=kind, dcp_replicated=replicated)
+    pool = pool_for_pages(layout, cap.num_pages, dcp=dcp, kind=kind, dcp_replicated=replicated)
     pool.check_integrity()
     P = pool.num_physical_pages
     assert (P, pool.allocator.num_pages, pool.allocator.first_page) == (
         cap.physical_pages,
-        cap.pages,
+        cap.num_pages,
         cap.scratch_pages,
     )
     assert rank_bytes(pool) == cap.pool_bytes == P * cap.page_bytes  # one rank's share, byte for byte
-    assert pool.layout.page_size == cap.tokens_per_page and cap.tokens == cap.pages * pool.layout.page_size
+    assert pool.layout.page_size == cap.group_page_tokens and cap.pool_tokens == cap.num_pages * pool.layout.page_size
     assert cell.cell_bytes == rank_bytes(pool) / (P * pool.layout.page_size)  # bytes a token costs a rank
     main = sum(pool.rank_main_view(0, la).numel() if dcp > 1 else pool.main_view(la).numel()
                for la in range(layout.num_attention_layers))  # fmt: skip
@@ -89,9 +89,9 @@ def test_cli_plan_reports_the_pool_the_engine_allocates(capsys, argv, dcp, kpool
     layout = CacheLayout(ModelSpec.preset("glm-5.3"), page_size=64 * kpool, index_kpool=kpool)
     assert got["pool"]["page_bytes"] == RankCell(layout, dcp).page_bytes  # the H200 figure: too big to allocate
     small = plan_json(capsys, *argv, "--available-bytes", "20MB")["pool"]  # the same setting on a small budget
-    pool = pool_for_pages(layout, small["pages"], dcp=dcp)
+    pool = pool_for_pages(layout, small["num_pages"], dcp=dcp)
     assert rank_bytes(pool) == small["pool_bytes"] and pool.num_physical_pages == small["physical_pages"]
-    assert small["tokens"] == pool.allocator.num_pages * pool.layout.page_size
+    assert small["pool_tokens"] == pool.allocator.num_pages * pool.layout.page_size
     assert small["page_bytes"] == got["pool"]["page_bytes"]
 
 

@@ -106,7 +106,7 @@ BAD_SIZES = {
     "negative pages": lambda lay: dict(num_pages=-5),
     "float pages": lambda lay: dict(num_pages=10.0),
     "bool pages": lambda lay: dict(num_pages=True),
-    "scratch only": lambda lay: dict(num_pages=pool_capacity(lay, available_bytes=2 * lay.page_bytes - 1).pages),
+    "scratch only": lambda lay: dict(num_pages=pool_capacity(lay, available_bytes=2 * lay.page_bytes - 1).num_pages),
     "zero padding": lambda lay: dict(num_pages=4, padding_slots=0),
     "float padding": lambda lay: dict(num_pages=4, padding_slots=16.0),
 }

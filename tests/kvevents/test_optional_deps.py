@@ -52,7 +52,7 @@ def test_simulating_kv_events_on_the_wire_without_the_extra_names_the_extra():
     code = """
 from dsakv.cli import main
 argv = ["simulate", "--scenario", "chat", "--scale", "0.02", "--instances", "2", "--router", "kv-aware"]
-raise SystemExit(main([*argv, "--kv-events", "tcp://127.0.0.1:*"]))
+raise SystemExit(main([*argv, "--kv-events-endpoint", "tcp://127.0.0.1:*"]))
 """
     done = run_blocked(code)
     assert done.returncode == 1

@@ -101,7 +101,7 @@ def prompts() -> list[list[int]]:
 
 
 def engine(folder, num_pages: int = 40, steps: int | None = None, choice=None, **sched) -> Engine:
-    spec = {} if steps is None else dict(speculative="mtp", num_steps=steps)
+    spec = {} if steps is None else dict(speculative="mtp", num_speculative_tokens=steps)
     cfg = EngineConfig(
         num_pages=num_pages, page_size=PAGE, kv_dtype="fp32", indexer_dtype="fp32", capture_cache=True,
         scheduler=SchedulerConfig(chunk_tokens=32, max_batched_tokens=64, **sched), **spec,
@@ -210,7 +210,7 @@ def test_speculative_mtp_needs_num_nextn_predict_layers(checkpoint, tmp_path):
     _, model, _, _ = checkpoint
     model.save_pretrained(tmp_path)  # no MTP layer in the config
     with pytest.raises(DsakvError) as err:
-        Engine(EngineConfig(speculative="mtp", num_steps=1), checkpoint=tmp_path)
+        Engine(EngineConfig(speculative="mtp", num_speculative_tokens=1), checkpoint=tmp_path)
     assert "num_nextn_predict_layers" in str(err.value)
 
 
@@ -220,7 +220,12 @@ def test_cli_generate_mtp_json_reports_acceptance_and_the_same_tokens(checkpoint
     _, model, folder, _ = checkpoint
     prompt = prompts()[0]
     args = ["generate", "--checkpoint", str(folder), "--prompt-ids", ",".join(map(str, prompt))]
-    assert main([*args, "--max-new-tokens", "6", "--exact", "--page-size", "16", "--mtp", "3", "--json"]) == 0
+    assert (
+        main(
+            [*args, "--max-new-tokens", "6", "--exact", "--page-size", "16", "--num-speculative-tokens", "3", "--json"]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == hf_greedy(model, prompt, 6)
     assert out["draft_tokens"] > 0 and 0 <= out["accepted_tokens"] <= out["draft_tokens"]
@@ -231,7 +236,17 @@ def test_cli_demo_mtp_on_a_checkpoint_matches_its_reference(checkpoint, capsys):
     from dsakv.cli import main
 
     _, _, folder, _ = checkpoint
-    args = ["demo", "--checkpoint", str(folder), "--exact", "--conversations", "2", "--mtp", "2", "--json"]
+    args = [
+        "demo",
+        "--checkpoint",
+        str(folder),
+        "--exact",
+        "--conversations",
+        "2",
+        "--num-speculative-tokens",
+        "2",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["outputs_match"] and out["mtp_steps"] == 2 and out["draft_tokens"] > 0

@@ -1,4 +1,4 @@
-"""A PD hand-off between engines that run the MTP layer (``speculative = "mtp"``, ``num_steps = 3``): the draft
+"""A PD hand-off between engines that run the MTP layer (``speculative = "mtp"``, ``num_speculative_tokens = 3``): the draft
 layer's two caches travel with the target's (SGLang #23539 left the MTP layer's index-K / KV behind, and the
 decode side's speculative results went wrong). Prompts are longer than ``index_topk``, so the MTP layer's
 indexer really selects: a wrong draft index-K changes its top-k and so its drafts."""
@@ -22,7 +22,7 @@ K = 3  # the draft chain length
 
 
 def mtp_config(**kw):
-    return pd_config(speculative="mtp", num_steps=K, **kw)
+    return pd_config(speculative="mtp", num_speculative_tokens=K, **kw)
 
 
 class Drafts:

@@ -66,7 +66,7 @@ def test_partial_last_page_is_reserved_whole(layout):
 
 def test_dcp_splits_main_and_replicates_indexer(layout):
     cell = RankCell(layout, dcp=8)
-    assert cell.tokens_per_page == 512
+    assert cell.group_page_tokens == 512
     assert cell.main_bytes_per_token == 51_168 / 8 and cell.indexer_bytes_per_token == 2_772
     assert cell.cell_bytes == 9_168
     assert cell.page_bytes == 3_274_752 + 8 * 177_408
@@ -75,15 +75,15 @@ def test_dcp_splits_main_and_replicates_indexer(layout):
 def test_pool_floors_to_whole_pages_and_keeps_the_scratch_page(layout):
     page = layout.page_bytes
     cap = pool_capacity(layout, available_bytes=10 * page + page - 1)
-    assert cap.physical_pages == 10 and cap.pages == 9 and cap.tokens == 9 * 64
+    assert cap.physical_pages == 10 and cap.num_pages == 9 and cap.pool_tokens == 9 * 64
     assert cap.pool_bytes == 10 * page
-    assert pool_capacity(layout, available_bytes=page - 1).pages == 0
+    assert pool_capacity(layout, available_bytes=page - 1).num_pages == 0
 
 
 def test_pool_from_available_bytes_counts_dcp_tokens(layout):
     cell = RankCell(layout, dcp=2)
     cap = pool_capacity(layout, available_bytes=101 * cell.page_bytes, dcp=2)
-    assert cap.pages == 100 and cap.tokens == 100 * 128
+    assert cap.num_pages == 100 and cap.pool_tokens == 100 * 128
 
 
 def test_rank_memory_subtracts_weights_activations_and_topk(layout):
@@ -94,18 +94,18 @@ def test_rank_memory_subtracts_weights_activations_and_topk(layout):
     assert mem.topk_buffer_bytes == 2_048 * 2_048 * 4
     assert mem.available_bytes == mem.static_bytes - 90 * 10**9 - 10**9 - 16 * 2**20
     cap = pool_capacity(layout, setting)
-    assert cap.pages == mem.available_bytes // layout.page_bytes - 1
+    assert cap.num_pages == mem.available_bytes // layout.page_bytes - 1
 
 
 def test_weights_that_do_not_fit_give_an_empty_pool_not_an_error(layout):
     setting = GpuSetting(gpu="H100", weights_bytes=80 * 10**9)
-    assert pool_capacity(layout, setting).pages == 0
+    assert pool_capacity(layout, setting).num_pages == 0
 
 
 def test_default_setting_is_8_h200_tp8_with_computed_weights(layout):
     cap = pool_capacity(layout, GpuSetting())
     assert cap.memory.weights_computed and cap.memory.total_bytes == GPU_KINDS["H200"].memory_bytes
-    assert cap.pages > 0 and cap.tokens == cap.pages * 64
+    assert cap.num_pages > 0 and cap.pool_tokens == cap.num_pages * 64
 
 
 def test_request_fit_and_concurrency(layout):
@@ -171,7 +171,7 @@ def test_rank_cell_per_token_figures_are_the_layouts_with_the_dcp_split(layout_k
     assert cell.page_bytes == lay.main_page_bytes + (dcp - 1) * lay.mtp_layers * lay.main_page_bytes_per_layer + (
         dcp * lay.indexer_page_bytes
     )
-    assert cell.cell_bytes == float(Fraction(cell.page_bytes, cell.tokens_per_page))
+    assert cell.cell_bytes == float(Fraction(cell.page_bytes, cell.group_page_tokens))
     if dcp == 1:
         figures = ("main_bytes_per_token", "indexer_bytes_per_token", "cell_bytes", "main_page_bytes", "page_bytes")
         assert {f: getattr(cell, f) for f in figures} == {f: getattr(lay, f) for f in figures}
@@ -180,5 +180,5 @@ def test_rank_cell_per_token_figures_are_the_layouts_with_the_dcp_split(layout_k
 
 def test_pool_capacity_keeps_its_scratch_pages_out_of_the_pool(layout):
     cap = pool_capacity(layout, available_bytes=101 * layout.page_bytes)
-    assert cap.scratch_pages == 1 and cap.physical_pages - cap.pages == cap.scratch_pages
+    assert cap.scratch_pages == 1 and cap.physical_pages - cap.num_pages == cap.scratch_pages
     assert cap.to_dict()["scratch_pages"] == cap.scratch_pages

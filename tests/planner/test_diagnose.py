@@ -11,7 +11,7 @@ from dsakv.spec.layout import CacheLayout
 
 def test_explain_tokens_finds_the_mtp_layer(glm53):
     setting = GpuSetting()
-    logged = pool_capacity(CacheLayout(glm53, mtp_layers=1), setting).tokens
+    logged = pool_capacity(CacheLayout(glm53, mtp_layers=1), setting).pool_tokens
     e = explain_tokens(logged, CacheLayout(glm53), setting=setting)
     assert e.explained and e.candidates[0].label == "MTP layers = 1"
     assert "exactly -> explained" in e.verdict
@@ -19,14 +19,14 @@ def test_explain_tokens_finds_the_mtp_layer(glm53):
 
 def test_explain_tokens_finds_all_layer_indexer_from_available_bytes(glm53):
     avail = 40 * 10**9
-    logged = pool_capacity(CacheLayout(glm53.with_all_indexers_full()), available_bytes=avail).tokens
+    logged = pool_capacity(CacheLayout(glm53.with_all_indexers_full()), available_bytes=avail).pool_tokens
     e = explain_tokens(logged, CacheLayout(glm53), available_bytes=avail)
     assert e.explained and e.candidates[0].cell_bytes == 61_464
 
 
 def test_explain_tokens_reports_a_match_with_the_plan(glm53):
     avail = 40 * 10**9
-    logged = pool_capacity(CacheLayout(glm53), available_bytes=avail).tokens
+    logged = pool_capacity(CacheLayout(glm53), available_bytes=avail).pool_tokens
     e = explain_tokens(logged, CacheLayout(glm53), available_bytes=avail)
     assert e.gap_tokens == 0 and "gives exactly that" in e.verdict
 
@@ -51,7 +51,7 @@ def test_explain_tokens_names_each_knob_that_explains_a_logged_pool(glm53, label
     # Weights given, so every variant is priced on the same memory (MTP weights are the only weight change).
     setting = GpuSetting(weights_bytes=90 * 10**9)
     layout, dcp = variant(glm53)
-    logged = pool_capacity(layout, GpuSetting(weights_bytes=90 * 10**9, dcp=dcp)).tokens
+    logged = pool_capacity(layout, GpuSetting(weights_bytes=90 * 10**9, dcp=dcp)).pool_tokens
     e = explain_tokens(logged, CacheLayout(glm53), setting=setting)
     assert e.planned_tokens != logged and e.gap_tokens == logged - e.planned_tokens
     assert e.explained and e.candidates[0].label == label and e.candidates[0].pool_tokens == logged

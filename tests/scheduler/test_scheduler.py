@@ -170,7 +170,7 @@ def test_zero_max_new_tokens_finishes_at_once():
         ("new_token_ratio", 1.5),
         ("preemption", "swap"),
         ("victim_order", "oldest"),
-        ("num_draft_tokens", -1),
+        ("num_speculative_tokens", -1),
         ("max_context", 0),
     ],
 )

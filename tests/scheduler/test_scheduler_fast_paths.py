@@ -50,7 +50,7 @@ def _scheduler(w: dict) -> Scheduler:
         chunk_tokens=w["chunk"],
         max_running=4,
         new_token_ratio=w["ratio"],
-        num_draft_tokens=w["drafts"],
+        num_speculative_tokens=w["drafts"],
     )
     sched = Scheduler(alloc, radix, cfg)
     for prompt, max_new in w["prompts"]:

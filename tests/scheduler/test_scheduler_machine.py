@@ -38,7 +38,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             new_token_ratio=ratio,
             preemption=preemption,
             victim_order=victim_order,
-            num_draft_tokens=drafts,
+            num_speculative_tokens=drafts,
         )
         self.s = Scheduler(self.alloc, radix, cfg)
         self.requests = []

@@ -74,7 +74,7 @@ def test_recompute_resume_hits_its_own_cached_prefix():
 
 
 def test_speculative_rollback_frees_whole_pages_past_the_accepted_end():
-    s = make(num_pages=16, cache=False, num_draft_tokens=4)
+    s = make(num_pages=16, cache=False, num_speculative_tokens=4)
     r = s.add_request(prompt(PS - 2), 20)
     s.update(s.step(), [[5]])  # prefill: positions 0..61 computed, one token out
     plan = s.step()  # decode: last token + 4 drafts -> positions 62..66 (two pages)
@@ -93,7 +93,7 @@ def test_speculative_rollback_frees_whole_pages_past_the_accepted_end():
 def test_rejected_draft_positions_never_enter_the_prefix_cache(mode):
     # Prompt ends one token before a page boundary, so every decode's drafts spill into the next page.
     # All drafts are rejected: the tree may only ever hold pages of verified tokens (prompt + outputs).
-    s = make(num_pages=16, mode=mode, num_draft_tokens=3)
+    s = make(num_pages=16, mode=mode, num_speculative_tokens=3)
     r = s.add_request(prompt(2 * PS - 1), 6)
     drafted = 0
     while not s.is_idle:
@@ -114,7 +114,7 @@ def test_rejected_draft_positions_never_enter_the_prefix_cache(mode):
 
 def test_speculative_leaks_nothing_under_random_acceptance():
     rng = np.random.default_rng(0)
-    s = make(num_pages=10, new_token_ratio=0.0, num_draft_tokens=3, preemption="offload")
+    s = make(num_pages=10, new_token_ratio=0.0, num_speculative_tokens=3, preemption="offload")
     for i in range(6):
         s.add_request(prompt(100 + 30 * i, base=i), 80)
     drive(s, accept=lambda item: int(rng.integers(0, item.num_draft + 1)))
@@ -127,7 +127,7 @@ def test_speculative_bigram_cache_keeps_every_page_accounted_at_finish(mode):
     # request's and be freed, not handed to a tree that never stores it (a page leaked per finish).
     alloc = PageAllocator(8, 64, first_page=1)
     radix = RadixCache(alloc, speculative=True, insert_mode=mode)
-    sched = Scheduler(alloc, radix, SchedulerConfig(max_batched_tokens=256, chunk_tokens=256, num_draft_tokens=1))
+    sched = Scheduler(alloc, radix, SchedulerConfig(max_batched_tokens=256, chunk_tokens=256, num_speculative_tokens=1))
     sched.add_request(list(range(128)), 2)
     while not sched.is_idle:
         plan = sched.step()

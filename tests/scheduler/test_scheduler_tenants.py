@@ -122,7 +122,7 @@ class TenantMachine(RuleBasedStateMachine):
             max_running=4,
             new_token_ratio=0.0,
             preemption=preemption,
-            num_draft_tokens=drafts,
+            num_speculative_tokens=drafts,
         )
         self.executor = TenantExecutor(PS)
         alloc = self.alloc.alloc

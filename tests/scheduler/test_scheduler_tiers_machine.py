@@ -46,7 +46,7 @@ class TieredSchedulerMachine(RuleBasedStateMachine):
             store = TierIndex("store", None if store_pages == "unbounded" else store_pages, eviction_policy=eviction)
         self.tiers = SchedulerTiers(host, store, WritePolicy(policy, threshold))
         cfg = SchedulerConfig(
-            max_batched_tokens=40, chunk_tokens=16, max_running=4, preemption=preemption, num_draft_tokens=drafts
+            max_batched_tokens=40, chunk_tokens=16, max_running=4, preemption=preemption, num_speculative_tokens=drafts
         )
         self.s = Scheduler(self.alloc, self.radix, cfg, on_offload=self._offload, tiers=self.tiers)
         self.device: dict[int, bytes] = {}  # page id -> hash of the page whose bytes it holds

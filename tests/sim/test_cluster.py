@@ -86,7 +86,7 @@ def test_every_group_of_an_instance_is_sampled_at_every_step_of_the_instance(cha
         times = [list(sim.timeline.time_s) for sim in inst.groups]
         assert all(t == times[0] for t in times) and len(times[0]) == inst.steps
     assert result.summary["requests"] == len(chat)  # every request simulated, none counted aside
-    assert result.summary["pool_pages"] == 8 * build_setup(cfg).pages
+    assert result.summary["pool_pages"] == 8 * build_setup(cfg).num_pages
     merged = Cluster(cfg, build_setup(cfg), chat)
     again = merged.result(merged.run())
     for (_, sim), (_, kept) in zip(merged.targets, cluster.targets):  # the same step function, where it changes
@@ -111,7 +111,7 @@ def test_cluster_figures_add_up_over_the_instances(chat):
     routed = np.array([r["routed_tokens"] for r in rows], dtype=np.float64)
     assert routed.sum() == sum(r.input_length + r.output_length for r in chat)
     assert s["load_imbalance"] == pytest.approx(routed.max() / routed.mean())
-    assert s["pool_pages"] == 3 * build_setup(cfg).pages
+    assert s["pool_pages"] == 3 * build_setup(cfg).num_pages
 
 
 def test_sum_of_timelines_holds_each_instance_last_sample():

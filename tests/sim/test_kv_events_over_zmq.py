@@ -1,4 +1,4 @@
-"""The KV-aware router fed over real ZMQ sockets on loopback (``SimConfig.kv_events``) routes exactly as in
+"""The KV-aware router fed over real ZMQ sockets on loopback (``SimConfig.kv_events_endpoint``) routes exactly as in
 process: the same records, summary and index, also when the subscribers miss batches and recover them by
 replay; a loss that cannot be recovered, or a drain that cannot finish, is a ``DsakvError``, never a hang or a
 silently different run."""
@@ -68,7 +68,9 @@ def assert_same_run(over_zmq: tuple[Cluster, object], in_process: tuple[Cluster,
 
 
 def test_routing_over_zmq_equals_routing_in_process(chat, in_process):
-    cluster, result = over_zmq = run_cluster(replace(BASE, kv_events=LOOPBACK, kv_events_replay=LOOPBACK), chat)
+    cluster, result = over_zmq = run_cluster(
+        replace(BASE, kv_events_endpoint=LOOPBACK, kv_events_replay_endpoint=LOOPBACK), chat
+    )
     assert result.summary["evicted_tokens"] > 0 and len({r.id for r in result.records}) == len(chat)
     subs = cluster.router.feed.subscribers
     assert len(subs) == 3 and all(s.next_seq > 0 for s in subs)  # every instance's events crossed its socket
@@ -77,7 +79,7 @@ def test_routing_over_zmq_equals_routing_in_process(chat, in_process):
 
 
 def test_batches_dropped_on_the_wire_are_replayed_and_the_run_is_unchanged(chat, in_process):
-    cfg = replace(BASE, kv_events=LOOPBACK, kv_events_replay=LOOPBACK)
+    cfg = replace(BASE, kv_events_endpoint=LOOPBACK, kv_events_replay_endpoint=LOOPBACK)
     cluster, _ = over_zmq = run_cluster(cfg, chat, drop_on_pub=lambda seq: seq % 4 == 1)
     subs = cluster.router.feed.subscribers
     assert sum(s.replayed for s in subs) >= sum(s.next_seq // 4 for s in subs) > 0  # every dropped one came back
@@ -86,13 +88,13 @@ def test_batches_dropped_on_the_wire_are_replayed_and_the_run_is_unchanged(chat,
 
 
 def test_without_replay_the_publishers_wait_for_their_subscribers_and_lose_nothing(chat, in_process):
-    cluster, _ = over_zmq = run_cluster(replace(BASE, kv_events=LOOPBACK), chat)
+    cluster, _ = over_zmq = run_cluster(replace(BASE, kv_events_endpoint=LOOPBACK), chat)
     assert all(s.unrecovered == 0 and s.replayed == 0 for s in cluster.router.feed.subscribers)
     assert_same_run(over_zmq, in_process)
 
 
 def test_a_batch_lost_without_replay_stops_the_run_with_one_error(chat):
-    cluster = Cluster(replace(BASE, kv_events=LOOPBACK), build_setup(BASE), chat)
+    cluster = Cluster(replace(BASE, kv_events_endpoint=LOOPBACK), build_setup(BASE), chat)
     try:
         cluster.router.feed.timeout_s = 1.0
         for pub in cluster.router.feed.publishers:
@@ -111,7 +113,9 @@ def test_a_hole_without_replay_is_a_loss_for_good():
         feed.sink(0)(AllCleared())
         now[0] = 1.0
         feed.sink(0)(AllCleared())  # a second batch (another time): its arrival reveals the hole
-        with pytest.raises(DsakvError, match="KV events of instance 0: 1 batches lost for good.*kv_events_replay"):
+        with pytest.raises(
+            DsakvError, match="KV events of instance 0: 1 batches lost for good.*kv_events_replay_endpoint"
+        ):
             feed.sync()
 
 
@@ -126,7 +130,7 @@ def test_a_drain_that_cannot_finish_raises_instead_of_hanging():
 def test_the_one_instance_run_goes_through_the_cluster_when_it_publishes(chat):
     cfg = SimConfig(router="kv-aware", pool_tokens=12_800, step_model="constant")
     in_process = simulate(cfg, chat)
-    over_zmq = simulate(replace(cfg, kv_events=LOOPBACK, kv_events_replay=LOOPBACK), chat)
+    over_zmq = simulate(replace(cfg, kv_events_endpoint=LOOPBACK, kv_events_replay_endpoint=LOOPBACK), chat)
     assert list(over_zmq.records) == list(in_process.records)
     assert {k: v for k, v in over_zmq.summary.items() if k in in_process.summary} == in_process.summary
 
@@ -144,14 +148,14 @@ def test_instances_publish_at_the_port_plus_their_index():
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"router": "oracle", "kv_events": "tcp://127.0.0.1:5557"}, "feeds the kv-aware router's index"),
-        ({"kv_events_replay": "tcp://127.0.0.1:5558"}, "kv_events_replay: needs kv_events"),
-        ({"kv_events": "localhost:5557"}, "kv_events = 'localhost:5557': must be a ZMQ endpoint"),
-        ({"kv_events": "tcp://127.0.0.1"}, "must end in :PORT"),
-        ({"kv_events": "tcp://127.0.0.1:65534"}, "ports 65534 to 65536, past 65535"),
+        ({"router": "oracle", "kv_events_endpoint": "tcp://127.0.0.1:5557"}, "feeds the kv-aware router's index"),
+        ({"kv_events_replay_endpoint": "tcp://127.0.0.1:5558"}, "kv_events_replay_endpoint: needs kv_events_endpoint"),
+        ({"kv_events_endpoint": "localhost:5557"}, "kv_events_endpoint = 'localhost:5557': must be a ZMQ endpoint"),
+        ({"kv_events_endpoint": "tcp://127.0.0.1"}, "must end in :PORT"),
+        ({"kv_events_endpoint": "tcp://127.0.0.1:65534"}, "ports 65534 to 65536, past 65535"),
         (
-            {"kv_events": "tcp://127.0.0.1:5557", "kv_events_replay": "tcp://127.0.0.1:5559"},
-            "instance 0 would bind tcp://127.0.0.1:5559, which kv_events of instance 2 binds",
+            {"kv_events_endpoint": "tcp://127.0.0.1:5557", "kv_events_replay_endpoint": "tcp://127.0.0.1:5559"},
+            "instance 0 would bind tcp://127.0.0.1:5559, which kv_events_endpoint of instance 2 binds",
         ),
     ],
 )
@@ -164,6 +168,6 @@ def test_a_sweep_cannot_publish_from_one_address(chat):
     from dsakv.sim.source import Source
     from dsakv.sim.sweep import run_sweep
 
-    base = replace(BASE, kv_events="tcp://127.0.0.1:5557")
-    with pytest.raises(DsakvError, match="kv_events: a sweep runs its points at once"):
+    base = replace(BASE, kv_events_endpoint="tcp://127.0.0.1:5557")
+    with pytest.raises(DsakvError, match="kv_events_endpoint: a sweep runs its points at once"):
         run_sweep(base, [{"instances": 2}, {"instances": 3}], Source(scenario="chat", scale=0.05), workers=1)

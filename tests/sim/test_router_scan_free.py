@@ -91,7 +91,7 @@ def test_kv_aware_scoring_only_hit_targets_chooses_as_the_full_scan(chat, dp, lo
         instances=3, router="kv-aware", pool_tokens=12_800, step_model="constant", gpu=GpuSetting(dp_attention=dp)
     )
     setup = build_setup(cfg)
-    router = CheckedKvAware(setup.cell, setup.page_tokens, cfg.instances, load_weight=load_weight)
+    router = CheckedKvAware(setup.cell, setup.group_page_tokens, cfg.instances, load_weight=load_weight)
     cluster = _run(cfg, chat, router)
     assert len(router.choices) == len(chat) and sum(sim.counters().evicted_tokens for _, sim in cluster.targets) > 0
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target
@@ -111,12 +111,14 @@ def test_oracle_from_its_event_index_chooses_as_the_peek_at_every_tree(chat, dp,
         pool_tokens=12_800,
         step_model="constant",
         gpu=GpuSetting(dp_attention=dp),
-        mtp=mtp,
+        num_speculative_tokens=mtp,
         page_keys=page_keys,
         host_tokens=host_tokens,  # load-backs from the host tier store pages in the device trees too
     )
     setup = build_setup(cfg)
-    router = CheckedOracle(setup.page_tokens, mtp > 0, setup.page_tokens if cfg.radix_page_keys == "digest" else 0)
+    router = CheckedOracle(
+        setup.group_page_tokens, mtp > 0, setup.group_page_tokens if cfg.radix_page_keys == "digest" else 0
+    )
     cluster = _run(cfg, chat, router)
     assert len(router.choices) == len(chat) and sum(sim.counters().evicted_tokens for _, sim in cluster.targets) > 0
     assert router.won_by_hit > 0  # hits did pull requests off the least-loaded target

@@ -46,7 +46,7 @@ def _assert_same_run(got: SimResult, want: SimResult) -> None:
     assert got.timeline.merge_equal == want.timeline.merge_equal
     assert got.counters == want.counters
     assert got.tiers == want.tiers
-    assert got.capacity_pages == want.capacity_pages
+    assert got.num_pages == want.num_pages
 
 
 @pytest.mark.parametrize("workers", [2, 3])

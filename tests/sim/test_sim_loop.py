@@ -43,8 +43,8 @@ def test_every_request_generates_exactly_its_output_length(chat):
 
 
 def test_same_seed_gives_identical_records(chat):
-    a = simulate(SimConfig(mtp=1, seed=3), chat)
-    b = simulate(SimConfig(mtp=1, seed=3), chat)
+    a = simulate(SimConfig(num_speculative_tokens=1, seed=3), chat)
+    b = simulate(SimConfig(num_speculative_tokens=1, seed=3), chat)
     assert [r.to_dict() for r in a.records] == [r.to_dict() for r in b.records]
     assert a.summary == b.summary
 
@@ -159,14 +159,14 @@ def test_without_a_prefix_cache_everything_finishes_and_nothing_hits(chat):
 
 def _pool_tokens(cfg: SimConfig) -> int:
     setup = build_setup(cfg)
-    return setup.pages * setup.page_tokens
+    return setup.num_pages * setup.group_page_tokens
 
 
 def test_what_if_layouts_change_pool_capacity():
     base = _pool_tokens(SimConfig())
-    assert _pool_tokens(SimConfig(indexer="78")) < base
+    assert _pool_tokens(SimConfig(indexer_pattern="78")) < base
     assert _pool_tokens(SimConfig(kv_dtype="bf16")) < base
-    assert _pool_tokens(SimConfig(mtp=1)) < base
+    assert _pool_tokens(SimConfig(num_speculative_tokens=1)) < base
     assert _pool_tokens(SimConfig(gpu=GpuSetting(dcp=2))) > base
 
 
@@ -194,7 +194,9 @@ def _write_trace(tmp_path, requests) -> str:
 @pytest.mark.parametrize("mode", ["finish", "allocate"])
 def test_mtp_drafts_leak_no_page_at_finish(mode):
     reqs = [_req(0, [1], 100, out=2), _req(10, [1, 2], 700, out=30), _req(20, [1, 2], 700, out=9)]
-    res = simulate(SimConfig(mtp=2, insert_mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1)
+    res = simulate(
+        SimConfig(num_speculative_tokens=2, insert_mode=mode, pool_tokens=64 * 40, **CONST), reqs, check_every=1
+    )
     assert res.summary["finished"] == 3
 
 
@@ -203,7 +205,7 @@ def test_allocator_keeps_the_planner_scratch_pages_out_of_the_pool():
     setup = build_setup(cfg)
     sim = Group(cfg, setup)
     assert sim.allocator.first_page == setup.capacity.scratch_pages == 1
-    assert sim.allocator.num_pages == setup.pages == setup.capacity.pages
+    assert sim.allocator.num_pages == setup.num_pages == setup.capacity.num_pages
 
 
 def test_seeded_counters_are_copied_and_reach_the_summary():

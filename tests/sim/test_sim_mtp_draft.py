@@ -29,7 +29,7 @@ def glm5():
 
 
 def draft_seconds(model: RooflineStepTime, decode: list[int]) -> float:
-    return model.cost([], decode).seconds["num_draft_tokens"]
+    return model.cost([], decode).seconds["mtp_draft"]
 
 
 def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer: bool = True) -> float:
@@ -55,7 +55,7 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
 
 def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
     k, ctx = 3, 5000
-    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_draft_tokens=k)
+    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_speculative_tokens=k)
     assert draft_seconds(model, [ctx]) == pytest.approx(k * one_pass(glm5, model, ctx), rel=1e-6)
 
 
@@ -63,7 +63,7 @@ def test_one_draft_pass_is_the_mtp_layers_roofline_at_the_batchs_context(glm5):
 def test_index_sharing_scores_the_indexer_in_the_first_pass_only(glm5, k, ctx):
     # index_share_for_mtp_iteration: pass 1 scores the MTP layer's indexer, passes 2 .. k reuse its top-k (the
     # new token's indexer key still written, the floors kept): pass 1 + (k - 1) x a pass without the scoring.
-    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_draft_tokens=k, mtp_index_share=True)
+    model = RooflineStepTime(glm5, gpu_kind("H200"), tp=1, num_speculative_tokens=k, mtp_index_share=True)
     want = one_pass(glm5, model, ctx) + (k - 1) * one_pass(glm5, model, ctx, indexer=False)
     assert draft_seconds(model, [ctx]) == pytest.approx(want, rel=1e-6)
     assert draft_seconds(model, [ctx]) < draft_seconds(dataclasses.replace(model, mtp_index_share=False), [ctx])
@@ -76,7 +76,7 @@ def test_index_sharing_scores_the_indexer_in_the_first_pass_only(glm5, k, ctx):
     st.sampled_from([{}, {"dp_attention": 2}, {"mla_padded_topk": True}, {"tp": 1}]),
 )
 def test_index_sharing_never_costs_more_and_changes_nothing_at_one_draft(glm5, decode, k, options):
-    plain = RooflineStepTime(glm5, num_draft_tokens=k, **options)
+    plain = RooflineStepTime(glm5, num_speculative_tokens=k, **options)
     shared = dataclasses.replace(plain, mtp_index_share=True)
     assert shared.step_seconds([], decode) <= plain.step_seconds([], decode)
     if k == 1:
@@ -84,10 +84,10 @@ def test_index_sharing_never_costs_more_and_changes_nothing_at_one_draft(glm5, d
 
 
 def test_index_sharing_flows_from_the_config_to_the_step_time():
-    assert build_setup(SimConfig(mtp=3, mtp_index_share=True)).step_time.mtp_index_share is True
-    assert build_setup(SimConfig(mtp=3)).step_time.to_dict()["mtp_index_share"] is False
+    assert build_setup(SimConfig(num_speculative_tokens=3, mtp_index_share=True)).step_time.mtp_index_share is True
+    assert build_setup(SimConfig(num_speculative_tokens=3)).step_time.to_dict()["mtp_index_share"] is False
     with pytest.raises(DsakvError, match=r"^mtp_index_share = 1: must be True or False$"):
-        SimConfig(mtp=3, mtp_index_share=1)
+        SimConfig(num_speculative_tokens=3, mtp_index_share=1)
 
 
 def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):
@@ -95,7 +95,7 @@ def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):
     # keys are a few parts in 10^5 of it); twice the bandwidth, half the time.
     h200 = gpu_kind("H200")
     fast = dataclasses.replace(h200, hbm_bytes_per_s=2 * h200.hbm_bytes_per_s)
-    bare = {"tp": 1, "num_draft_tokens": 2, "layer_min_s": 0.0, "layer_floor_s": 0.0, "indexer_floor_s": 0.0}
+    bare = {"tp": 1, "num_speculative_tokens": 2, "layer_min_s": 0.0, "layer_floor_s": 0.0, "indexer_floor_s": 0.0}
     slow_s = draft_seconds(RooflineStepTime(glm5, h200, **bare), [64])
     fast_s = draft_seconds(RooflineStepTime(glm5, fast, **bare), [64])
     assert slow_s == pytest.approx(2 * fast_s, rel=1e-4)
@@ -103,26 +103,26 @@ def test_draft_passes_follow_the_gpus_bandwidth_where_memory_bound(glm5):
 
 def test_draft_passes_scale_with_the_gpu_and_the_context(glm5):
     batch = [8192] * 64
-    h200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("H200"), num_draft_tokens=3), batch)
-    b200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("B200"), num_draft_tokens=3), batch)
+    h200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("H200"), num_speculative_tokens=3), batch)
+    b200 = draft_seconds(RooflineStepTime(glm5, gpu_kind("B200"), num_speculative_tokens=3), batch)
     assert b200 < h200
-    model = RooflineStepTime(glm5, num_draft_tokens=3)
+    model = RooflineStepTime(glm5, num_speculative_tokens=3)
     longer = [draft_seconds(model, [ctx] * 64) for ctx in (4096, 8192, 32768)]
     assert longer == sorted(longer) and longer[0] < longer[-1]  # the MTP layer's indexer reads every key
 
 
 def test_draft_passes_are_k_forwards_of_the_mtp_layer_and_none_without_decodes(glm5):
-    one = draft_seconds(RooflineStepTime(glm5, num_draft_tokens=1), [4096] * 16)
-    two = draft_seconds(RooflineStepTime(glm5, num_draft_tokens=2), [4096] * 16)
+    one = draft_seconds(RooflineStepTime(glm5, num_speculative_tokens=1), [4096] * 16)
+    two = draft_seconds(RooflineStepTime(glm5, num_speculative_tokens=2), [4096] * 16)
     assert one > 0 and two == pytest.approx(2 * one)
-    assert RooflineStepTime(glm5, num_draft_tokens=2).cost([(4096, 0)], []).seconds["num_draft_tokens"] == 0
+    assert RooflineStepTime(glm5, num_speculative_tokens=2).cost([(4096, 0)], []).seconds["mtp_draft"] == 0
 
 
 def test_draft_passes_under_dp_attention_carry_every_groups_decodes_in_the_moe(glm5):
     # The MTP layer's experts and shared MLP run on every DP group's decodes (more of its experts touched), its
     # attention on this group's: 13 groups' decodes cost more than the balanced 2 x 1.
-    model = RooflineStepTime(glm5, dp_attention=2, num_draft_tokens=1)
-    every = model.cost([], [4096], dp_tokens=2 * 13, dp_decodes=13).seconds["num_draft_tokens"]
+    model = RooflineStepTime(glm5, dp_attention=2, num_speculative_tokens=1)
+    every = model.cost([], [4096], dp_tokens=2 * 13, dp_decodes=13).seconds["mtp_draft"]
     assert every > draft_seconds(model, [4096])
 
 
@@ -132,10 +132,10 @@ def chain_mean(accept: tuple[float, ...]) -> float:
 
 
 def test_tokens_per_decode_is_the_chain_of_per_position_acceptances(glm5):
-    assert RooflineStepTime(glm5, num_draft_tokens=3, mtp_accept=(0.9, 0.5, 0.2)).tokens_per_decode == (
+    assert RooflineStepTime(glm5, num_speculative_tokens=3, mtp_accept=(0.9, 0.5, 0.2)).tokens_per_decode == (
         pytest.approx(1 + 0.9 + 0.45 + 0.09)
     )
-    assert RooflineStepTime(glm5, num_draft_tokens=2, mtp_accept=0.5).tokens_per_decode == pytest.approx(1.75)
+    assert RooflineStepTime(glm5, num_speculative_tokens=2, mtp_accept=0.5).tokens_per_decode == pytest.approx(1.75)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_tokens_per_decode_is_the_chain_of_per_position_acceptances(glm5):
 )
 def test_per_position_acceptance_is_checked(accept, mtp, wording):
     with pytest.raises(DsakvError) as err:
-        SimConfig(mtp=mtp, mtp_accept=accept)
+        SimConfig(num_speculative_tokens=mtp, mtp_accept=accept)
     assert str(err.value).startswith(wording) and "\n" not in str(err.value)
 
 
@@ -159,7 +159,7 @@ def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(ac
     # (the per-step count's variance from its law, P(count >= i) = p_1 ... p_i), plus one step's truncation at
     # the end (at most k tokens over n). One probability is the same at every position.
     k, step_s, out = 3, 0.02, 6000
-    cfg = SimConfig(mtp=k, mtp_accept=accept, step_model="constant", seed=11)
+    cfg = SimConfig(num_speculative_tokens=k, mtp_accept=accept, step_model="constant", seed=11)
     (rec,) = simulate(cfg, [TraceRequest(0.0, 64, out, (1,))]).records
     steps = round((rec.finish_s - rec.first_token_s) / step_s)
     survive = list(itertools.accumulate(accept if isinstance(accept, tuple) else (accept,) * k, operator.mul))

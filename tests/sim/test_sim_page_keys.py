@@ -46,7 +46,7 @@ def test_digest_keys_give_the_token_keys_figures_on_a_cluster(router):
 
 
 def test_mtp_runs_token_keys_whatever_page_keys_says():
-    cfg = SimConfig(mtp=1)
+    cfg = SimConfig(num_speculative_tokens=1)
     assert cfg.page_keys == "digest" and cfg.radix_page_keys == "tokens"
     assert Group(cfg, build_setup(cfg)).radix.page_keys == "tokens"
     assert Group(SimConfig(), build_setup(SimConfig())).radix.page_keys == "digest"

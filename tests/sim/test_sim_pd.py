@@ -122,7 +122,7 @@ def test_the_cli_json_has_the_hand_off_figures(capsys):
 
 
 def test_the_mtp_layer_travels_with_the_hand_off():
-    cfg = SimConfig(mtp=1)
+    cfg = SimConfig(num_speculative_tokens=1)
     setup = build_setup(cfg)
     plain = build_setup(SimConfig()).layout
     lay = setup.layout

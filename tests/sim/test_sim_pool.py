@@ -54,7 +54,7 @@ def _req(ts_ms, ids, n, out=4):
 def test_dcp_pages_hold_page_size_times_dcp_tokens_and_hits_follow_them():
     cfg = SimConfig(gpu=GpuSetting(dcp=2), step_model="constant", pool_tokens=100_000)
     setup = build_setup(cfg)
-    assert setup.page_tokens == 128 and setup.pages == 100_000 // 128
+    assert setup.group_page_tokens == 128 and setup.num_pages == 100_000 // 128
     res = simulate(cfg, [_req(0, [1, 2, 3], 1300), _req(60_000, [1, 2, 3], 1300)])
     second = res.records[1]
     assert second.hit_tokens == (1300 - 1) // 128 * 128 and second.pages_saved == second.hit_tokens // 128
@@ -73,7 +73,7 @@ def test_dp_attention_simulates_every_group():
     assert res.summary["requests"] == res.summary["finished"] == 10
     assert [r.arrival_s for r in res.records] == [float(i) for i in range(10)]
     assert res.summary["dp_attention"] == 4 and "other_group_requests" not in res.summary
-    assert res.summary["pool_pages"] == 4 * build_setup(SimConfig(gpu=GpuSetting(tp=8, dp_attention=4))).pages
+    assert res.summary["pool_pages"] == 4 * build_setup(SimConfig(gpu=GpuSetting(tp=8, dp_attention=4))).num_pages
 
 
 def test_rejected_input_tokens_are_reported_beside_the_hit_rate():

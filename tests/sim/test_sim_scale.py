@@ -34,7 +34,7 @@ def test_summary_figures_follow_from_the_records_and_the_timeline(result):
     bookkeeping (or of the step time, which moves the interleaving) must keep these relations."""
     s, recs, cell = result.summary, list(result.records), result.cell
     assert s["requests"] == len(recs) == 80 and s["finished"] + s["rejected"] + s["unfinished"] == 80
-    assert s["finished"] > 0 and s["evicted_tokens"] > 0 and s["evicted_tokens"] % cell.tokens_per_page == 0
+    assert s["finished"] > 0 and s["evicted_tokens"] > 0 and s["evicted_tokens"] % cell.group_page_tokens == 0
     admitted = [r for r in recs if r.admit_s is not None]
     finished = [r for r in recs if r.outcome == "finished"]
     assert s["hit_tokens"] == sum(r.hit_tokens for r in admitted) > 0
@@ -59,7 +59,7 @@ def test_a_list_of_records_and_its_table_give_the_same_summary(result):
     as_list = list(table)
     assert {r.outcome for r in as_list} == {"finished", "rejected"}  # None times and reasons are in there
     assert [r.id for r in as_list] == sorted(r.id for r in as_list)
-    figures = summarize(as_list, result.timeline, result.counters, result.cell, result.capacity_pages, result.tiers)
+    figures = summarize(as_list, result.timeline, result.counters, result.cell, result.num_pages, result.tiers)
     assert figures.with_cluster(result.figures.cluster) == result.figures
 
 

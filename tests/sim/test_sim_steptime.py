@@ -61,7 +61,7 @@ def test_dcp_divides_main_kv_reads_only(glm):
 
 
 def test_mtp_yields_more_tokens_per_decode(glm):
-    assert RooflineStepTime(glm.layout, num_draft_tokens=1).tokens_per_decode == pytest.approx(1.8)
+    assert RooflineStepTime(glm.layout, num_speculative_tokens=1).tokens_per_decode == pytest.approx(1.8)
     assert glm.tokens_per_decode == 1
 
 
@@ -117,9 +117,9 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
     "options",
     [
         {},
-        {"num_draft_tokens": 2},
-        {"mla_padded_topk": True, "dp_attention": 2, "num_draft_tokens": 3},
-        {"num_draft_tokens": 3, "mtp_index_share": True},
+        {"num_speculative_tokens": 2},
+        {"mla_padded_topk": True, "dp_attention": 2, "num_speculative_tokens": 3},
+        {"num_speculative_tokens": 3, "mtp_index_share": True},
     ],
 )
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
@@ -133,7 +133,8 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"num_draft_tokens": 1}, {"dp_attention": 2}, {"num_draft_tokens": 2, "mtp_index_share": True}]
+    "options",
+    [{}, {"num_speculative_tokens": 1}, {"dp_attention": 2}, {"num_speculative_tokens": 2, "mtp_index_share": True}],
 )
 @given(
     st.lists(
@@ -148,7 +149,7 @@ def test_saturated_decode_seconds_read_back_equal_the_steps_one_by_one(glm, opti
     # top-k too), are read back; the others, whose context sums say less, never touch the tables. Bit for bit
     # the steps either way; dp passed or not.
     model = RooflineStepTime(glm.layout, **options)
-    least = (1 + model.num_draft_tokens) * model.layout.spec.index_topk
+    least = (1 + model.num_speculative_tokens) * model.layout.spec.index_topk
     for offsets, steps, with_dp in runs:
         contexts = [least + o for o in offsets] if len(offsets) > 1 else [1 + 10 * (offsets[0] + 150)]
         dp = (2 * len(contexts), 2 * len(contexts)) if with_dp else (None, None)

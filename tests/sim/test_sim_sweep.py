@@ -14,9 +14,9 @@ from dsakv.sim.sweep import apply_point, run_sweep, what_if_points
 
 
 def test_several_sweep_flags_give_their_product():
-    points = parse_sweep(["policy=lru,lfu", "mtp=0,1", "pool=64000"], SimConfig())
+    points = parse_sweep(["policy=lru,lfu", "num_speculative_tokens=0,1", "pool=64000"], SimConfig())
     assert len(points) == 4
-    assert {"eviction_policy": "lfu", "mtp": 1, "pool_tokens": 64000} in points
+    assert {"eviction_policy": "lfu", "num_speculative_tokens": 1, "pool_tokens": 64000} in points
 
 
 @pytest.mark.parametrize("bad", ["colour=red", "policy", "mtp=x", "what-if"])
@@ -29,7 +29,15 @@ def test_what_if_preset_changes_one_knob_at_a_time():
     points = what_if_points(SimConfig())
     assert points[0] == {} and all(len(p) == 1 for p in points[1:])
     keys = {k for p in points for k in p}
-    assert {"eviction_policy", "indexer", "mtp", "dcp", "kv_dtype", "insert_mode", "pool_tokens"} <= keys
+    assert {
+        "eviction_policy",
+        "indexer_pattern",
+        "num_speculative_tokens",
+        "dcp",
+        "kv_dtype",
+        "insert_mode",
+        "pool_tokens",
+    } <= keys
 
 
 def test_sweep_runs_points_in_workers_and_reports_impossible_ones():
@@ -57,7 +65,7 @@ def test_gpu_sweep_keys_change_the_nested_gpu_setting():
     assert all(c.gpu.gpu_memory_bytes == 141 * 10**9 and c.gpu.max_batched_tokens == 8192 for c in cfgs)
     assert all(c.gpu.mem_fraction_static == 0.9 and c.gpu.dcp == 2 for c in cfgs)
     assert all(c.gpu.gpu == base.gpu.gpu and c.eviction_policy == base.eviction_policy for c in cfgs)
-    assert apply_point(base, {"gpu": "B200", "mtp": 1}).gpu.gpu == "B200"
+    assert apply_point(base, {"gpu": "B200", "num_speculative_tokens": 1}).gpu.gpu == "B200"
 
 
 def test_impossible_gpu_setting_in_a_sweep_is_a_row_not_a_crash():

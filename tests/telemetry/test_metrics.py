@@ -87,7 +87,7 @@ def test_the_host_tier_is_a_tier_of_the_page_and_byte_gauges():
     index, lay = engine.tiers.host_index, engine.layout
     assert len(index) > 0 and index.pinned_pages == 0  # pages went down to host; no load-back is pending
     assert got[("dsakv:cache_pages", (("state", "cached"), ("tier", "host")))] == len(index)
-    assert got[("dsakv:cache_pages", (("state", "free"), ("tier", "host")))] == index.capacity_pages - len(index)
+    assert got[("dsakv:cache_pages", (("state", "free"), ("tier", "host")))] == index.num_pages - len(index)
     assert got[("dsakv:cache_bytes", (("cache", "main"), ("tier", "host")))] == len(index) * lay.main_page_bytes
     assert got[("dsakv:cache_bytes", (("cache", "indexer"), ("tier", "host")))] == len(index) * lay.indexer_page_bytes
 
@@ -144,7 +144,12 @@ def read_json_summary(proc: subprocess.Popen, timeout_s: float) -> dict:
 def test_demo_metrics_over_http_equal_its_json_summary_and_its_events_replay_to_the_tree():
     port, pub, replay = free_port(), free_port(), free_port()
     argv = ["--json", "--metrics-port", str(port), "--linger", "60"]
-    argv += ["--kv-events", f"tcp://127.0.0.1:{pub}", "--kv-events-replay", f"tcp://127.0.0.1:{replay}"]
+    argv += [
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{pub}",
+        "--kv-events-replay-endpoint",
+        f"tcp://127.0.0.1:{replay}",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "dsakv", "demo", *argv],
         cwd=REPO,
@@ -178,8 +183,11 @@ def test_demo_metrics_over_http_equal_its_json_summary_and_its_events_replay_to_
 @pytest.mark.parametrize(
     "argv, start",
     [
-        (["--kv-events", "localhost:5557"], "dsakv: error: --kv-events = 'localhost:5557'"),
-        (["--kv-events-replay", "tcp://127.0.0.1:5558"], "dsakv: error: --kv-events-replay: needs --kv-events"),
+        (["--kv-events-endpoint", "localhost:5557"], "dsakv: error: --kv-events-endpoint = 'localhost:5557'"),
+        (
+            ["--kv-events-replay-endpoint", "tcp://127.0.0.1:5558"],
+            "dsakv: error: --kv-events-replay-endpoint: needs --kv-events-endpoint",
+        ),
         (["--metrics-port", "70000"], "dsakv: error: --metrics-port = 70000"),
         (["--linger", "-1"], "dsakv: error: --linger = -1"),
     ],

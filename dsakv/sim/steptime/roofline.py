@@ -48,8 +48,8 @@ class RooflineStepTime:
     tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
     group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
-    bf16 combine) instead of all-reducing. ``num_draft_tokens`` draft tokens per decode are verified each step
-    (``1 + num_draft_tokens`` query rows) and cost ``num_draft_tokens`` draft-model passes; ``tokens_per_decode`` is the
+    bf16 combine) instead of all-reducing. ``num_speculative_tokens`` draft tokens per decode are verified each step
+    (``1 + num_speculative_tokens`` query rows) and cost ``num_speculative_tokens`` draft-model passes; ``tokens_per_decode`` is the
     expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
     draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
     ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): passes 2 .. k skip the MTP layer's indexer.
@@ -78,7 +78,7 @@ class RooflineStepTime:
     ep: int = 1
     moe_a2a: str = "none"
     weight_dtype: str | None = None
-    num_draft_tokens: int = 0
+    num_speculative_tokens: int = 0
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     mla_mixed_batch: bool = False
@@ -126,7 +126,7 @@ class RooflineStepTime:
         if not isinstance(self.mtp_index_share, bool):
             raise DsakvError(f"step time mtp_index_share = {self.mtp_index_share!r}: must be True or False")
         object.__setattr__(
-            self, "mtp_accept", check_accept(self.mtp_accept, self.num_draft_tokens, "step time mtp_accept")
+            self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens, "step time mtp_accept")
         )
         arch = self.layout.spec.arch_value
         if not (arch("hidden_size") and arch("num_attention_heads")):
@@ -141,7 +141,7 @@ class RooflineStepTime:
     def tokens_per_decode(self) -> float:
         """Expected tokens one decode step yields per request (1 without MTP): the token, plus draft position ``i``
         where it and every earlier one are accepted (``1 + sum_i p_1 ... p_i``)."""
-        return tokens_per_decode(self.mtp_accept, self.num_draft_tokens)
+        return tokens_per_decode(self.mtp_accept, self.num_speculative_tokens)
 
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
@@ -149,8 +149,8 @@ class RooflineStepTime:
         return 1.0 if not r.experts else 1.0 - r.expert_miss**tokens
 
     def step_tokens(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> int:
-        """Tokens one group's step computes: its prefill tokens and ``1 + num_draft_tokens`` query rows per decode."""
-        return sum(n for n, _ in prefill) + len(decode) * (1 + self.num_draft_tokens)
+        """Tokens one group's step computes: its prefill tokens and ``1 + num_speculative_tokens`` query rows per decode."""
+        return sum(n for n, _ in prefill) + len(decode) * (1 + self.num_speculative_tokens)
 
     def cost(
         self,
@@ -166,7 +166,7 @@ class RooflineStepTime:
 
     def sums(self, prefill: Sequence[tuple[int, int]], decode: Sequence[int]) -> StepSums:
         """The batch reduced to the integer aggregates ``price`` needs (``sums.batch_sums``)."""
-        return batch_sums(prefill, decode, self.rank.topk, 1 + self.num_draft_tokens)
+        return batch_sums(prefill, decode, self.rank.topk, 1 + self.num_speculative_tokens)
 
     def price(self, s: StepSums, dp_tokens: int | None = None, dp_decodes: int | None = None) -> StepCost:
         """FLOPs, bytes and seconds of a step from its aggregates. The context sums (``pf_keys``, ``pf_idx_pairs``,
@@ -189,7 +189,7 @@ class RooflineStepTime:
         dictionaries and the FLOPs no second depends on are left out: a step is priced per simulated step).
         ``arrays``: some figure of ``s`` is an array (the caller knows)."""
         r, g = self.rank, self.gpu
-        q = 1 + self.num_draft_tokens  # query rows per decode (the token + its drafts)
+        q = 1 + self.num_speculative_tokens  # query rows per decode (the token + its drafts)
         pf_tokens, pf_keys, pf_idx_pairs = s.pf_tokens, s.pf_keys, s.pf_idx_pairs
         n_dec, dec_sum = s.n_dec, s.dec_sum
         # max of two figures: element-wise over a run's arrays (the same value per entry: no NaN is priced)
@@ -223,7 +223,7 @@ class RooflineStepTime:
         write_s = write_bytes / bw
         coll_s = coll_bytes / r.link_bw + coll_count * g.link_latency_s
         draft_s = 0.0
-        if n_dec and self.num_draft_tokens:  # the draft passes: forwards of the MTP layer (docs/steptime.md)
+        if n_dec and self.num_speculative_tokens:  # the draft passes: forwards of the MTP layer (docs/steptime.md)
             draft_rows = n_dec * self.dp_attention if dp_decodes is None else dp_decodes
             draft_s = self._draft_seconds(n_dec, draft_rows, dec_sum, s.dec_topk, larger)
         # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
@@ -245,7 +245,7 @@ class RooflineStepTime:
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
-        secs.update(collectives=coll_s, num_draft_tokens=draft_s, floor=floor_s, overhead=overhead_s)
+        secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
         return StepCost(flops, nbytes, secs, total)
 
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
@@ -341,7 +341,7 @@ class RooflineStepTime:
         return nbytes, count
 
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
-        """``num_draft_tokens`` passes of the MTP layer over the decodes (SGLang EAGLE/MTP: k - 1 draft steps + 1
+        """``num_speculative_tokens`` passes of the MTP layer over the decodes (SGLang EAGLE/MTP: k - 1 draft steps + 1
         draft extend), each priced as one decoder layer of the target is, at the batch's context (docs/steptime.md,
         MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
         ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
@@ -368,12 +368,12 @@ class RooflineStepTime:
         write_s = n_dec * r.mtp_cell_bytes / bw
         one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
         one = larger(one, self.terms.layer_min_s) + r.mtp_floor_s  # fact 14: one layer; its launch floors
-        if not self.mtp_index_share or self.num_draft_tokens == 1:
-            return self.num_draft_tokens * one
+        if not self.mtp_index_share or self.num_speculative_tokens == 1:
+            return self.num_speculative_tokens * one
         # index_share_for_mtp_iteration: passes 2 .. k attend the previous pass's top-k (no indexer scoring; the
         # new token's indexer key is still written, the floors stay)
         shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.terms.layer_min_s) + r.mtp_floor_s
-        return one + (self.num_draft_tokens - 1) * shared
+        return one + (self.num_speculative_tokens - 1) * shared
 
     def step_seconds(
         self,
@@ -387,7 +387,7 @@ class RooflineStepTime:
     def to_dict(self) -> dict:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
-            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_draft_tokens", "mtp_accept", "mla_mixed_batch",
+            "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",

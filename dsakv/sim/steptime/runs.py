@@ -72,7 +72,7 @@ def run_stretch(
     decode = [c + first_step for c in contexts]
     if not chunk and steps >= ARRAY_STRETCH_STEPS and decode:
         low = min(decode)  # the tables are indexed by the context sum: never below 0
-        if low >= 0 and (len(decode) == 1 or low >= (1 + model.num_draft_tokens) * model.rank.topk):
+        if low >= 0 and (len(decode) == 1 or low >= (1 + model.num_speculative_tokens) * model.rank.topk):
             return saturated_decodes(model, decode, steps, dp)
     if steps < ARRAY_STRETCH_STEPS:
         return np.array(
@@ -97,7 +97,7 @@ def price_decodes(
     first = model.sums((), decode)
     j = np.arange(steps, dtype=np.int64)
     dec_sum = first.dec_sum + len(decode) * j
-    q = 1 + model.num_draft_tokens
+    q = 1 + model.num_speculative_tokens
     dec_topk = clipped_run(decode, first.dec_topk, topk, j)
     dec_rows = dec_topk if q == 1 else clipped_run(decode, first.dec_rows, q * topk, j)
     if chunk:
@@ -113,7 +113,7 @@ def price_decodes(
 
 def saturated_decodes(model: RooflineStepTime, decode: list[int], steps: int, dp: Dp) -> np.ndarray:
     """``run_stretch`` of ``steps`` decode steps whose every query sees its whole top-k (each context at
-    least ``(1 + num_draft_tokens) * topk``), or of a single decode: such a step's price depends only on the decode
+    least ``(1 + num_speculative_tokens) * topk``), or of a single decode: such a step's price depends only on the decode
     count, the context sum and ``dp``, so it is read from ``model._saturated`` (key: count and ``dp``; entry: the
     context sum, NaN until priced; no price is NaN) and only a stretch with an entry missing is priced,
     whole, and stored.
