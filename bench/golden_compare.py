@@ -5,6 +5,7 @@ every figure unchanged): save them from one checkout, rerun them on another and 
     python bench/golden_compare.py --save DIR        # write DIR/<case>.json
     python bench/golden_compare.py --compare DIR     # rerun, compare; one line per case, exit 1 on a difference
     python bench/golden_compare.py --compare DIR --case default --case workers
+    python bench/golden_compare.py --compare DIR --step-settings FILE   # every case with these step settings
 
 Run it with the checkout to test first on ``PYTHONPATH``. Without the shared trace the trace cases use the
 embedded ``chat`` scenario (and say so).
@@ -84,14 +85,18 @@ def main() -> None:
     mode.add_argument("--save", type=Path, help="directory to write the outputs to")
     mode.add_argument("--compare", type=Path, help="directory of saved outputs to compare against")
     ap.add_argument("--case", action="append", help="run only these cases (repeat)")
+    ap.add_argument(
+        "--step-settings", help="a step-settings file every case runs with (e.g. an earlier model's values)"
+    )
     args = ap.parse_args()
+    extra = ["--step-settings", args.step_settings] if args.step_settings else []
     chosen = {k: v for k, v in cases().items() if not args.case or k in args.case}
     if not TRACE.exists():
         print(f"note: {TRACE} absent: the trace case runs the chat scenario", file=sys.stderr)
     failed = 0
     for name, case_args in chosen.items():
         start = time.perf_counter()
-        result = run_case(case_args)
+        result = run_case([*case_args, *extra])
         wall = time.perf_counter() - start
         if args.save:
             args.save.mkdir(parents=True, exist_ok=True)

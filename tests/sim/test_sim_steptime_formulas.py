@@ -302,3 +302,19 @@ def test_dp_attention_collectives_follow_the_formula(dsv32):
     c = st.cost([(100, 0)], [4096] * tokens)
     assert c.bytes["collectives"] == pytest.approx(gather_all_reduce + moe_all_reduce)
     assert c.seconds["collectives"] == pytest.approx(c.bytes["collectives"] / link + 2 * layers * st.gpu.link_latency_s)
+
+
+def test_decode_cost_rises_gently_from_4k_to_128k_almost_only_through_the_indexer():
+    # Issue 25, item 4 (the DeepSeek-V3.2 decode cost curve, H800 TP8, a batch of 32): from 4K to 128K context the
+    # step's cost rises by less than 2x, monotonically, and the indexer's linear term carries almost all of the rise
+    # (sparse MLA reads top-k rows whatever the context; weights and floors do not depend on it).
+    lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"))
+    st = RooflineStepTime(lay, gpu_kind("H800"))
+    costs = [st.cost([], [4096 * 2**i] * 32) for i in range(6)]
+    totals = [c.total_seconds for c in costs]
+    assert all(a < b for a, b in zip(totals, totals[1:], strict=False))
+    assert 1.05 < totals[-1] / totals[0] < 2.0
+    rise = totals[-1] - totals[0]
+    assert costs[-1].seconds["indexer"] - costs[0].seconds["indexer"] > 0.99 * rise
+    for a, b in zip(costs, costs[1:], strict=False):  # linear: twice the context, twice the indexer's seconds
+        assert b.seconds["indexer"] == pytest.approx(2 * a.seconds["indexer"], rel=0.01)
