@@ -77,26 +77,24 @@ BANDS = {"ttft_ms": (0.6, 1.6), "e2e_ms": (0.6, 1.6), "e2e_per_token_ms": (0.6, 
 DEFAULT_BAND = (0.8, 1.25)
 # Every metric's geometric mean over the rows must lie in this band too (issue 25: "geometric means within 0.9-1.1").
 GEOMEAN_BAND = (0.9, 1.1)
-# A grid over the free parameters that --fit searches (``frontend_s`` is the SimConfig's front-end latency, client
-# send -> scheduler queue, the others the roofline's); gemm_eff and moe_eff are DeepGEMM's measured rates
-# (docs/steptime.md, fact 11), not fitted. --refine moves every free parameter from the defaults instead.
+# A grid over the free parameters that --fit searches: the step time's three fitted efficiencies
+# (``dsakv.sim.steptime.fitted``; every other term is derived, docs/steptime.md, Constants) and ``frontend_s`` (the
+# SimConfig's front-end latency, client send -> scheduler queue: the replay's one fitted time). --refine moves the
+# same parameters from the defaults instead.
 FIT_GRID = {
-    "link_eff": (0.5, 0.35, 0.25),
-    "layer_floor_s": (40e-6, 60e-6, 80e-6),
+    "bw_eff": (0.5, 0.56, 0.62),
+    "link_eff": (0.25, 0.35, 0.5),
+    "indexer_eff": (0.5, 0.64, 0.8),
     "frontend_s": (0.2, 0.25, 0.3),
 }
-# Bounds of the free parameters that --refine moves (coordinate descent on log scale): efficiencies in (0, 1],
-# the sparse-MLA ones at most FlashMLA's measured rates (docs/steptime.md, fact 4), times within a factor ~4 of
-# the defaults. gemm_eff and moe_eff are DeepGEMM's measured rates (fact 11), not fitted.
+# Bounds of the free parameters that --refine moves (coordinate descent on log scale): each efficiency up to its
+# published bound (bw_eff: DeepGEMM's streaming 0.836, link_eff: NCCL's 0.82 bus bandwidth), the front-end latency
+# within a factor 2.5 of its value.
 REFINE_BOUNDS = {
-    "indexer_eff": (0.1, 0.85),
-    "mla_prefill_eff": (0.1, 640 / 989.4),
-    "mla_decode_eff": (0.1, 410 / 989.4),
-    "bw_eff": (0.5, 0.92),
-    "link_eff": (0.15, 0.9),
-    "layer_floor_s": (20e-6, 320e-6),
-    "overhead_s": (0.5e-3, 8e-3),
-    "frontend_s": (0.05, 0.5),
+    "bw_eff": (0.3, 0.836),
+    "link_eff": (0.1, 0.82),
+    "indexer_eff": (0.1, 1.0),
+    "frontend_s": (0.1, 0.6),
 }
 # The roofline's numeric fields --set may override (its efficiencies, floors and overheads; not mtp_accept, which the
 # row's `accept` column sets for the scheduler too), and the front-end latency.

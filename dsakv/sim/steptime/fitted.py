@@ -3,8 +3,9 @@ GPU kind. Everything else the roofline uses is derived (docs/steptime.md, consta
 
 Fitted on the shared anchors (``../shared/data/calibration/anchors.csv``: gpustack's DeepSeek-V3.2 H200 rows, vLLM
 v0.13 TP8 and SGLang v0.5.6 DP8, and InferenceX's DeepSeek-R1 H200 SGLang TP8 rows) with every derived term in place:
-``python bench/calibrate.py --anchors ../shared/data/calibration/anchors.csv --set bw_eff=...`` (docs/steptime-log.md,
-2026-12-01, the scan). ``FITTED`` lists them for the constants table and its test.
+``python bench/calibrate.py --anchors ../shared/data/calibration/anchors.csv --set bw_eff=B --set link_eff=L --set
+indexer_eff=I`` over a grid (docs/steptime-log.md, 2026-12-01 session 2, the scans): the point with every figure in
+its band, every geometric mean within 0.9-1.1 and the least loss. ``FITTED`` lists them for the constants table and its test.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 # Every byte a step reads or writes from HBM (weights, cache rows, indexer keys, activations) is priced at this
 # fraction of the datasheet bandwidth. Bound: DeepGEMM's decode-size GEMMs stream at 0.84 (``kernels.GEMM_STREAM_EFF``);
 # the fit also carries what a step reads below streaming rate (expert weights of few tokens, paged cache rows).
-BW_EFF = 0.56
+BW_EFF = 0.6
 # Collectives' bytes are priced at this fraction of the one-direction link bandwidth (their latency is the GPU kind's
 # ``link_latency_s`` per collective). Bound: NCCL's effective NVLink bus bandwidth, 370 of 450 GB/s (0.82,
 # NVIDIA/nccl-tests#212), at large messages; a step's all-reduces are small.
-LINK_EFF = 0.35
+LINK_EFF = 0.28
 # The lightning indexer's fp8 logits (DeepGEMM ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``) at this fraction of the
 # fp8 peak: DeepGEMM publishes no rate for them.
 INDEXER_EFF = 0.64
