@@ -1,4 +1,5 @@
-"""``Engine``: the tiny DSA model on a twin pool, driven by the scheduler. Greedy decoding on CPU.
+"""``Engine``: a DSA model on a twin pool, driven by the scheduler: the tiny reference model (``TinyDsaModel``, the
+default) or a real GLM-MoE-DSA / DeepSeek-V3.2 checkpoint (``DsaModel``, ``checkpoint=``). Greedy decoding on CPU.
 
 One ``step``: ``Scheduler.step`` plans; the engine carries the plan out in the order ``dsakv.scheduler.batch``
 fixes (offloads to host, write-backs to the lower tiers, restores into new pages, load-backs from host
@@ -97,7 +98,8 @@ def _extra(field: str, extra: str) -> Iterator[None]:
 
 
 class Engine:
-    """Tiny DSA model + ``TwinPool`` + ``Scheduler`` (+ ``RadixCache`` when the prefix cache is on)."""
+    """A DSA model (the tiny one, or a checkpoint's ``DsaModel``) + ``TwinPool`` (``DcpPool`` under DCP) + ``Scheduler``
+    (+ ``RadixCache`` when the prefix cache is on)."""
 
     def __init__(
         self,
