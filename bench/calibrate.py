@@ -69,6 +69,8 @@ from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.source import Source, open_source
 from dsakv.sim.steptime import RooflineStepTime
+from dsakv.sim.steptime.fitted import NCCL_NVLINK_BUS_EFF
+from dsakv.sim.steptime.kernels import GEMM_STREAM_EFF
 from dsakv.workloads.traces import TraceRequest
 
 # The bands of the step-time issue's "done when": TTFT, E2E latency and duration within 0.6-1.6, TPOT and every
@@ -91,8 +93,8 @@ FIT_GRID = {
 # published bound (bw_eff: DeepGEMM's streaming 0.836, link_eff: NCCL's 0.82 bus bandwidth), the front-end latency
 # within a factor 2.5 of its value.
 REFINE_BOUNDS = {
-    "bw_eff": (0.3, 0.836),
-    "link_eff": (0.1, 0.82),
+    "bw_eff": (0.3, GEMM_STREAM_EFF),
+    "link_eff": (0.1, NCCL_NVLINK_BUS_EFF),
     "indexer_eff": (0.1, 1.0),
     "frontend_s": (0.1, 0.6),
 }

@@ -12,7 +12,8 @@ import pytest
 
 from dsakv.planner.gpus import GpuKind
 from dsakv.sim.steptime import RooflineStepTime
-from dsakv.sim.steptime.fitted import FITTED
+from dsakv.sim.steptime.fitted import FITTED, NCCL_NVLINK_BUS_EFF
+from dsakv.sim.steptime.kernels import GEMM_STREAM_EFF
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("source", "derived", "fitted", "engine", "input", "implementation")
@@ -83,6 +84,8 @@ def test_at_most_three_constants_are_fitted_and_each_is_an_efficiency(steptime_t
     for name, value in FITTED.items():
         assert name.endswith("_eff") and 0 < value <= 1  # a fraction of a datasheet peak, not seconds
         assert getattr(RooflineStepTime, name) == value  # the default the model prices with
+    # each below the published measurement that bounds it
+    assert FITTED["bw_eff"] <= GEMM_STREAM_EFF and FITTED["link_eff"] <= NCCL_NVLINK_BUS_EFF
 
 
 def test_no_time_in_the_step_time_is_fitted():

@@ -23,3 +23,6 @@ LINK_EFF = 0.28
 INDEXER_EFF = 0.64
 
 FITTED = {"bw_eff": BW_EFF, "link_eff": LINK_EFF, "indexer_eff": INDEXER_EFF}
+# What each fitted efficiency may not exceed, from a published measurement: DeepGEMM's streaming fraction (derived in
+# ``kernels``), NCCL's effective NVLink bus bandwidth (370 of 450 GB/s, NVIDIA/nccl-tests#212), and the fp8 peak.
+NCCL_NVLINK_BUS_EFF = 370 / 450

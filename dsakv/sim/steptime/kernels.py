@@ -106,8 +106,6 @@ INDEXER_KERNEL_CHAIN = (
 # scheduling the same; so a step's overhead is these kernels' fixed cost (and the lm_head's vocabulary gather, one
 # collective, under TP).
 STEP_KERNEL_CHAIN = (("embedding", False), ("final RMSNorm", False), ("lm_head", True), ("sampling", False))
-LAYER_KERNELS = len(LAYER_KERNEL_CHAIN)
-INDEXER_KERNELS = len(INDEXER_KERNEL_CHAIN)
 
 
 def chain_fixed_seconds(chain: tuple[tuple[str, bool], ...], kernel_node_s: float) -> float:
