@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from dsakv.planner.gpus import GPU_KINDS, TERA
 from dsakv.spec.layout import CacheLayout
 
 MOE_A2A = ("none", "deepep")  # MoE collectives: all-reduce over TP (none) or DeepEP all-to-all over EP ranks
@@ -19,7 +20,9 @@ VLLM_MIN_HEADS_FOR_BF16_PREFILL = 32
 # 4096 x 7168, 7168 x 2048), over H800's dense fp8 peak (1978.9 TFLOP/s): their geometric mean prices the
 # linear layers of prefill-sized steps.
 DEEPGEMM_DENSE_M4096_TFLOPS = (1058, 990, 590, 1358, 1304, 1025)
-H800_FP8_TFLOPS = 1978.9
+# The peaks the kernels were measured against come from the GPU catalogue (``dsakv.planner.gpus``), in TFLOP/s.
+H800, H100, B200 = (GPU_KINDS[name] for name in ("H800", "H100", "B200"))
+H800_FP8_TFLOPS = H800.fp8_flops / TERA
 DEEPGEMM_DENSE_EFF = math.prod(DEEPGEMM_DENSE_M4096_TFLOPS) ** (1 / len(DEEPGEMM_DENSE_M4096_TFLOPS)) / H800_FP8_TFLOPS
 # The grouped MoE GEMMs at prefill / large-batch shapes: DeepGEMM's masked-layout rows with 256 tokens per expert
 # (4 groups x M 256: N x K = 4096 x 7168 and 7168 x 2048; a DP8 prefill of 8 x 1,024 tokens gives 8,192 x 8 / 256
@@ -34,15 +37,15 @@ DEEPGEMM_GROUPED_EFF = (
 # at head dim 128, sequence 1K and 2K, H100 SXM5 (pytorch/benchmark#2391, tritonbench flash_v3, the FA3 paper's sizes),
 # over H100's dense bf16 peak: its geometric mean prices that kernel.
 FA3_FWD_HDIM128_TFLOPS = (517.099, 565.544)
-H100_BF16_TFLOPS = 989.4
+H100_BF16_TFLOPS = H100.bf16_flops / TERA
 FA3_MHA_EFF = math.prod(FA3_FWD_HDIM128_TFLOPS) ** (1 / len(FA3_FWD_HDIM128_TFLOPS)) / H100_BF16_TFLOPS
 # FlashMLA's published sparse-MLA rates per kernel generation (README at deepseek-ai/FlashMLA 9241ae3, the 2025-09-29
 # release): "410 TFLOPS in compute-bound configuration on H800 SXM5 ... up to 350 TFlops on B200 (which is not really
 # optimized yet)" for the fp8-cache decode kernel, "up to 640 TFlops ... on H800 SXM5 ... 1450 TFlops on B200" for the
 # prefill kernel. Each over the dense bf16 peak of the GPU it was measured on: (TFLOP/s, peak TFLOP/s). AMD parts run
 # other kernels (TileLang / Triton) with no published rate: they take Hopper's (docs/steptime.md, known gaps).
-H800_BF16_TFLOPS = 989.4
-B200_BF16_TFLOPS = 2250.0
+H800_BF16_TFLOPS = H800.bf16_flops / TERA
+B200_BF16_TFLOPS = B200.bf16_flops / TERA
 FLASHMLA_SPARSE_DECODE = {"hopper": (410.0, H800_BF16_TFLOPS), "blackwell": (350.0, B200_BF16_TFLOPS)}
 FLASHMLA_SPARSE_PREFILL = {"hopper": (640.0, H800_BF16_TFLOPS), "blackwell": (1450.0, B200_BF16_TFLOPS)}
 
@@ -65,7 +68,7 @@ DEEPGEMM_DECODE_GEMMS = (
     (64, 4096, 7168, 287), (64, 7168, 2048, 295), (128, 2112, 7168, 352), (128, 24576, 1536, 535),
     (128, 32768, 512, 358), (128, 7168, 16384, 645), (128, 4096, 7168, 533), (128, 7168, 2048, 510),
 )  # fmt: skip
-H800_HBM_BYTES_PER_S = 3.35e12
+H800_HBM_BYTES_PER_S = H800.hbm_bytes_per_s
 
 
 def gemm_fixed_and_stream() -> tuple[float, float]:
