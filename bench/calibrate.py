@@ -246,6 +246,19 @@ def engine_max_running(anchor: dict) -> int:
     return SGLANG_SPEC_MAX_RUNNING if (_int(anchor.get("mtp"), 0) or 0) > 0 else SGLANG_MAX_RUNNING
 
 
+# SGLang ran EAGLE / MTP without its overlap scheduler until spec v2 became its default (sgl-project/sglang#21062,
+# 2026-04-29; ``ServerArgs._handle_speculative_decoding`` before it: "Overlap scheduler is disabled when spec v2 is
+# off"). Every SGLang MTP row on file predates it: the GLM-5 cookbook's commit 947927bdb (2026-02-11) and the report
+# that quotes it beside its B200 runs.
+SGLANG_SPEC_V2_DEFAULT_SINCE = "sgl-project/sglang#21062 (2026-04-29)"
+
+
+def engine_spec_overlap(anchor: dict) -> bool:
+    """Whether the row's engine overlaps its host work on speculative steps (``SimConfig.spec_overlap``): vLLM's
+    async scheduling does; SGLang's EAGLE V1, the default of every SGLang MTP row on file, does not."""
+    return policy_of(anchor) == "mixed" or not (_int(anchor.get("mtp"), 0) or 0)
+
+
 def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
     versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
@@ -316,6 +329,7 @@ def sim_config(anchor: dict) -> SimConfig:
         kv_dtype=engine_kv_dtype(anchor),
         num_speculative_tokens=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
+        spec_overlap=engine_spec_overlap(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

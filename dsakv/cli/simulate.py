@@ -121,6 +121,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="index_share_for_mtp_iteration: draft passes 2 .. K reuse the previous pass's top-k (no MTP-layer "
         "indexer scoring; step time)",
     )
+    m.add_argument(
+        "--no-spec-overlap",
+        action="store_true",
+        help="speculative steps without the overlap scheduler, as SGLang's EAGLE V1 (its default) runs them: each "
+        "step with decodes pays the host time it exposes (step time, docs/steptime.md)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -329,7 +335,9 @@ _PARSERS = {
     "indexer_pattern": parse_indexer,  # a full-layer count in ASCII digits only
 }
 _FROM_ZERO = frozenset({"num_speculative_tokens", "pool_tokens", "seed", "host_tokens", "store_tokens"})
-_DERIVED = frozenset({"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings"})
+_DERIVED = frozenset(
+    {"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings", "spec_overlap"}
+)
 
 
 def flag_fields(args: argparse.Namespace) -> dict:
@@ -361,6 +369,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         gpu=gpu_setting(args),  # the same flags and checks as dsakv plan
         available_bytes=available_bytes(args),
         prefix_cache=not args.no_prefix_cache,
+        spec_overlap=not args.no_spec_overlap,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

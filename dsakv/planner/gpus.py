@@ -11,7 +11,7 @@ driver-reported total and keeps the marketing figure only as a label.
 | H100   | 80GB HBM3 (SXM)     | 81,559 MiB = 85,520,809,984 B     | ``nvidia-smi``: "NVIDIA H100 80GB HBM3 ... / 81559MiB" |
 | H800   | 80GB HBM3 (SXM)     | 81,559 MiB (the H100's)          | same 80GB HBM3 board as the H100 SXM (export variant: NVLink cut to 400 GB/s) |
 | H200   | 141GB HBM3e         | 143,771 MiB = 150,754,820,096 B   | ``nvidia-smi``: "NVIDIA H200 ... / 143771MiB"          |
-| H20    | 96GB HBM3           | 96,000,000,000 B (marketed)      | no driver report on file: the marketed decimal figure, a lower bound (willitrunai.com/es/gpus/h20-96gb: "96 GB HBM3 - 4,000 GB/s") |
+| H20    | 96GB HBM3           | 97,871 MiB = 102,625,181,696 B    | ``nvidia-smi``: "NVIDIA H20 ... / 97871MiB" (NVIDIA/nccl-tests#338) |
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
 | B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (HGX B300: "288 GB HBM3e per GPU", acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
@@ -124,7 +124,7 @@ GPU_KINDS: dict[str, GpuKind] = {
             989.4 * TERA, 1978.9 * TERA, 4.8 * TERA, 450e9, "NVIDIA H200 SXM datasheet",
         ),
         GpuKind(
-            "H20", 96_000_000_000, "96GB HBM3", "marketed 96 GB (no driver report on file)",
+            "H20", 97_871 * MIB, "96GB HBM3", "nvidia-smi memory.total 97871 MiB (NVIDIA/nccl-tests#338)",
             148 * TERA, 296 * TERA, 4.0 * TERA, 450e9, "NVIDIA H20 product brief",
         ),
         GpuKind(

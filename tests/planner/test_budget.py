@@ -120,6 +120,7 @@ def test_request_fit_and_concurrency(layout):
 def test_gpu_kinds_use_driver_reported_bytes():
     assert gpu_kind("h200").memory_bytes == 143_771 * 2**20
     assert gpu_kind("H100").memory_bytes == 81_559 * 2**20
+    assert gpu_kind("H20").memory_bytes == 97_871 * 2**20  # nvidia-smi "97871MiB" (NVIDIA/nccl-tests#338)
     assert gpu_kind("MI300X").memory_bytes == 205_822_885_888
     with pytest.raises(DsakvError, match="H200"):
         gpu_kind("A100")

@@ -8,13 +8,19 @@ gives each formula; ``rank_figures`` computes them (the roofline reads ``model.r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
     BATCH1_LAYER_S,
+    EAGLE_V1_SEND_ONE_DRAFT_STEPS,
+    EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
+    EAGLE_V1_SEND_ONE_TOKENS,
+    EAGLE_V1_STEP_S,
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
@@ -24,6 +30,9 @@ from dsakv.sim.steptime.kernels import (
     chain_fixed_seconds,
     flashmla_efficiency,
 )
+
+from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import load_spec
 
 if TYPE_CHECKING:
     from dsakv.sim.steptime.roofline import RooflineStepTime
@@ -35,7 +44,8 @@ class StepTerms:
     constants) unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates
     for the GPU's kernel generation), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
     per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
-    lm_head's vocabulary gather) and the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor)."""
+    lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor) and the host
+    time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``)."""
 
     mla_prefill_eff: float
     mla_decode_eff: float
@@ -43,6 +53,7 @@ class StepTerms:
     indexer_floor_s: float
     overhead_s: float
     layer_min_s: float
+    spec_host_s: float
 
 
 def step_terms(model: RooflineStepTime) -> StepTerms:
@@ -64,7 +75,36 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
         indexer_floor_s=given(model.indexer_floor_s, chain_fixed_seconds(INDEXER_KERNEL_CHAIN, node)),
         overhead_s=overhead,
         layer_min_s=given(model.layer_min_s, max(batch1, 0.0)),
+        spec_host_s=0.0 if model.spec_overlap else given(model.spec_host_s, eagle_v1_host_seconds(_pricing(model))),
     )
+
+
+# The roofline fields that change a step's price (efficiencies and fixed costs) and are not the deployment's.
+PRICING_FIELDS = (
+    "gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff",
+    "layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s",
+)  # fmt: skip
+
+
+def _pricing(model: RooflineStepTime) -> tuple[tuple[str, float | None], ...]:
+    return tuple((name, getattr(model, name)) for name in PRICING_FIELDS)
+
+
+@functools.cache
+def eagle_v1_host_seconds(pricing: tuple[tuple[str, float | None], ...] = ()) -> float:
+    """The host time one SGLang EAGLE V1 step exposes (``kernels.EAGLE_V1_STEP_S``, sgl-project/sglang#15307): the
+    measured batch-1 step less the roofline's price of it (DeepSeek-V3.2 from its preset, 8 x H200, TP8, fp8
+    weights, bf16 cache, 3 draft passes, one decode at the run's mean context), priced with ``pricing``'s
+    efficiencies and fixed costs (the caller's: measured step = priced GPU work + this, whatever they are)."""
+    from dsakv.sim.steptime.roofline import RooflineStepTime  # the roofline imports this module
+
+    layout = CacheLayout(load_spec("deepseek-v3.2", None), kv_dtype="bf16", mtp_layers=1)
+    measured = RooflineStepTime(
+        layout, gpu_kind("H200"), tp=8, weight_dtype="fp8",
+        num_speculative_tokens=EAGLE_V1_SEND_ONE_DRAFT_STEPS, **dict(pricing),
+    )  # fmt: skip
+    context = EAGLE_V1_SEND_ONE_PROMPT_TOKENS + EAGLE_V1_SEND_ONE_TOKENS // 2
+    return max(EAGLE_V1_STEP_S - measured.step_seconds([], [context]), 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,6 +126,24 @@ KIMI_K2_BATCH1_TPOT_S = 11.376e-3
 KIMI_K2_LAYERS = 61
 BATCH1_LAYER_S = KIMI_K2_BATCH1_TPOT_S / KIMI_K2_LAYERS
 
+# SGLang's EAGLE / MTP without spec v2 (its default: ``SGLANG_ENABLE_SPEC_V2 = EnvBool(False)``) turns the overlap
+# scheduler off ("Overlap scheduler is disabled when spec v2 is off", ``ServerArgs._handle_speculative_decoding`` at
+# 947927bdb, the GLM-5 cookbook's commit): the host's work of a speculative step (scheduling, the verify's accepted
+# tokens brought back and applied, the attention metadata of the verify, the draft extend and each draft pass) runs
+# while the GPU waits. One published measurement sizes it: DeepSeek-V3.2, TP8, EAGLE V1 with the NSA backend at
+# SGLang's default 3 steps / top-k 1 / 4 draft tokens (``auto_choose_speculative_params``), batch 1,
+# ``sglang.test.send_one --max-new-tokens 1024``: 1,024 tokens in 7.922 s at accept length 2.960
+# (sgl-project/sglang#15307, "In EAGLE V1, we had"), in no calibration file. Its prompt is send_one's default
+# ("Human: Give me a fully functional FastAPI server. ...", about 20 tokens). ``figures.eagle_v1_host_seconds``
+# subtracts the roofline's own price of that step (its GPU work) from the measured step: what the host adds per step.
+# The GPU kind is not printed; H200 is taken (the batch-1 step is floor-bound: B200 prices it within 2 %).
+EAGLE_V1_SEND_ONE_S = 7.922
+EAGLE_V1_SEND_ONE_TOKENS = 1024
+EAGLE_V1_SEND_ONE_ACCEPT_LENGTH = 2.960
+EAGLE_V1_SEND_ONE_PROMPT_TOKENS = 20
+EAGLE_V1_SEND_ONE_DRAFT_STEPS = 3
+EAGLE_V1_STEP_S = EAGLE_V1_SEND_ONE_S / (EAGLE_V1_SEND_ONE_TOKENS / EAGLE_V1_SEND_ONE_ACCEPT_LENGTH)  # 22.9 ms
+
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
     """Whether vLLM (the ``mixed`` schedule policy) serves this layout's prefill with the fp8 decode kernel."""

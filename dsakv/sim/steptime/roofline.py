@@ -53,6 +53,9 @@ class RooflineStepTime:
     expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
     draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
     ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): passes 2 .. k skip the MTP layer's indexer.
+    ``spec_overlap``: the engine overlaps its host work with the GPU's on speculative steps (vLLM, SGLang with spec
+    v2); False (SGLang's EAGLE V1, its default: no overlap scheduler) adds ``spec_host_s`` to every step with decodes
+    (None: derived, ``figures.eagle_v1_host_seconds``, sgl-project/sglang#15307).
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
@@ -81,6 +84,7 @@ class RooflineStepTime:
     num_speculative_tokens: int = 0
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    spec_overlap: bool = True  # False: SGLang EAGLE V1, the host's work of each speculative step exposed
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
@@ -100,6 +104,7 @@ class RooflineStepTime:
     indexer_floor_s: float | None = None  # derived: the indexer's kernel chain per full indexer layer
     layer_min_s: float | None = None  # derived: Kimi-K2's batch-1 layer beyond its floor (fact 14)
     overhead_s: float | None = None  # derived: the kernels outside the layers, the lm_head gather (kernels.py)
+    spec_host_s: float | None = None  # derived (spec_overlap False): EAGLE V1's host time per step (kernels.py)
     terms: StepTerms = field(init=False, repr=False, compare=False)  # the resolved efficiencies and fixed costs
     rank: RankFigures = field(init=False, repr=False, compare=False)  # the per-rank figures (``rank_figures``)
 
@@ -119,12 +124,13 @@ class RooflineStepTime:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1] (or None: derived)")
-        for name in ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s"):
+        for name in ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s", "spec_host_s"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
-        if not isinstance(self.mtp_index_share, bool):
-            raise DsakvError(f"step time mtp_index_share = {self.mtp_index_share!r}: must be True or False")
+        for name in ("mtp_index_share", "spec_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise DsakvError(f"step time {name} = {getattr(self, name)!r}: must be True or False")
         object.__setattr__(
             self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens, "step time mtp_accept")
         )
@@ -235,6 +241,10 @@ class RooflineStepTime:
             floor_s = 0.0
         overhead_s = self.terms.overhead_s if tokens else 0.0
         total = components + floor_s + overhead_s
+        spec_host_s = 0.0
+        if n_dec and self.num_speculative_tokens and not self.spec_overlap:  # EAGLE V1: the host's work exposed
+            spec_host_s = self.terms.spec_host_s
+            total = total + spec_host_s
         if not breakdown:
             return total
         mla_flops = layers * (pf_pairs + dec_pairs) * r.mla_flops_per_pair
@@ -246,6 +256,8 @@ class RooflineStepTime:
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
         secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
+        if spec_host_s:
+            secs["spec_host"] = spec_host_s
         return StepCost(flops, nbytes, secs, total)
 
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
@@ -388,7 +400,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
-            "mtp_index_share", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
+            "mtp_index_share", "spec_overlap", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
@@ -400,6 +412,7 @@ class RooflineStepTime:
             "indexer_floor_s",
             "layer_min_s",
             "overhead_s",
+            "spec_host_s",
         ):
             out[name] = getattr(self.terms, name)  # the values priced with, derived or given
         out.update(
