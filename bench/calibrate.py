@@ -259,6 +259,13 @@ def engine_spec_overlap(anchor: dict) -> bool:
     return policy_of(anchor) == "mixed" or not (_int(anchor.get("mtp"), 0) or 0)
 
 
+def engine_prefill_graph(anchor: dict) -> bool:
+    """Whether the row's engine replays CUDA graphs for prefill steps (``SimConfig.prefill_graph``): vLLM V1's
+    piecewise graphs do; SGLang runs a DSA model's prefill eagerly (its piecewise prefill graphs exclude DeepSeek-V3.2
+    and GLM-5, ``kernels.EAGER_LAYER_S``), and every SGLang row on file is a DSA model or predates those graphs."""
+    return policy_of(anchor) == "mixed"
+
+
 def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
     versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
@@ -330,6 +337,7 @@ def sim_config(anchor: dict) -> SimConfig:
         num_speculative_tokens=_int(anchor.get("mtp"), 0),
         mtp_accept=float(anchor.get("accept") or 0.8),
         spec_overlap=engine_spec_overlap(anchor),
+        prefill_graph=engine_prefill_graph(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from dsakv.sim import run as simulate
@@ -58,8 +59,9 @@ def decode_steps(anchor: dict, traces: Path) -> str:
     setup = build_setup(cfg)
     model = dataclasses.replace(setup.step_time, has_indexer=calibrate.has_indexer(anchor))
     recorder = RecordingStepTime(model)
-    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
+    with tempfile.TemporaryDirectory() as tmp:  # the committed trace, or the one make_traces.py writes (as calibrate)
+        opened = open_source(Source(trace=str(calibrate.trace_of(anchor, traces, Path(tmp)))))
+        requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
     # step by step (no run advanced at once), so the recorder sees every step: the same records either way
     setup = dataclasses.replace(setup, step_time=recorder)
     simulate(cfg, requests, setup=setup, counters=opened.counters, analytic_decode=False)

@@ -127,6 +127,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="speculative steps without the overlap scheduler, as SGLang's EAGLE V1 (its default) runs them: each "
         "step with decodes pays the host time it exposes (step time, docs/steptime.md)",
     )
+    m.add_argument(
+        "--no-prefill-graph",
+        action="store_true",
+        help="eager prefill forwards, as SGLang runs a DSA model's: a step with prefill tokens takes at least the "
+        "host's kernel launches (step time, docs/steptime.md)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -336,7 +342,7 @@ _PARSERS = {
 }
 _FROM_ZERO = frozenset({"num_speculative_tokens", "pool_tokens", "seed", "host_tokens", "store_tokens"})
 _DERIVED = frozenset(
-    {"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings", "spec_overlap"}
+    {"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings", "spec_overlap", "prefill_graph"}
 )
 
 
@@ -370,6 +376,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         available_bytes=available_bytes(args),
         prefix_cache=not args.no_prefix_cache,
         spec_overlap=not args.no_spec_overlap,
+        prefill_graph=not args.no_prefill_graph,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

@@ -69,7 +69,9 @@ class SimConfig:
     ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
     MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on); ``spec_overlap``:
     False runs speculative steps as SGLang's EAGLE V1 does, without the overlap scheduler (the host's work of each
-    step exposed: the step time's ``spec_host_s``). ``ep`` /
+    step exposed: the step time's ``spec_host_s``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
+    does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``).
+    ``ep`` /
     ``moe_a2a``: expert parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
     when request k - C finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever
@@ -105,6 +107,7 @@ class SimConfig:
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
+    prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     indexer_pattern: str | None = (
         None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
     )
@@ -163,7 +166,7 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
-        for name in ("mtp_index_share", "spec_overlap"):
+        for name in ("mtp_index_share", "spec_overlap", "prefill_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
@@ -350,6 +353,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mtp_accept=cfg.mtp_accept,
             mtp_index_share=cfg.mtp_index_share,
             spec_overlap=cfg.spec_overlap,
+            prefill_graph=cfg.prefill_graph,
             mla_mixed_batch=vllm_mixed_batch(
                 layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy
             ),

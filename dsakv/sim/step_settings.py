@@ -24,7 +24,7 @@ from dsakv.spec.jsonio import read_json_file
 
 FORMAT, VERSION = "dsakv-step-settings", 1
 EFFICIENCIES = ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff")
-SECONDS = ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s", "spec_host_s")
+SECONDS = ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s", "spec_host_s", "eager_layer_s")
 STEP_SETTING_FIELDS = EFFICIENCIES + SECONDS
 
 Settings = tuple[tuple[str, float], ...]

@@ -21,6 +21,7 @@ from dsakv.sim.steptime.kernels import (
     EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
     EAGLE_V1_SEND_ONE_TOKENS,
     EAGLE_V1_STEP_S,
+    EAGER_LAYER_S,
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
@@ -45,7 +46,9 @@ class StepTerms:
     for the GPU's kernel generation), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
     per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
     lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor) and the host
-    time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``)."""
+    time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``), and the
+    host's launch work per layer of an eager prefill forward (0 where the engine replays prefill graphs:
+    ``prefill_graph``)."""
 
     mla_prefill_eff: float
     mla_decode_eff: float
@@ -54,6 +57,7 @@ class StepTerms:
     overhead_s: float
     layer_min_s: float
     spec_host_s: float
+    eager_layer_s: float
 
 
 def step_terms(model: RooflineStepTime) -> StepTerms:
@@ -76,6 +80,7 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
         overhead_s=overhead,
         layer_min_s=given(model.layer_min_s, max(batch1, 0.0)),
         spec_host_s=0.0 if model.spec_overlap else given(model.spec_host_s, eagle_v1_host_seconds(_pricing(model))),
+        eager_layer_s=0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S),
     )
 
 

@@ -144,6 +144,18 @@ EAGLE_V1_SEND_ONE_PROMPT_TOKENS = 20
 EAGLE_V1_SEND_ONE_DRAFT_STEPS = 3
 EAGLE_V1_STEP_S = EAGLE_V1_SEND_ONE_S / (EAGLE_V1_SEND_ONE_TOKENS / EAGLE_V1_SEND_ONE_ACCEPT_LENGTH)  # 22.9 ms
 
+# SGLang runs a prefill (extend) forward eagerly, every kernel launched from Python, where it has no prefill CUDA
+# graph: DSA models (``piecewise_cuda_graph_disabled_model_archs`` lists DeepseekV32ForCausalLM and
+# GlmMoeDsaForCausalLM, and ``is_deepseek_nsa`` configs are excluded, at c64274c74 "Piecewise Cuda Graph set default",
+# 2026-03-02; sgl-project/sglang#18148, DeepSeek-V3.2 prefill piecewise graphs, still open), and every model before
+# that commit. The host's launch work then sets a floor under the step: the GPU cannot finish before its last kernel
+# is launched. One published measurement sizes it: DeepSeek-V3 on SGLang, a prefill batch of one new token, "forward
+# cost 82.64 ms" eager against 23.10 ms replayed as a graph (sgl-project/sglang#12160), 61 layers: 1.35 ms of
+# launch work per layer. vLLM V1 replays piecewise CUDA graphs for every batch, prefill included: no such floor.
+SGLANG_EAGER_FORWARD_S = 82.64e-3
+SGLANG_EAGER_FORWARD_LAYERS = 61
+EAGER_LAYER_S = SGLANG_EAGER_FORWARD_S / SGLANG_EAGER_FORWARD_LAYERS
+
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
     """Whether vLLM (the ``mixed`` schedule policy) serves this layout's prefill with the fp8 decode kernel."""

@@ -56,6 +56,9 @@ class RooflineStepTime:
     ``spec_overlap``: the engine overlaps its host work with the GPU's on speculative steps (vLLM, SGLang with spec
     v2); False (SGLang's EAGLE V1, its default: no overlap scheduler) adds ``spec_host_s`` to every step with decodes
     (None: derived, ``figures.eagle_v1_host_seconds``, sgl-project/sglang#15307).
+    ``prefill_graph``: the engine replays CUDA graphs for prefill steps too (vLLM V1's piecewise graphs); False
+    (SGLang on a DSA model: eager extend forwards) puts a floor of ``layers x eager_layer_s`` under every step with
+    prefill tokens, the host's launch work (None: derived, ``kernels.EAGER_LAYER_S``, sgl-project/sglang#12160).
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
@@ -85,6 +88,7 @@ class RooflineStepTime:
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1, the host's work of each speculative step exposed
+    prefill_graph: bool = True  # False: eager prefill forwards (SGLang on DSA models), a launch floor per prefill step
     mla_mixed_batch: bool = False
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
@@ -105,6 +109,7 @@ class RooflineStepTime:
     layer_min_s: float | None = None  # derived: Kimi-K2's batch-1 layer beyond its floor (fact 14)
     overhead_s: float | None = None  # derived: the kernels outside the layers, the lm_head gather (kernels.py)
     spec_host_s: float | None = None  # derived (spec_overlap False): EAGLE V1's host time per step (kernels.py)
+    eager_layer_s: float | None = None  # derived (prefill_graph False): an eager forward's launch work per layer
     terms: StepTerms = field(init=False, repr=False, compare=False)  # the resolved efficiencies and fixed costs
     rank: RankFigures = field(init=False, repr=False, compare=False)  # the per-rank figures (``rank_figures``)
 
@@ -124,11 +129,11 @@ class RooflineStepTime:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1):
                 raise DsakvError(f"step time {name} = {v!r}: must be in (0, 1] (or None: derived)")
-        for name in ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s", "spec_host_s"):
+        for name in ("layer_floor_s", "indexer_floor_s", "layer_min_s", "overhead_s", "spec_host_s", "eager_layer_s"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
-        for name in ("mtp_index_share", "spec_overlap"):
+        for name in ("mtp_index_share", "spec_overlap", "prefill_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"step time {name} = {getattr(self, name)!r}: must be True or False")
         object.__setattr__(
@@ -245,6 +250,10 @@ class RooflineStepTime:
         if n_dec and self.num_speculative_tokens and not self.spec_overlap:  # EAGLE V1: the host's work exposed
             spec_host_s = self.terms.spec_host_s
             total = total + spec_host_s
+        eager_s = 0.0
+        if pf_tokens and not self.prefill_graph:  # an eager forward: no sooner than its kernels are launched
+            eager_s = larger(0.0, r.layers * self.terms.eager_layer_s - total)
+            total = total + eager_s
         if not breakdown:
             return total
         mla_flops = layers * (pf_pairs + dec_pairs) * r.mla_flops_per_pair
@@ -258,6 +267,8 @@ class RooflineStepTime:
         secs.update(collectives=coll_s, mtp_draft=draft_s, floor=floor_s, overhead=overhead_s)
         if spec_host_s:
             secs["spec_host"] = spec_host_s
+        if np.any(eager_s):
+            secs["eager_launch"] = eager_s
         return StepCost(flops, nbytes, secs, total)
 
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
@@ -400,7 +411,7 @@ class RooflineStepTime:
         out = {"model": "roofline", "gpu": self.gpu.name}
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
-            "mtp_index_share", "spec_overlap", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
+            "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
@@ -413,6 +424,7 @@ class RooflineStepTime:
             "layer_min_s",
             "overhead_s",
             "spec_host_s",
+            "eager_layer_s",
         ):
             out[name] = getattr(self.terms, name)  # the values priced with, derived or given
         out.update(

@@ -1,6 +1,8 @@
-"""Speculative steps without the overlap scheduler (SGLang's EAGLE V1): the host time each step exposes, derived from
-one published measurement (sgl-project/sglang#15307), priced once per step with decodes; and the SGLang MTP rows
-of the calibration files replayed with it (docs/steptime.md, Constants and Known gaps)."""
+"""The host's time where an engine exposes it (docs/steptime.md, Constants and Known gaps): speculative steps without
+the overlap scheduler (SGLang's EAGLE V1), the host time each step exposes, derived from one published measurement
+(sgl-project/sglang#15307) and priced once per step with decodes; and eager prefill forwards (SGLang on a DSA model),
+whose kernel launches put a floor under every step with prefill tokens (sgl-project/sglang#12160). The SGLang rows of
+the calibration files are replayed with both."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.sim.steptime.figures import eagle_v1_host_seconds
 from dsakv.sim.steptime.kernels import (
+    EAGER_LAYER_S,
     EAGLE_V1_SEND_ONE_ACCEPT_LENGTH,
     EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
     EAGLE_V1_SEND_ONE_S,
@@ -129,3 +132,53 @@ def test_the_held_out_batch_1_mtp_rows_are_in_band(calibrate, repo_dir):
     for anchor in anchors:
         tpot = [r for r in calibrate.replay(anchor, path / "traces") if r.metric == "tpot_ms"]
         assert tpot and all(r.band_ok for r in tpot), [(r.id, r.ratio) for r in tpot]
+
+
+def test_the_eager_floor_is_the_measured_forward_per_layer():
+    # sgl-project/sglang#12160: DeepSeek-V3 (61 layers), one new token, "forward cost 82.64 ms" eager.
+    assert EAGER_LAYER_S == pytest.approx(82.64e-3 / 61, rel=1e-12)
+    layout = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
+    eager = RooflineStepTime(layout, tp=8, weight_dtype="fp8", prefill_graph=False)
+    assert eager.step_seconds([(1, 1)], []) == pytest.approx(82.64e-3, rel=1e-12)  # the measured step, re-priced
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    decode=st.lists(st.integers(1, 70_000), min_size=0, max_size=6),
+    prefill=st.lists(st.tuples(st.integers(1, 16_384), st.integers(0, 20_000)), min_size=0, max_size=2),
+)
+def test_an_eager_prefill_step_takes_at_least_its_launches(glm5, decode, prefill):
+    graphs = RooflineStepTime(glm5, tp=8)
+    eager = dataclasses.replace(graphs, prefill_graph=False)
+    assert graphs.terms.eager_layer_s == 0.0 and eager.terms.eager_layer_s == EAGER_LAYER_S
+    base, cost = graphs.cost(prefill, decode), eager.cost(prefill, decode)
+    floor = eager.rank.layers * EAGER_LAYER_S
+    want = max(base.total_seconds, floor) if prefill else base.total_seconds
+    assert cost.total_seconds == pytest.approx(want, rel=1e-12)
+    assert cost.seconds.get("eager_launch", 0.0) == pytest.approx(want - base.total_seconds, abs=1e-15)
+    assert sum(cost.seconds.values()) == pytest.approx(cost.total_seconds, rel=1e-12)
+    assert eager.step_seconds(prefill, decode) == cost.total_seconds
+
+
+def test_a_run_with_chunks_priced_as_arrays_keeps_the_floor_bit_for_bit(glm5):
+    eager = RooflineStepTime(glm5, tp=8, prefill_graph=False)
+    contexts, steps, chunks = [1000, 3000], 12, [(64, 64 * j) for j in range(12)]
+    run = eager.run_seconds(contexts, steps, chunks)
+    each = np.array([eager.step_seconds([chunks[j]], [c + j for c in contexts]) for j in range(steps)])
+    assert np.array_equal(run, each)
+    assert (run >= eager.rank.layers * EAGER_LAYER_S).all()
+
+
+def test_no_prefill_graph_flag_reaches_the_step_time_and_bad_values_are_one_line_errors(glm5):
+    cfg, _ = build_config(build_parser().parse_args(["simulate", "--no-prefill-graph"]))
+    assert cfg.prefill_graph is False and build_setup(cfg).step_time.prefill_graph is False
+    with pytest.raises(DsakvError, match=r"step time eager_layer_s = -2.0: must be >= 0"):
+        RooflineStepTime(glm5, eager_layer_s=-2.0)
+    with pytest.raises(DsakvError, match=r"^prefill_graph = 1: must be True or False$"):
+        SimConfig(prefill_graph=1)
+
+
+def test_sglang_rows_replay_eager_prefill_and_vllm_rows_graphs(calibrate):
+    row = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "0"}
+    assert calibrate.engine_prefill_graph(row) is False
+    assert calibrate.engine_prefill_graph({**row, "id": "x-vllm-tp8", "engine": "vllm"}) is True
