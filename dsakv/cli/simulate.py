@@ -342,7 +342,17 @@ _PARSERS = {
 }
 _FROM_ZERO = frozenset({"num_speculative_tokens", "pool_tokens", "seed", "host_tokens", "store_tokens"})
 _DERIVED = frozenset(
-    {"gpu", "available_bytes", "prefix_cache", "store_bytes", "router", "workers", "step_settings", "spec_overlap", "prefill_graph"}
+    {
+        "gpu",
+        "available_bytes",
+        "prefix_cache",
+        "store_bytes",
+        "router",
+        "workers",
+        "step_settings",
+        "spec_overlap",
+        "prefill_graph",
+    }
 )
 
 

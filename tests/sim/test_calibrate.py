@@ -6,7 +6,6 @@ import csv
 import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
@@ -28,15 +27,6 @@ def _write(tmp_path, published: dict, conc: str = "2") -> str:
         w.writeheader()
         w.writerow(row)
     return str(path)
-
-
-@pytest.fixture
-def calibrate(repo_dir, monkeypatch):
-    spec = importlib.util.spec_from_file_location("calibrate", repo_dir / "bench" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "calibrate", mod)  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_calibrate_prints_rows_and_exits_by_band(tmp_path, calibrate, capsys):

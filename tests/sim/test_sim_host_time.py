@@ -7,8 +7,6 @@ the calibration files are replayed with both."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
@@ -36,15 +34,6 @@ from dsakv.spec.model_spec import ModelSpec
 @pytest.fixture(scope="module")
 def glm5():
     return CacheLayout(ModelSpec.preset("glm-5"), kv_dtype="bf16", mtp_layers=1)
-
-
-@pytest.fixture
-def calibrate(repo_dir, monkeypatch):
-    spec = importlib.util.spec_from_file_location("calibrate", repo_dir / "bench" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "calibrate", mod)  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_host_time_is_the_measured_step_less_the_rooflines_price_of_it():

@@ -17,11 +17,11 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
     BATCH1_LAYER_S,
+    EAGER_LAYER_S,
     EAGLE_V1_SEND_ONE_DRAFT_STEPS,
     EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
     EAGLE_V1_SEND_ONE_TOKENS,
     EAGLE_V1_STEP_S,
-    EAGER_LAYER_S,
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
@@ -31,7 +31,6 @@ from dsakv.sim.steptime.kernels import (
     chain_fixed_seconds,
     flashmla_efficiency,
 )
-
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import load_spec
 

@@ -97,11 +97,19 @@ LAYER_KERNEL_CHAIN = (
     ("expert outputs combine", False),
 )  # fmt: skip
 # The lightning indexer's chain on each full indexer layer (fact 12; sgl-project/sglang#15104: "many small CUDA kernels
-# around the TopK path"): its three projections are GEMMs.
+# around the TopK path"), kernel by kernel as SGLang's decode path launches it (``Indexer.forward_cuda`` with
+# ``_project_and_scale_head_gates``, ``_get_q_k_bf16``, ``act_quant``, ``set_index_k_scale_buffer`` and
+# ``_get_topk_paged`` in python/sglang/srt/layers/attention/nsa/nsa_indexer.py at 947927bdb, the GLM-5 cookbook's
+# commit): each fp8 projection quantises its input first; views (split, rearrange) launch nothing; the page table and
+# the logits schedule are built once per step, outside the layers. Its three projections are GEMMs.
 INDEXER_KERNEL_CHAIN = (
-    ("wq_b projection", True), ("wk projection", True), ("weights_proj", True), ("k LayerNorm", False),
-    ("RoPE", False), ("q fp8 quantisation", False), ("k quantise-and-store", False),
-    ("fp8 MQA logits", False), ("top-k", False),
+    ("weights_proj", True), ("head weights to fp32", False), ("head weights x n_heads^-1/2", False),
+    ("wq_b input fp8 quantisation", False), ("wq_b projection", True),
+    ("wk input fp8 quantisation", False), ("wk projection", True), ("k LayerNorm", False), ("RoPE", False),
+    ("q rope copy", False), ("k rope copy", False), ("q Hadamard", False), ("k Hadamard", False),
+    ("q fp8 quantisation", False), ("k fp8 quantisation", False), ("head weights x q scale", False),
+    ("head weights x softmax scale", False), ("k quantise-and-store", False), ("fp8 MQA logits", False),
+    ("top-k transform", False),
 )  # fmt: skip
 # Once per step, outside the layers: the embedding gather, the final RMSNorm, the lm_head GEMM and the sampling kernel.
 # The engines' CPU work per step (scheduling, batch metadata) overlaps the GPU's: SGLang's overlap scheduler "runs one
