@@ -51,6 +51,12 @@ class HandoffMachine(RuleBasedStateMachine):
             for i, page in zip(todo, acc.dest_pages):
                 if not (fault == "drop_bytes" and i == todo[-1]):
                     self.dst.write_block(page, self.src.read_block(export.pages[i]))
+            # a dropped write leaves the page's old bytes: when a freed page of the very same content is reused, they
+            # are the right bytes, and committing them is right (the rule is about the bytes, not the transfer)
+            whole = fault in HARMLESS or (
+                fault == "drop_bytes"
+                and self.dst.read_block(acc.dest_pages[len(todo) - 1]) == self.src.read_block(export.pages[todo[-1]])
+            )
             if fault == "flip_bit":
                 self.dst.parts(acc.dest_pages[0])[-1][7] ^= 0x10
             if fault == "swap_pages":
@@ -68,7 +74,7 @@ class HandoffMachine(RuleBasedStateMachine):
                 reports[0] = PageReport(r.index, tuple(c for c in r.components if c.startswith("main")), r.digest)
             self.importer.report(acc.epoch, reports)
             result = self.importer.finish(acc.epoch)
-            assert (result.outcome == "success") == (fault in HARMLESS), (fault, result)
+            assert (result.outcome == "success") == whole, (fault, result)
             if result.outcome == "success":
                 radix = self.dec.radix
                 got = radix.match(radix.key(list(export.offer.tokens)), leave_one=False).pages
