@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
 
 @pytest.fixture
-def calibrate(repo_dir, monkeypatch):
-    spec = importlib.util.spec_from_file_location("calibrate", repo_dir / "bench" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "calibrate", mod)  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+def calibrate(repo_dir, load_file_module):
+    return load_file_module(repo_dir / "bench" / "calibrate.py")
