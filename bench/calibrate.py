@@ -50,12 +50,14 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import datetime
 import functools
 import importlib.util
 import itertools
 import json
 import math
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -63,12 +65,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsakv.errors import DsakvError
+from dsakv.planner.budget import pool_capacity
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.source import Source, open_source
-from dsakv.sim.steptime import RooflineStepTime
+from dsakv.sim.steptime import MOE_A2A, RooflineStepTime
 from dsakv.sim.steptime.fitted import NCCL_NVLINK_BUS_EFF
 from dsakv.sim.steptime.kernels import GEMM_STREAM_EFF
 from dsakv.workloads.traces import TraceRequest
@@ -236,27 +239,92 @@ SGLANG_SPEC_MAX_RUNNING = 48
 
 
 def engine_max_running(anchor: dict) -> int:
-    """The row's ``cap`` or, when empty, its engine's default cap on running requests (``SimConfig.max_running``)."""
+    """The cap on running requests of each DP group's scheduler (``SimConfig.max_running``): the row's ``cap`` (the
+    engine's flag as the source passes it) or, when empty, its engine's default. SGLang's ``--max-running-requests``
+    (and the 48 that speculative decoding resets it to) counts the whole server: each DP worker takes
+    ``max_running_requests // dp_size`` (``ModelRunner._resolve_max_num_reqs``); without either, each worker takes its
+    pool's clamp (``SGLANG_MAX_RUNNING``)."""
     cap = _int(anchor.get("cap"))
-    if cap is not None:
-        return cap
     if policy_of(anchor) == "mixed":
+        if cap is not None:
+            return cap
         big, small = VLLM_MAX_NUM_SEQS
         return big if gpu_kind(anchor["gpu"]).memory_bytes >= 70 * 2**30 else small
-    return SGLANG_SPEC_MAX_RUNNING if (_int(anchor.get("mtp"), 0) or 0) > 0 else SGLANG_MAX_RUNNING
+    if cap is None and (_int(anchor.get("mtp"), 0) or 0) > 0:
+        cap = SGLANG_SPEC_MAX_RUNNING
+    if cap is None:
+        return SGLANG_MAX_RUNNING
+    return max(cap // _int(anchor.get("dp"), 1), 1)
 
 
-# SGLang ran EAGLE / MTP without its overlap scheduler until spec v2 became its default (sgl-project/sglang#21062,
-# 2026-04-29; ``ServerArgs._handle_speculative_decoding`` before it: "Overlap scheduler is disabled when spec v2 is
-# off"). Every SGLang MTP row on file predates it: the GLM-5 cookbook's commit 947927bdb (2026-02-11) and the report
-# that quotes it beside its B200 runs.
-SGLANG_SPEC_V2_DEFAULT_SINCE = "sgl-project/sglang#21062 (2026-04-29)"
+# When SGLang builds on file were cut, for the engine defaults that changed between them (each found in SGLang's
+# history: the commit's date, or the day the install docs first named the release). A release is dated no later
+# than it was in use: v0.5.9 by the install page's switch to it (1b76eb936, 2026-03-04), v0.5.14 by its ROCm image
+# (lmsysorg/sglang-rocm:v0.5.14-rocm720-mi35x-20260710; the docs moved on to v0.5.15 on 2026-07-13, 805385414).
+SGLANG_RELEASE_DATES = {
+    "0.5.6": datetime.date(2025, 12, 2),  # 7ae368efd "bump SGLang version to 0.5.6"
+    "0.5.6.post1": datetime.date(2025, 12, 9),  # 9a327bdfc
+    "0.5.6.post2": datetime.date(2025, 12, 11),  # 5c8bd8b51
+    "0.5.9": datetime.date(2026, 3, 4),
+    "0.5.14": datetime.date(2026, 7, 10),
+}
+SGLANG_COMMIT_DATES = {
+    "947927bdb": datetime.date(2026, 2, 11),  # the GLM-5 cookbook's commit
+    "1eea7448": datetime.date(2026, 3, 17),
+    "b6fe0cca": datetime.date(2026, 3, 31),
+    "09ca4fc": datetime.date(2026, 6, 26),  # the GLM-5.2 cookbook's B200 cells ("main @ 09ca4fc")
+}
+# The defaults that changed: SGLang ran EAGLE / MTP without its overlap scheduler until spec v2 became its default
+# on SGLANG_SPEC_V2_DATE (sgl-project/sglang#21062, 79dbfe450; ``ServerArgs._handle_speculative_decoding`` before it:
+# "Overlap scheduler is disabled when spec v2 is off"): the GLM-5 cookbook's commit 947927bdb (2026-02-11) predates
+# it, the GLM-5.2 cookbook's builds (v0.5.14, main @ 09ca4fc) follow it. A DSA model's default cache on Blackwell (SM >= 10, ``ServerArgs``' DSA defaults when
+# ``--kv-cache-dtype`` is ``auto``), (since, format without DP attention, format with it): fp8_e4m3 with FlashMLA's
+# 656-byte rows from sgl-project/sglang#11655 (81a632ace), fp8 only under DP attention from #20086 (d28f35240),
+# bf16 everywhere for fp8 checkpoints from #21337 (2b75fed0d, "performance regression" on B200), then fp8_e4m3 on
+# TensorRT-LLM's sparse-MLA kernels, whose rows are the plain 576 fp8 bytes (``calculate_mla_kv_cache_dim``: the
+# trtllm backend keeps kv_lora_rank + rope dims), from #21914 (fbc1f9245). Hopper keeps bf16 throughout.
+SGLANG_SPEC_V2_DATE = datetime.date(2026, 4, 29)
+SGLANG_BLACKWELL_DSA_KV = (
+    (datetime.date(2025, 10, 27), "fp8_ds_mla", "fp8_ds_mla"),
+    (datetime.date(2026, 3, 7), "bf16", "fp8_ds_mla"),
+    (datetime.date(2026, 3, 24), "bf16", "bf16"),
+    (datetime.date(2026, 4, 2), "fp8", "fp8"),
+)
+
+
+def sglang_build_date(anchor: dict) -> datetime.date | None:
+    """When the row's SGLang build was cut (``version``): a release (``0.5.9``, ``v0.5.14``, an image
+    ``lmsysorg/sglang:v0.5.9-cu130``) from ``SGLANG_RELEASE_DATES``, a commit (``commit 947927bdb``,
+    ``main @ 09ca4fc``) from ``SGLANG_COMMIT_DATES``, a nightly image by the date in its tag; None for an empty
+    ``version`` (the row is replayed with the defaults before every change tracked here: every such row on file
+    predates them). A version that is none of these is an error naming the tables."""
+    text = (anchor.get("version") or "").strip()
+    if not text:
+        return None
+    nightly = re.search(r"nightly[-\w]*?-(\d{8})(?:-|$)", text)
+    if nightly:
+        return datetime.datetime.strptime(nightly.group(1), "%Y%m%d").date()
+    release = re.match(r"^(?:[\w./-]+:)?v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-\s]|$)", text)
+    if release and release.group(1) in SGLANG_RELEASE_DATES:
+        return SGLANG_RELEASE_DATES[release.group(1)]
+    for commit, date in SGLANG_COMMIT_DATES.items():
+        if re.search(rf"\b{commit}", text):
+            return date
+    raise DsakvError(
+        f"anchor {anchor['id']}: version = {text!r}: no build date on file; must name a release of "
+        f"SGLANG_RELEASE_DATES ({', '.join(SGLANG_RELEASE_DATES)}), a commit of SGLANG_COMMIT_DATES "
+        f"({', '.join(SGLANG_COMMIT_DATES)}) or a nightly image with its date"
+    )
 
 
 def engine_spec_overlap(anchor: dict) -> bool:
     """Whether the row's engine overlaps its host work on speculative steps (``SimConfig.spec_overlap``): vLLM's
-    async scheduling does; SGLang's EAGLE V1, the default of every SGLang MTP row on file, does not."""
-    return policy_of(anchor) == "mixed" or not (_int(anchor.get("mtp"), 0) or 0)
+    async scheduling does; SGLang's EAGLE V1 does not: the default of an SGLang build before
+    ``SGLANG_SPEC_V2_DATE`` (or of no version named), spec v2 after it."""
+    if policy_of(anchor) == "mixed" or not (_int(anchor.get("mtp"), 0) or 0):
+        return True
+    built = sglang_build_date(anchor)
+    return built is not None and built >= SGLANG_SPEC_V2_DATE
 
 
 def engine_prefill_graph(anchor: dict) -> bool:
@@ -267,12 +335,23 @@ def engine_prefill_graph(anchor: dict) -> bool:
 
 
 def engine_kv_dtype(anchor: dict) -> str:
-    """The row's ``kv`` or, when empty, its engine's default main-KV format for DeepSeek-V3.2 at the calibrated
-    versions: bf16 for both. vLLM stores the fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given
-    (``DeepseekV32ForCausalLM.verify_and_update_config``; the default "auto", the checkpoint's bf16 activations,
-    since vllm-project/vllm#27121, 2025-10-17; v0.13.0 came out 2025-12-19); SGLang on Hopper defaults to bf16 (the anchors'
-    README). docs/steptime.md, fact 19."""
-    return (anchor.get("kv") or "").strip() or "bf16"
+    """The row's ``kv`` or, when empty, its engine's default main-KV format: bf16 for vLLM, which stores the
+    fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given (``DeepseekV32ForCausalLM.verify_and_update_config``;
+    the default "auto", the checkpoint's bf16 activations, since vllm-project/vllm#27121, 2025-10-17; v0.13.0 came
+    out 2025-12-19), and for SGLang on Hopper (the anchors' README) or a model without the indexer; SGLang serving a
+    DSA model on Blackwell takes ``SGLANG_BLACKWELL_DSA_KV`` at its build date (bf16 before the first entry or with
+    no version named). docs/steptime.md, fact 19."""
+    text = (anchor.get("kv") or "").strip()
+    if text:
+        return text
+    if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "blackwell" or not has_indexer(anchor):
+        return "bf16"
+    built = sglang_build_date(anchor)
+    kv = "bf16"
+    for since, without_dp, with_dp in SGLANG_BLACKWELL_DSA_KV:
+        if built is not None and built >= since:
+            kv = with_dp if _int(anchor.get("dp"), 1) > 1 else without_dp
+    return kv
 
 
 def range_ratio_of(anchor: dict) -> float:
@@ -319,6 +398,51 @@ def frontend_service(measured: tuple[tuple[int, float], ...] = FRONTEND_MEASURED
     return fit.intercept, fit.slope
 
 
+def engine_moe_a2a(anchor: dict) -> tuple[str, int]:
+    """The row's MoE all-to-all (``moe_a2a`` column: ``deepep`` where the source passes ``--moe-a2a-backend
+    deepep``; empty = none, the all-reduce) and the expert-parallel size it implies: SGLang sets ``ep_size`` to
+    ``tp_size`` under DeepEP (``ServerArgs._handle_a2a_moe``); 1 otherwise."""
+    a2a = (anchor.get("moe_a2a") or "").strip().lower() or "none"
+    if a2a not in MOE_A2A:
+        raise DsakvError(f"anchor {anchor['id']}: moe_a2a = {a2a!r}: must be empty or one of {', '.join(MOE_A2A[1:])}")
+    return a2a, (_int(anchor["gpus"]) if a2a == "deepep" else 1)
+
+
+def accept_of(anchor: dict) -> float | tuple[float, ...]:
+    """The row's ``accept``: one acceptance probability for every draft position, or one per position separated by
+    spaces (``1 1 0.5 0 0``: SGLang's ``SGLANG_SIMULATE_ACC_LEN`` = 3.5 on 5 draft steps, half the steps accepting
+    two drafts and half three); 0.8 when empty."""
+    text = (anchor.get("accept") or "").strip()
+    if not text:
+        return 0.8
+    try:
+        values = tuple(float(v) for v in text.split())
+    except ValueError:
+        raise DsakvError(
+            f"anchor {anchor['id']}: accept = {text!r}: must be a probability or one per draft position, "
+            "separated by spaces"
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
+    """The pool SGLang builds for the row, where it differs from the planner's: SGLang keeps a DSA model's indexer
+    cache on every layer (``DSATokenToKVPool`` allocates ``index_k_with_scale_buffer`` for each of its ``layer_num``
+    layers, and ``DefaultPoolConfigurator`` counts the indexer row ``num_layers`` times in the cell), also where the
+    model computes its indexer on some layers only (GLM-5.2's IndexCache: 21 full of 78). The planner's bytes for
+    the pool, in pages of that cell. None (the planner's pool) for vLLM rows and models with the indexer on every
+    layer already."""
+    if policy_of(anchor) == "mixed" or not has_indexer(anchor):
+        return None
+    layout = build_setup(cfg).layout
+    spec = layout.spec
+    if spec.num_full_indexer_layers == spec.num_hidden_layers:
+        return None
+    available = pool_capacity(layout, cfg.gpu).available_bytes
+    every_layer = dataclasses.replace(layout, spec=spec.with_all_indexers_full())
+    return pool_capacity(every_layer, cfg.gpu, available_bytes=available).pool_tokens
+
+
 def sim_config(anchor: dict) -> SimConfig:
     chunk = engine_chunk_tokens(anchor)
     gpus = _int(anchor["gpus"])
@@ -330,12 +454,13 @@ def sim_config(anchor: dict) -> SimConfig:
         weight_dtype=(anchor.get("weight_dtype") or None),
         max_batched_tokens=_int(anchor.get("budget"), chunk),
     )
-    return SimConfig(
+    moe_a2a, ep = engine_moe_a2a(anchor)
+    cfg = SimConfig(
         model=anchor["model"],
         gpu=setting,
         kv_dtype=engine_kv_dtype(anchor),
         num_speculative_tokens=_int(anchor.get("mtp"), 0),
-        mtp_accept=float(anchor.get("accept") or 0.8),
+        mtp_accept=accept_of(anchor),
         spec_overlap=engine_spec_overlap(anchor),
         prefill_graph=engine_prefill_graph(anchor),
         chunk_tokens=chunk,
@@ -343,10 +468,14 @@ def sim_config(anchor: dict) -> SimConfig:
         new_token_ratio=engine_new_token_ratio(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
+        moe_a2a=moe_a2a,
+        ep=ep,
         frontend_s=FRONTEND_S,
         frontend_request_s=FRONTEND_REQUEST_S,
         frontend_token_s=FRONTEND_TOKEN_S,
     )
+    pool = engine_pool_tokens(anchor, cfg)
+    return cfg if pool is None else dataclasses.replace(cfg, pool_tokens=pool)
 
 
 FRONTEND_REQUEST_S, FRONTEND_TOKEN_S = frontend_service()

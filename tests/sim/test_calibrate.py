@@ -237,8 +237,9 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
 def test_an_empty_kv_takes_the_engines_default_bf16_cache(calibrate):
     # vLLM stores DeepSeek-V3.2's fp8_ds_mla format only with --kv-cache-dtype fp8 (default "auto": bf16, since
     # vllm-project/vllm#27121); SGLang on Hopper defaults to bf16. A filled cell is the row's setting.
-    assert calibrate.engine_kv_dtype({"id": "x-vllm", "kv": ""}) == "bf16"
-    assert calibrate.engine_kv_dtype({"id": "x-sgl"}) == "bf16"
+    assert calibrate.engine_kv_dtype({"id": "x-vllm", "gpu": "H200", "kv": ""}) == "bf16"
+    assert calibrate.engine_kv_dtype({"id": "x-sgl", "gpu": "H200", "version": "v0.5.14"}) == "bf16"
+    assert calibrate.engine_kv_dtype({"id": "x-vllm", "gpu": "B200", "kv": ""}) == "bf16"
     assert calibrate.engine_kv_dtype({"id": "x-vllm", "kv": "fp8_ds_mla"}) == "fp8_ds_mla"
     row = {"id": "x-vllm-tp8", "model": "deepseek-v3.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "kv": ""}
     setup = calibrate.build_setup(calibrate.sim_config(row))
@@ -405,6 +406,12 @@ def test_an_empty_cap_takes_the_engines_default_running_limit(calibrate):
     assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8"}) == calibrate.SGLANG_MAX_RUNNING == 4096
     assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8", "mtp": "3"}) == 48
     assert calibrate.engine_max_running({**row, "id": "x-sgl-tp8", "mtp": "3", "cap": "128"}) == 128
+    # SGLang's --max-running-requests (and the speculative 48) counts the server: each DP worker takes 1/dp of it
+    # (ModelRunner._resolve_max_num_reqs); its pool's own clamp is per worker already; vLLM's cap stays the cell.
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-dp8", "dp": "8", "cap": "256"}) == 32
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-dp8", "dp": "8", "mtp": "1"}) == 6
+    assert calibrate.engine_max_running({**row, "id": "x-sgl-dp8", "dp": "8"}) == 4096
+    assert calibrate.engine_max_running({**row, "dp": "8", "cap": "256"}) == 256
     assert calibrate.sim_config({**row, "model": "tiny", "gpus": "1", "chunk": "256"}).max_running == 1024
 
 
@@ -468,3 +475,106 @@ def test_aiconfigurator_rows_keep_what_dsakv_prices_once_each(load_file_module, 
     assert first["kv"] == first["mem"] == first["cap"] == first["chunk"] == ""  # the dump sets none of them
     assert json.loads(first["published"]) == {"ttft_ms": [363.686, "mean"], "tpot_ms": [20.344, "mean"]}
     assert out[2]["model"] == "deepseek-v3.2" and out[2]["indexer"] == "0"
+
+
+def test_sglang_build_dates_come_from_releases_commits_and_nightly_tags(calibrate):
+    date = calibrate.datetime.date
+    version = lambda v: calibrate.sglang_build_date({"id": "x-sgl", "version": v})  # noqa: E731
+    assert version("0.5.9") == version("lmsysorg/sglang:v0.5.9-cu130") == date(2026, 3, 4)
+    assert version("v0.5.14 @ 49e384ce") == version("v0.5.14") == date(2026, 7, 10)
+    assert version("lmsysorg/sglang:v0.5.6-cu129-amd64") == date(2025, 12, 2)
+    assert version("lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca") == date(2026, 4, 1)
+    assert version("commit 947927bdb") == date(2026, 2, 11)
+    assert version("main @ 09ca4fc") == date(2026, 6, 26)
+    assert version("") is None
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x-sgl: version = 'v0.5.11': no build date on file"):
+        version("v0.5.11")
+
+
+def test_sglang_spec_v2_builds_replay_with_the_overlap_scheduler(calibrate):
+    # spec v2 (EAGLE under the overlap scheduler) is SGLang's default since sgl-project/sglang#21062 (2026-04-29)
+    row = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "3"}
+    assert calibrate.engine_spec_overlap({**row, "version": "commit 947927bdb"}) is False
+    assert calibrate.engine_spec_overlap({**row, "version": "v0.5.14"}) is True
+    assert calibrate.engine_spec_overlap({**row, "version": "main @ 09ca4fc"}) is True
+    assert calibrate.sim_config({**row, "model": "glm-5.2", "weight_dtype": "fp8", "version": "v0.5.14"}).spec_overlap
+
+
+def test_sglang_serves_a_dsa_model_on_blackwell_in_its_builds_default_cache(calibrate):
+    # SGLang's ServerArgs picks a DSA model's cache on SM >= 10 when --kv-cache-dtype is auto: FlashMLA's fp8 rows
+    # (656 B) from #11655, only under DP attention from #20086, bf16 from #21337, TensorRT-LLM's plain fp8 rows
+    # (576 B) from #21914; Hopper, vLLM and models without the indexer keep bf16; a filled cell is the row's.
+    kv = calibrate.engine_kv_dtype
+    row = {"id": "x-sgl", "engine": "sglang", "gpu": "B200", "dp": "1", "kv": ""}
+    assert kv({**row, "version": "lmsysorg/sglang:v0.5.6-cu129-amd64"}) == "fp8_ds_mla"
+    assert kv({**row, "version": "lmsysorg/sglang:nightly-dev-cu13-20260317-1eea7448"}) == "bf16"
+    assert kv({**row, "version": "lmsysorg/sglang:nightly-dev-cu13-20260317-1eea7448", "dp": "8"}) == "fp8_ds_mla"
+    assert kv({**row, "version": "lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca", "dp": "8"}) == "bf16"
+    assert kv({**row, "version": "commit 947927bdb", "dp": "8"}) == "fp8_ds_mla"
+    assert kv({**row, "version": "commit 947927bdb"}) == "fp8_ds_mla"
+    assert kv({**row, "version": "main @ 09ca4fc"}) == kv({**row, "version": "main @ 09ca4fc", "dp": "8"}) == "fp8"
+    assert kv({**row, "version": "main @ 09ca4fc", "gpu": "H200"}) == "bf16"
+    assert kv({**row, "version": "main @ 09ca4fc", "indexer": "0"}) == "bf16"
+    assert kv({**row, "version": ""}) == "bf16"
+    assert kv({**row, "version": "main @ 09ca4fc", "kv": "bf16"}) == "bf16"
+    setup = calibrate.build_setup(
+        calibrate.sim_config(
+            {**row, "model": "glm-5.2", "weight_dtype": "fp8", "gpus": "8", "version": "main @ 09ca4fc"}
+        )
+    )
+    assert setup.layout.kv_dtype == "fp8" and setup.layout.main_row_bytes == 576
+
+
+def test_the_accept_column_takes_one_probability_or_one_per_draft_position(calibrate):
+    assert calibrate.accept_of({"id": "x", "accept": ""}) == 0.8
+    assert calibrate.accept_of({"id": "x", "accept": "0.912"}) == 0.912
+    # SGLANG_SIMULATE_ACC_LEN = 3.5 on 5 draft steps: half the steps accept 3 tokens, half 4
+    assert calibrate.accept_of({"id": "x", "accept": "1 1 0.5 0 0"}) == (1.0, 1.0, 0.5, 0.0, 0.0)
+    row = {"id": "x-sgl", "model": "glm-5.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "mtp": "5"}
+    cfg = calibrate.sim_config({**row, "accept": "1 1 0.5 0 0"})
+    assert calibrate.build_setup(cfg).step_time.tokens_per_decode == 3.5
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x: accept = 'high': must be a probability or one per"):
+        calibrate.accept_of({"id": "x", "accept": "high"})
+
+
+def test_the_glm52_cookbook_rows_replay_with_their_builds_defaults(calibrate, repo_dir):
+    # The SGLang GLM-5.2 cookbook's H200 (v0.5.14) and B200 (main @ 09ca4fc) cells: spec v2, the Blackwell cache,
+    # the server-wide --max-running-requests 256 per DP worker, the acceptance the cookbook pins.
+    rows = [a for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / "check.csv")]
+    cells = {a["id"]: calibrate.sim_config(a) for a in rows if a["id"].startswith(("glm52-sgl-h200", "glm52-sgl-b200"))}
+    assert len(cells) == 10
+    for rid, cfg in cells.items():
+        assert cfg.kv_dtype == ("fp8" if "-b200-" in rid else "bf16"), rid
+        assert cfg.spec_overlap and not cfg.prefill_graph and cfg.schedule_policy == "prefill_first"
+        assert cfg.max_running == (48 if "-tp8-" in rid else 32), rid
+    assert cells["glm52-sgl-h200-tp8-mtp5-8k1k-c1"].mtp_accept == (1.0, 1.0, 0.5, 0.0, 0.0)
+    assert cells["glm52-sgl-b200-dp8-mtp1-8k1k-c64"].chunk_tokens == 4096
+    assert cells["glm52-sgl-b200-dp8-8k1k-c1024"].chunk_tokens == 2048  # 16,384 / 8 above 160 GiB
+
+
+def test_a_deepep_row_replays_expert_parallel_all_to_all(calibrate):
+    # SGLang sets ep_size = tp_size under --moe-a2a-backend deepep (ServerArgs._handle_a2a_moe)
+    row = {"id": "x-sgl-dp8", "model": "glm-5.2", "weight_dtype": "fp8", "gpu": "B200", "gpus": "8", "dp": "8"}
+    assert calibrate.engine_moe_a2a(row) == ("none", 1)
+    assert calibrate.engine_moe_a2a({**row, "moe_a2a": "DeepEP"}) == ("deepep", 8)
+    st = calibrate.build_setup(calibrate.sim_config({**row, "moe_a2a": "deepep"})).step_time
+    assert (st.moe_a2a, st.ep, st.dp_attention) == ("deepep", 8, 8)
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x-sgl-dp8: moe_a2a = 'nccl': must be empty or one of"):
+        calibrate.engine_moe_a2a({**row, "moe_a2a": "nccl"})
+
+
+def test_sglang_rows_pool_the_indexer_cache_of_every_layer(calibrate):
+    # SGLang's DSATokenToKVPool keeps an indexer buffer on each of its layer_num layers (and its pool configurator
+    # counts the indexer row num_layers times), so GLM-5.2's pool is the planner's bytes in pages of a cell with the
+    # indexer on all 78 layers: 78 x (1,152 + 132) B a token in bf16, where dsakv's IndexCache layout holds 21.
+    row = {"id": "x-sgl-dp8", "model": "glm-5.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "dp": "8"}
+    row.update(mem="0.85", engine="sglang")
+    cfg = calibrate.sim_config(row)
+    planner = calibrate.build_setup(calibrate.dataclasses.replace(cfg, pool_tokens=None))
+    assert planner.layout.cell_bytes == 78 * 1_152 + 21 * 132
+    available = calibrate.pool_capacity(planner.layout, cfg.gpu).available_bytes
+    page = 64 * 78 * (1_152 + 132)
+    assert cfg.pool_tokens == (available // page - 1) * 64 < planner.capacity.pool_tokens  # one scratch page
+    assert calibrate.build_setup(cfg).num_pages == cfg.pool_tokens // 64
+    assert calibrate.sim_config({**row, "engine": "vllm"}).pool_tokens is None  # vLLM: the planner's pool
+    assert calibrate.sim_config({**row, "model": "deepseek-v3.2"}).pool_tokens is None  # indexer on every layer

@@ -78,8 +78,26 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
     attn_ar = layers * tokens * hidden * 2 * 2 * 7 / 8  # attention all-reduce, both
     assert a.bytes["collectives"] == pytest.approx(2 * attn_ar)
     per_rank = tokens / 8  # DeepEP: each rank sends its own tokens' top-k copies, fp8 out and bf16 back
-    assert b.bytes["collectives"] == pytest.approx(attn_ar + layers * per_rank * k * hidden * 3 * 7 / 8)
+    dense = glm52.spec.arch_value("first_k_dense_replace")  # 3 dense layers keep the MLP all-reduce
+    a2a = (layers - dense) * per_rank * k * hidden * 3 * 7 / 8
+    assert b.bytes["collectives"] == pytest.approx(attn_ar + a2a + dense * tokens * hidden * 2 * 2 * 7 / 8)
     assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
+
+
+def test_deepep_under_dp_attention_gathers_only_the_dense_layers(glm52):
+    # SGLang's LayerCommunicator keeps a MoE layer's tokens scattered when an all-to-all backend is set (DeepEP
+    # dispatches them); only the first_k_dense_replace dense layers gather every DP group's tokens and scatter back.
+    st = RooflineStepTime(glm52, dp_attention=8, ep=8, moe_a2a="deepep")
+    layers, hidden, k, tokens = glm52.num_attention_layers, 6144, 8, 16
+    dense = glm52.spec.arch_value("first_k_dense_replace")
+    c = st.cost([], [4096] * tokens)  # attention TP 1: no attention all-reduce; 8 x 16 tokens reach the MLPs
+    gather = dense * 8 * tokens * hidden * 2 * 2 * 7 / 8
+    a2a = (layers - dense) * tokens * k * hidden * 3 * 7 / 8
+    assert c.bytes["collectives"] == pytest.approx(gather + a2a)
+    assert c.seconds["collectives"] == pytest.approx(
+        c.bytes["collectives"] / (st.gpu.link_bytes_per_s * st.link_eff)
+        + (2 * dense + 2 * (layers - dense)) * st.gpu.link_latency_s
+    )
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

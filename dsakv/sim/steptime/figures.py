@@ -138,6 +138,7 @@ class RankFigures:
     topk_experts: int  # num_experts_per_tok
     attn_tp: int  # ranks one attention group's heads split over: tp / dp_attention
     layers: int  # decoder layers + MTP cache layers (the floors count them)
+    dense_layers: int  # decoder layers with a dense MLP (first_k_dense_replace; all of them in a dense model)
     attn_layers: int  # layers with attention (the cache layout's)
     idx_layers: int  # full lightning-indexer layers (0 without the indexer)
     topk: int  # index_topk: keys each query's sparse MLA attends to
@@ -241,6 +242,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         topk_experts=topk_experts,
         attn_tp=attn_tp,
         layers=layers,
+        dense_layers=min(a("first_k_dense_replace"), spec.num_hidden_layers) if experts else spec.num_hidden_layers,
         attn_layers=lay.num_attention_layers,
         idx_layers=idx_layers,
         topk=spec.index_topk,

@@ -226,7 +226,7 @@ class RooflineStepTime:
         mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops = self._sparse_mla(s, q, breakdown)
         write_bytes = tokens * r.cell_bytes
         bw = r.bw
-        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, extend=s.pf_chunks > 0)
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
         moe_s = larger(moe_flops / r.moe_rate, moe_bytes / bw)
         mla_s = larger(mla_compute_s, mla_bytes / bw)
@@ -329,9 +329,14 @@ class RooflineStepTime:
         and prefills ``chunks[j]`` while there is one; entry ``j`` equals ``step_seconds`` of that step bit for bit."""
         return runs.run_seconds(self, contexts, steps, chunks, dp_tokens, dp_decodes, joining)
 
-    def _collectives(self, tokens: int, moe_tokens: int, layers: int, extend: bool) -> tuple[float, int]:
-        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives). ``extend``: the
-        step carries prefill tokens (SGLang's DP-attention padding mode: SUM_LEN for extend, MAX_LEN for decode)."""
+    def _collectives(
+        self, tokens: int, moe_tokens: int, layers: int, dense_layers: int, extend: bool
+    ) -> tuple[float, int]:
+        """Link bytes per rank and collective count of one step (docs/steptime.md, collectives) over ``layers``
+        layers, ``dense_layers`` of them with a dense MLP. ``extend``: the step carries prefill tokens (SGLang's
+        DP-attention padding mode: SUM_LEN for extend, MAX_LEN for decode). Under DeepEP a MoE layer keeps each rank's
+        tokens where they are and dispatches them (SGLang's ``LayerCommunicator``: SCATTERED when an all-to-all
+        backend is set); only the dense layers gather every group's tokens and all-reduce their MLP."""
         if self.tp == 1 or not tokens:
             return 0.0, 0
         r = self.rank
@@ -342,9 +347,10 @@ class RooflineStepTime:
             nbytes += layers * tokens * hid2 * 2 * (attn_tp - 1) / attn_tp
             count += layers
         deepep = self.moe_a2a == "deepep"
-        if d > 1 and deepep:  # gather every group's tokens before the MLP, scatter after
-            nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
-            count += 2 * layers
+        moe_layers = layers - dense_layers
+        if d > 1 and deepep:  # the dense layers gather every group's tokens before the MLP, scatter after
+            nbytes += dense_layers * moe_tokens * hid2 * 2 * (d - 1) / d
+            count += 2 * dense_layers
         elif d > 1 and not extend:
             # SGLang DP attention, decode (MAX_LEN padding): all-gather every group's tokens before the MLP; after
             # it a reduce-scatter (dp_reduce_scatter_tensor) in place of the MLP all-reduce and the scatter
@@ -353,11 +359,14 @@ class RooflineStepTime:
         elif d > 1:  # extend (SUM_LEN padding): the gather is an all-reduce of a zero-filled buffer, the scatter a copy
             nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
             count += layers
-        if deepep:  # per rank: its tokens, top-k copies, fp8 out, bf16 back
+        if deepep:  # MoE layers, per rank: its tokens, top-k copies, fp8 out, bf16 back
             rank_tokens = tokens / attn_tp
             ep = self.ep
-            nbytes += layers * rank_tokens * r.topk_experts * r.hidden * (1 + 2) * (ep - 1) / ep
-            count += 2 * layers
+            nbytes += moe_layers * rank_tokens * r.topk_experts * r.hidden * (1 + 2) * (ep - 1) / ep
+            count += 2 * moe_layers
+            if d == 1 and dense_layers:  # the dense MLP's output all-reduce over the TP ranks
+                nbytes += dense_layers * moe_tokens * hid2 * 2 * (tp - 1) / tp
+                count += dense_layers
         else:  # MLP output all-reduce over the TP ranks
             nbytes += layers * moe_tokens * hid2 * 2 * (tp - 1) / tp
             count += layers
@@ -386,7 +395,7 @@ class RooflineStepTime:
             pairs = dec_sum / r.kpool if r.kpool != 1 else dec_sum  # one score per indexer state
             idx_bytes = dec_sum * r.idx_key_bytes + pairs * 8  # keys read, scores written and read (fp32)
             idx_s = larger(pairs * r.idx_flops_per_pair / r.idx_rate, idx_bytes / bw)
-        coll_bytes, coll_count = self._collectives(n_dec, rows, 1, extend=False)
+        coll_bytes, coll_count = self._collectives(n_dec, rows, 1, 0, extend=False)
         coll_s = coll_bytes / r.link_bw + coll_count * self.gpu.link_latency_s
         write_s = n_dec * r.mtp_cell_bytes / bw
         one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
