@@ -175,11 +175,19 @@ def sglang_chunked_prefill_size(gpu_memory_mib: float) -> int:
     return 8192 if gpu_memory_mib < 160 * 1024 else 16384
 
 
-def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool) -> float:
+# What SGLang's memory heuristic reserves for an MLA model's piecewise prefill graphs (``reserve_for_graph_mb``: "MLA
+# backend overhead is much higher than expected with fa3"), since they became the default (c64274c74).
+SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB = 1.5 * 1024
+
+
+def sglang_mem_fraction_static(
+    gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool, prefill_graph: bool = False
+) -> float:
     """SGLang's default ``--mem-fraction-static`` (``ServerArgs._handle_gpu_memory_settings``, SGLang >= 0.5):
     reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
-    attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, at least 10 GiB above 60 GiB,
-    + 2 GiB for an EAGLE draft model. Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
+    attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, with piecewise prefill graphs of an
+    MLA model + ``SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB``, at least 10 GiB above 60 GiB, + 2 GiB for an EAGLE draft
+    model. Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
     cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
     MI300X)."""
     chunk = sglang_chunked_prefill_size(gpu_memory_mib)
@@ -187,6 +195,8 @@ def sglang_mem_fraction_static(gpu_memory_mib: float, tp: int, dp_attention: int
     reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
     if dp_attention > 1:
         reserved += graph_bs * dp_attention * (4.5 if graph_bs > 300 else 3)
+    if prefill_graph:
+        reserved += SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB
     if gpu_memory_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     if speculative:
@@ -224,7 +234,11 @@ def engine_mem_fraction(anchor: dict) -> float:
         return VLLM_GPU_MEMORY_UTILIZATION
     gpus, dp = _int(anchor["gpus"]), _int(anchor.get("dp"), 1)
     return sglang_mem_fraction_static(
-        gpu_kind(anchor["gpu"]).memory_bytes / 2**20, gpus, dp, _int(anchor.get("mtp"), 0) > 0
+        gpu_kind(anchor["gpu"]).memory_bytes / 2**20,
+        gpus,
+        dp,
+        _int(anchor.get("mtp"), 0) > 0,
+        prefill_graph=engine_prefill_graph(anchor),
     )
 
 
@@ -327,11 +341,26 @@ def engine_spec_overlap(anchor: dict) -> bool:
     return built is not None and built >= SGLANG_SPEC_V2_DATE
 
 
+# SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and
+# GlmMoeDsaForCausalLM in ``piecewise_cuda_graph_disabled_model_archs`` until sgl-project/sglang#23351 ("Support
+# piecewise CUDA graph with NSA", cadfa2d02) took them off; ``ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible``
+# still turns them off under DP attention and with an all-to-all MoE backend.
+SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
+
+
 def engine_prefill_graph(anchor: dict) -> bool:
     """Whether the row's engine replays CUDA graphs for prefill steps (``SimConfig.prefill_graph``): vLLM V1's
-    piecewise graphs do; SGLang runs a DSA model's prefill eagerly (its piecewise prefill graphs exclude DeepSeek-V3.2
-    and GLM-5, ``kernels.EAGER_LAYER_S``), and every SGLang row on file is a DSA model or predates those graphs."""
-    return policy_of(anchor) == "mixed"
+    piecewise graphs do; SGLang runs a DSA model's prefill eagerly (``kernels.EAGER_LAYER_S``) in builds before
+    ``SGLANG_DSA_PREFILL_GRAPH_DATE`` (or naming no version), and after it under DP attention or DeepEP; every other
+    SGLang row on file (DeepSeek-R1 / V3) predates those graphs or cannot be dated against their 2026-03-02 default,
+    and keeps eager prefill. (A piecewise graph covers prefill steps of up to 2,048 tokens for an MLA model; above
+    that SGLang runs eagerly, where the eager floor no longer binds.)"""
+    if policy_of(anchor) == "mixed":
+        return True
+    if not has_indexer(anchor) or _int(anchor.get("dp"), 1) > 1 or engine_moe_a2a(anchor)[0] != "none":
+        return False
+    built = sglang_build_date(anchor)
+    return built is not None and built >= SGLANG_DSA_PREFILL_GRAPH_DATE
 
 
 def engine_kv_dtype(anchor: dict) -> str:

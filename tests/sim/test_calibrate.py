@@ -103,6 +103,12 @@ def test_an_empty_mem_takes_the_engines_default(calibrate):
     # MiB -> (143771 - 33280) / 143771 = 0.769; without DP attention 14,848 MiB -> 0.897.
     assert calibrate.sglang_mem_fraction_static(143_771, 8, 8, False) == 0.769
     assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, False) == 0.897
+    # with an MLA model's piecewise prefill graphs (SGLang builds of a DSA model after 2026-05-22, no DP attention):
+    # + 1,536 MiB -> 16,384 MiB -> 0.886
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, False, prefill_graph=True) == 0.886
+    tp8 = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "0", "mem": ""}
+    assert calibrate.engine_mem_fraction({**tp8, "version": "v0.5.14"}) == 0.886
+    assert calibrate.engine_mem_fraction({**tp8, "version": "commit 947927bdb"}) == 0.897
     row = {"id": "x-sgl-dp8", "gpu": "H200", "gpus": "8", "dp": "8", "mtp": "0", "mem": ""}
     assert calibrate.engine_mem_fraction(row) == 0.769
     assert calibrate.engine_mem_fraction({**row, "id": "x-vllm-tp8", "dp": "1"}) == 0.9
@@ -545,7 +551,8 @@ def test_the_glm52_cookbook_rows_replay_with_their_builds_defaults(calibrate, re
     assert len(cells) == 10
     for rid, cfg in cells.items():
         assert cfg.kv_dtype == ("fp8" if "-b200-" in rid else "bf16"), rid
-        assert cfg.spec_overlap and not cfg.prefill_graph and cfg.schedule_policy == "prefill_first"
+        assert cfg.spec_overlap and cfg.schedule_policy == "prefill_first"
+        assert cfg.prefill_graph is ("-tp8-" in rid), rid  # piecewise prefill graphs, but not under DP attention
         assert cfg.max_running == (48 if "-tp8-" in rid else 32), rid
     assert cells["glm52-sgl-h200-tp8-mtp5-8k1k-c1"].mtp_accept == (1.0, 1.0, 0.5, 0.0, 0.0)
     assert cells["glm52-sgl-b200-dp8-mtp1-8k1k-c64"].chunk_tokens == 4096

@@ -171,3 +171,10 @@ def test_sglang_rows_replay_eager_prefill_and_vllm_rows_graphs(calibrate):
     row = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "0"}
     assert calibrate.engine_prefill_graph(row) is False
     assert calibrate.engine_prefill_graph({**row, "id": "x-vllm-tp8", "engine": "vllm"}) is True
+    # sgl-project/sglang#23351 (2026-05-22) lets a DSA model's prefill run piecewise graphs, except under DP attention
+    # or an all-to-all MoE backend; a dense-MLA row (indexer 0) keeps eager prefill here.
+    assert calibrate.engine_prefill_graph({**row, "version": "commit 947927bdb"}) is False
+    assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14"}) is True
+    assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "dp": "8"}) is False
+    assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "moe_a2a": "deepep"}) is False
+    assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "indexer": "0"}) is False
