@@ -11,7 +11,13 @@ Sharding (SGLang's DeepSeek/GLM path): lm_head, dense MLP and shared experts spl
 over TP, except under DP attention, where every rank holds all of it (SGLang builds it as
 ``VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled())``); routed experts over EP = TP; the head-sharded attention projections (``q_b``, ``kv_b``, ``o``)
 over the attention TP size, ``tp // dp_attention``; ``q_a``, ``kv_a``, the indexer, the router and
-the norms are replicated. Pure functions; nothing here touches a device.
+the norms are replicated.
+
+Beside the checkpoint's tensors a rank holds the absorbed-MLA matrices the engines build once loaded
+(``absorbed_mla_part``): ``kv_b_proj`` split per head into ``w_kc`` (the key up-projection, absorbed into the
+query) and ``w_vc`` (the value up-projection, applied after attention), as bf16 copies beside ``kv_b_proj``,
+which the prefill's dense MHA path keeps using. They count in a rank's bytes, never in the checkpoint's
+parameters. Pure functions; nothing here touches a device.
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ class WeightPart:
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """Weights of the whole checkpoint and of one rank under a TP / DP-attention setting."""
+    """Weights of the whole checkpoint and of one rank under a TP / DP-attention setting. ``parts`` are the
+    checkpoint's (``total_params`` / ``total_bytes`` sum them); ``runtime_parts`` the tensors the engine derives
+    from them once loaded (``absorbed_mla_part``), which ``rank_bytes`` counts too."""
 
     parts: tuple[WeightPart, ...]
     dtype: str
@@ -55,6 +63,7 @@ class WeightPlan:
     total_params: int
     total_bytes: int
     rank_bytes: int
+    runtime_parts: tuple[WeightPart, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +75,9 @@ class WeightPlan:
             "total_bytes": self.total_bytes,
             "rank_bytes": self.rank_bytes,
             "parts": {p.name: {"params": p.params, "bytes": p.bytes, "shard": p.shard} for p in self.parts},
+            "runtime_parts": {
+                p.name: {"params": p.params, "bytes": p.bytes, "shard": p.shard} for p in self.runtime_parts
+            },
         }
 
 
@@ -139,6 +151,24 @@ def weight_parts(spec: ModelSpec, mtp_layers: int, dtype: str | None = None) -> 
     return tuple(p for p in parts if p.params)
 
 
+def absorbed_mla_part(spec: ModelSpec, mtp_layers: int, dtype: str | None = None) -> WeightPart | None:
+    """The absorbed-MLA matrices of the decoder's and ``mtp_layers`` MTP layers' attention: ``w_kc``
+    (H x dn x kr) and ``w_vc`` (H x kr x dv), the per-head split of ``kv_b_proj`` in bf16, sharded like it over
+    the attention TP ranks. SGLang builds both as contiguous bf16 tensors in ``post_load_weights``
+    (``deepseek_weight_loader.py``: a 128 x 128 block-fp8 ``kv_b_proj`` is dequantized with
+    ``block_quant_dequant(..., torch.bfloat16)`` unless ``SGL_USE_DEEPGEMM_BMM`` is set; ``w_kc`` / ``w_vc`` are
+    ``.contiguous()`` copies) and keeps ``kv_b_proj`` for the MHA prefill; vLLM's MLA backends dequantize a
+    quantized ``kv_b_proj`` into ``W_UK_T`` / ``W_UV`` the same way. 2 B a value (4 B for a float32 ``dtype``); None for a
+    model without MLA LoRA dims."""
+    a = spec.arch_value
+    heads, nope, v_dim = a("num_attention_heads"), a("qk_nope_head_dim"), a("v_head_dim")
+    if not (heads and nope and v_dim and spec.kv_lora_rank):
+        return None
+    params = heads * (nope + v_dim) * spec.kv_lora_rank * (spec.num_hidden_layers + mtp_layers)
+    hb = _dtype_bytes(_high(dtype or spec.weight_dtype))
+    return WeightPart("absorbed MLA w_kc/w_vc (bf16 copies of kv_b)", params, params * hb, "attn_tp")
+
+
 def weights_per_rank(
     spec: ModelSpec, *, tp: int, dp_attention: int = 1, mtp_layers: int = 0, dtype: str | None = None
 ) -> WeightPlan:
@@ -154,7 +184,9 @@ def weights_per_rank(
     dtype = dtype or spec.weight_dtype
     parts = weight_parts(spec, mtp_layers, dtype)
     divisor = shard_divisors(tp, dp_attention)
-    rank = sum(ceil_div(p.bytes, divisor[p.shard]) for p in parts)
+    absorbed = absorbed_mla_part(spec, mtp_layers, dtype)
+    runtime = () if absorbed is None else (absorbed,)
+    rank = sum(ceil_div(p.bytes, divisor[p.shard]) for p in parts + runtime)
     return WeightPlan(
         parts=parts,
         dtype=dtype,
@@ -164,6 +196,7 @@ def weights_per_rank(
         total_params=sum(p.params for p in parts),
         total_bytes=sum(p.bytes for p in parts),
         rank_bytes=rank,
+        runtime_parts=runtime,
     )
 
 
@@ -171,6 +204,7 @@ __all__ = [
     "WEIGHT_DTYPE_BYTES",
     "WeightPart",
     "WeightPlan",
+    "absorbed_mla_part",
     "matrix_bytes",
     "shard_divisors",
     "weight_parts",

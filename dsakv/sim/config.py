@@ -52,7 +52,7 @@ UNBOUNDED = "unbounded"  # a tier size without limit
 # Largest pool the simulator runs (2**23 pages: 536,870,912 tokens at 64 per page). The page allocator keeps a
 # flag byte per page and, once the pool has cycled, an 8-byte id per free page (9 B a page, 75 MB at the limit,
 # with the radix tree's per-page arrays on top); real DSA pools are a few
-# thousand to a million pages (GLM-5.3 on 8 x H200: 9,064; the tiny model on one MI300X: 934,874).
+# thousand to a million pages (GLM-5.3 on 8 x H200: 8,981; the tiny model on one MI300X: 934,862).
 MAX_SIM_POOL_PAGES = 2**23
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsakv.errors import DsakvError
-from dsakv.planner.weights import matrix_bytes, shard_divisors, weight_parts, weights_per_rank
+from dsakv.planner.weights import absorbed_mla_part, matrix_bytes, shard_divisors, weight_parts, weights_per_rank
 from dsakv.spec.model_spec import ModelSpec
 
 
@@ -28,12 +28,10 @@ def test_weights_per_rank_shard_over_tp_and_replicate_the_rest(glm53):
     one = weights_per_rank(glm53, tp=1)
     eight = weights_per_rank(glm53, tp=8)
     replicated = sum(p.bytes for p in eight.parts if p.shard == "replicated")
-    assert one.rank_bytes == one.total_bytes
-    assert (
-        replicated + (one.total_bytes - replicated) / 8
-        <= eight.rank_bytes
-        < replicated + (one.total_bytes - replicated) / 8 + 16
-    )
+    (absorbed,) = one.runtime_parts  # derived after loading: on the rank, not in the checkpoint
+    assert one.rank_bytes == one.total_bytes + absorbed.bytes
+    sharded = one.total_bytes - replicated + absorbed.bytes
+    assert replicated + sharded / 8 <= eight.rank_bytes < replicated + sharded / 8 + 16
     dp = weights_per_rank(glm53, tp=8, dp_attention=8)
     assert dp.rank_bytes > eight.rank_bytes  # attention projections replicated under full DP-attention
     assert weights_per_rank(glm53, tp=8, mtp_layers=1).rank_bytes > eight.rank_bytes
@@ -63,7 +61,24 @@ def test_the_embedding_is_whole_on_every_rank_under_dp_attention():
     assert part.bytes == emb and part.shard == "vocab"
     tp8 = weights_per_rank(ds, tp=8)
     for dp in (2, 8):
-        others = sum(-(-p.bytes // shard_divisors(8, dp)[p.shard]) for p in tp8.parts if p.name != "embedding")
+        parts = tp8.parts + tp8.runtime_parts
+        others = sum(-(-p.bytes // shard_divisors(8, dp)[p.shard]) for p in parts if p.name != "embedding")
         assert weights_per_rank(ds, tp=8, dp_attention=dp).rank_bytes == others + emb
-    assert tp8.rank_bytes == sum(-(-p.bytes // shard_divisors(8, 1)[p.shard]) for p in tp8.parts)
+    assert tp8.rank_bytes == sum(-(-p.bytes // shard_divisors(8, 1)[p.shard]) for p in tp8.parts + tp8.runtime_parts)
     assert shard_divisors(8, 1)["vocab"] == 8
+
+
+def test_the_absorbed_mla_copies_of_kv_b_count_on_the_rank_not_in_the_checkpoint():
+    # SGLang's post_load_weights splits kv_b_proj into w_kc (H x dn x kr) and w_vc (H x kr x dv), bf16 copies kept
+    # beside kv_b_proj. GLM-5.2: 64 heads x (192 + 256) x 512 per layer over 78 layers, 2 B a value; sharded over
+    # the attention TP ranks like kv_b itself: 1/8 at TP8, all of it on every rank under DP8 attention.
+    glm = ModelSpec.preset("glm-5.2")
+    part = absorbed_mla_part(glm, 0)
+    assert part.params == 64 * (192 + 256) * 512 * 78 and part.bytes == 2 * part.params and part.shard == "attn_tp"
+    assert absorbed_mla_part(glm, 1).params == 64 * (192 + 256) * 512 * 79  # the MTP layer's attention too
+    tp8, dp8 = weights_per_rank(glm, tp=8), weights_per_rank(glm, tp=8, dp_attention=8)
+    assert tp8.total_params == sum(p.params for p in weight_parts(glm, 0)) and tp8.runtime_parts == (part,)
+    without = sum(-(-p.bytes // shard_divisors(8, 8)[p.shard]) for p in dp8.parts)
+    assert dp8.rank_bytes - without == part.bytes == 2_290_089_984
+    assert tp8.rank_bytes - sum(-(-p.bytes // shard_divisors(8, 1)[p.shard]) for p in tp8.parts) == part.bytes // 8
+    assert dp8.to_dict()["runtime_parts"][part.name]["bytes"] == part.bytes
