@@ -454,6 +454,19 @@ def accept_of(anchor: dict) -> float | tuple[float, ...]:
     return values[0] if len(values) == 1 else values
 
 
+ACCEPT_DRAWS = ("request", "batch")
+
+
+def accept_shared(anchor: dict) -> bool:
+    """Whether the row's engine drew one accept length per step for its whole batch (``accept_draw`` ``batch``:
+    SGLang's ``SGLANG_SIMULATE_ACC_LEN``, whose ``generate_simulated_accept_index`` gives every request of the
+    batch the one sampled length) rather than one per request (``request`` or empty)."""
+    text = (anchor.get("accept_draw") or "").strip() or "request"
+    if text not in ACCEPT_DRAWS:
+        raise DsakvError(f"anchor {anchor['id']}: accept_draw = {text!r}: must be one of {', '.join(ACCEPT_DRAWS)}")
+    return text == "batch"
+
+
 def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
     """The pool SGLang builds for the row, where it differs from the planner's: SGLang keeps a DSA model's indexer
     cache on every layer (``DSATokenToKVPool`` allocates ``index_k_with_scale_buffer`` for each of its ``layer_num``
@@ -490,6 +503,7 @@ def sim_config(anchor: dict) -> SimConfig:
         kv_dtype=engine_kv_dtype(anchor),
         num_speculative_tokens=_int(anchor.get("mtp"), 0),
         mtp_accept=accept_of(anchor),
+        mtp_accept_shared=accept_shared(anchor),
         spec_overlap=engine_spec_overlap(anchor),
         prefill_graph=engine_prefill_graph(anchor),
         chunk_tokens=chunk,

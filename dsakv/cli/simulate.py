@@ -116,6 +116,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "(position i accepted only if 1 .. i-1 were)",
     )
     m.add_argument(
+        "--mtp-accept-shared",
+        action="store_true",
+        help="one acceptance draw per step for the whole batch, as SGLang's SGLANG_SIMULATE_ACC_LEN (default: each "
+        "request draws its own)",
+    )
+    m.add_argument(
         "--mtp-index-share",
         action="store_true",
         help="index_share_for_mtp_iteration: draft passes 2 .. K reuse the previous pass's top-k (no MTP-layer "

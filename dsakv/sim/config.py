@@ -65,7 +65,10 @@ class SimConfig:
     ``num_speculative_tokens``: k, the speculative (MTP draft) tokens proposed and verified per decode step
     (vLLM's name; SGLang's ``speculative_num_steps``; 0 = off; on, the pool holds one MTP cache layer);
     ``mtp_accept``: each draft position's acceptance probability, one for all or a tuple of k (position i
-    accepted only if 1 .. i-1 were: ``check_accept``); ``mtp_index_share``: SGLang's
+    accepted only if 1 .. i-1 were: ``check_accept``); ``mtp_accept_shared``: one acceptance draw per step for the
+    whole batch, as SGLang's simulated acceptance (``SGLANG_SIMULATE_ACC_LEN``: ``generate_simulated_accept_index``
+    samples one accept length per verify and gives it to every request of the batch), each request taking at most
+    its own drafts of it; False: each request draws its own; ``mtp_index_share``: SGLang's
     ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
     MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on); ``spec_overlap``:
     False runs speculative steps as SGLang's EAGLE V1 does, without the overlap scheduler (the host's work of each
@@ -105,6 +108,7 @@ class SimConfig:
     page_size: int | None = None  # None: 64 x kpool (the indexer's physical page stays 64, the CUDA rule)
     num_speculative_tokens: int = 0  # k: speculative (MTP draft) tokens per decode step; 0: off
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
+    mtp_accept_shared: bool = False  # one acceptance draw per step for the batch (SGLANG_SIMULATE_ACC_LEN)
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
@@ -166,7 +170,7 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
-        for name in ("mtp_index_share", "spec_overlap", "prefill_graph"):
+        for name in ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:

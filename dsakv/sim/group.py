@@ -6,7 +6,8 @@ one instance included) hands it requests (``add``) and step start and end times;
 and applies what its scheduler plans::
 
     plan   = group.scheduler.step()             (admission, chunked prefill, decode, eviction, preemption)
-    sample:  one dummy token per sampled item   (draft position i accepted with mtp_accept's i-th probability once 1 .. i-1 were, seeded)
+    sample:  one dummy token per sampled item   (draft position i accepted with mtp_accept's i-th probability once 1 .. i-1 were, seeded;
+             mtp_accept_shared: one draw for the step, every request taking at most its own drafts of it)
     price:   step_time(prefill chunks, decode contexts) + host copies of offload/restore
              + stall for eviction write-backs   (lower tiers; load-backs overlap: dsakv.sim.transfers)
     apply:   run_step(plan, start, end)         (scheduler.update; finished requests become ``RequestRecord``s)
@@ -208,6 +209,11 @@ class Group:
             self.cfg.mtp_accept, self.cfg.num_speculative_tokens
         )  # position i's, given 1 .. i-1 accepted
         drafts_on = self.cfg.num_speculative_tokens > 0
+        shared = None  # mtp_accept_shared: the step's one draw, over every draft position, taken by each request
+        if drafts_on and self.cfg.mtp_accept_shared and any(item.sample and item.num_draft for item in plan.items):
+            shared = 0
+            while shared < len(accept) and rng.random() < accept[shared]:
+                shared += 1
         sampled: list[tuple[int, ...]] = []
         for item in plan.items:
             if not item.sample:
@@ -215,9 +221,12 @@ class Group:
                 continue
             token = live[item.request.id].output_ids
             if drafts_on and item.num_draft:
-                accepted = 0
-                while accepted < item.num_draft and rng.random() < accept[accepted]:
-                    accepted += 1
+                if shared is not None:
+                    accepted = min(shared, item.num_draft)
+                else:
+                    accepted = 0
+                    while accepted < item.num_draft and rng.random() < accept[accepted]:
+                        accepted += 1
                 sampled.append(token * (accepted + 1))
             else:
                 sampled.append(token)

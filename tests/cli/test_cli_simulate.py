@@ -217,3 +217,10 @@ def test_number_flags_name_the_flag_the_text_and_the_range(parse, text, allowed)
         parse("--knob", text)
     assert str(exc.value) == f"--knob = {text!r}: must be {allowed}"
     assert parse("--knob", "0.5") == 0.5
+
+
+def test_mtp_accept_shared_reaches_the_config(capsys):
+    argv = ["simulate", "--scenario", "chat", "--scale", "0.005", "--num-speculative-tokens", "2", "--json"]
+    plain, shared = _json(capsys, argv), _json(capsys, argv + ["--mtp-accept-shared"])
+    assert plain["config"]["config"]["mtp_accept_shared"] is False
+    assert shared["config"]["config"]["mtp_accept_shared"] is True

@@ -543,6 +543,19 @@ def test_the_accept_column_takes_one_probability_or_one_per_draft_position(calib
         calibrate.accept_of({"id": "x", "accept": "high"})
 
 
+def test_the_accept_draw_column_says_whether_a_batch_shares_one_draw(calibrate, repo_dir):
+    # SGLANG_SIMULATE_ACC_LEN: one accept length per verify for the whole batch (accept_draw = batch); empty or
+    # "request": each request its own. Every check-file row whose engine pinned the length says so.
+    assert not calibrate.accept_shared({"id": "x"}) and not calibrate.accept_shared({"id": "x", "accept_draw": ""})
+    assert not calibrate.accept_shared({"id": "x", "accept_draw": "request"})
+    assert calibrate.accept_shared({"id": "x", "accept_draw": "batch"})
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x: accept_draw = 'step': must be one of request, batch$"):
+        calibrate.accept_shared({"id": "x", "accept_draw": "step"})
+    rows = calibrate.read_anchors(repo_dir / "bench" / "calibration" / "check.csv")
+    pinned = {a["id"] for a in rows if "SGLANG_SIMULATE_ACC_LEN" in a["note"]}
+    assert len(pinned) == 8 and pinned == {a["id"] for a in rows if calibrate.sim_config(a).mtp_accept_shared}
+
+
 def test_the_glm52_cookbook_rows_replay_with_their_builds_defaults(calibrate, repo_dir):
     # The SGLang GLM-5.2 cookbook's H200 (v0.5.14) and B200 (main @ 09ca4fc) cells: spec v2, the Blackwell cache,
     # the server-wide --max-running-requests 256 per DP worker, the acceptance the cookbook pins.

@@ -152,14 +152,17 @@ def test_per_position_acceptance_is_checked(accept, mtp, wording):
     assert str(err.value).startswith(wording) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("accept", [(0.9, 0.6, 0.3), 0.3])
-def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(accept):
+def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(accept, shared):
     # One request alone, a constant step: its decode steps are (finish - first token) / step, each yielding
     # 1 + the accepted drafts. Over n steps the mean yield lies within 4 standard errors of 1 + the chain's mean
     # (the per-step count's variance from its law, P(count >= i) = p_1 ... p_i), plus one step's truncation at
     # the end (at most k tokens over n). One probability is the same at every position.
     k, step_s, out = 3, 0.02, 6000
-    cfg = SimConfig(num_speculative_tokens=k, mtp_accept=accept, step_model="constant", seed=11)
+    cfg = SimConfig(
+        num_speculative_tokens=k, mtp_accept=accept, mtp_accept_shared=shared, step_model="constant", seed=11
+    )
     (rec,) = simulate(cfg, [TraceRequest(0.0, 64, out, (1,))]).records
     steps = round((rec.finish_s - rec.first_token_s) / step_s)
     survive = list(itertools.accumulate(accept if isinstance(accept, tuple) else (accept,) * k, operator.mul))
@@ -168,3 +171,20 @@ def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(ac
     sd = math.sqrt((second - mean**2) / steps)
     assert rec.output_tokens == out and steps > 1500
     assert abs((out - 1) / steps - (1 + mean)) < 4 * sd + k / steps
+
+
+def test_a_shared_acceptance_draw_gives_every_request_of_a_step_the_same_accepted_drafts():
+    # SGLang's SGLANG_SIMULATE_ACC_LEN draws one accept length per verify for the whole batch: requests that start
+    # together accept alike and finish in the same step. Drawn per request they drift apart. Both keep the law.
+    k, out, n = 5, 600, 8
+    accept = (1.0, 1.0, 0.5, 0.0, 0.0)  # 3.5 tokens a step: 3 or 4
+    trace = [TraceRequest(0.0, 64, out, (i + 1,)) for i in range(n)]
+    finishes = {}
+    for shared in (True, False):
+        cfg = SimConfig(num_speculative_tokens=k, mtp_accept=accept, mtp_accept_shared=shared, step_model="constant")
+        records = simulate(cfg, trace, analytic_decode=False).records
+        finishes[shared] = {round(r.finish_s, 9) for r in records}
+        assert all(r.output_tokens == out for r in records)
+    assert len(finishes[True]) == 1 and len(finishes[False]) > 1
+    with pytest.raises(DsakvError, match=r"^mtp_accept_shared = 'yes': must be True or False$"):
+        SimConfig(num_speculative_tokens=k, mtp_accept_shared="yes")
