@@ -166,7 +166,7 @@ def absorbed_mla_part(spec: ModelSpec, mtp_layers: int, dtype: str | None = None
         return None
     params = heads * (nope + v_dim) * spec.kv_lora_rank * (spec.num_hidden_layers + mtp_layers)
     hb = _dtype_bytes(_high(dtype or spec.weight_dtype))
-    return WeightPart("absorbed MLA w_kc/w_vc (bf16 copies of kv_b)", params, params * hb, "attn_tp")
+    return WeightPart("absorbed MLA w_kc/w_vc (copies of kv_b)", params, params * hb, "attn_tp")
 
 
 def weights_per_rank(

@@ -209,11 +209,16 @@ class Group:
             self.cfg.mtp_accept, self.cfg.num_speculative_tokens
         )  # position i's, given 1 .. i-1 accepted
         drafts_on = self.cfg.num_speculative_tokens > 0
+
+        def draw(limit: int) -> int:  # drafts accepted, of at most ``limit``: position i once 1 .. i-1 were
+            accepted = 0
+            while accepted < limit and rng.random() < accept[accepted]:
+                accepted += 1
+            return accepted
+
         shared = None  # mtp_accept_shared: the step's one draw, over every draft position, taken by each request
         if drafts_on and self.cfg.mtp_accept_shared and any(item.sample and item.num_draft for item in plan.items):
-            shared = 0
-            while shared < len(accept) and rng.random() < accept[shared]:
-                shared += 1
+            shared = draw(len(accept))
         sampled: list[tuple[int, ...]] = []
         for item in plan.items:
             if not item.sample:
@@ -221,12 +226,7 @@ class Group:
                 continue
             token = live[item.request.id].output_ids
             if drafts_on and item.num_draft:
-                if shared is not None:
-                    accepted = min(shared, item.num_draft)
-                else:
-                    accepted = 0
-                    while accepted < item.num_draft and rng.random() < accept[accepted]:
-                        accepted += 1
+                accepted = draw(item.num_draft) if shared is None else min(shared, item.num_draft)
                 sampled.append(token * (accepted + 1))
             else:
                 sampled.append(token)

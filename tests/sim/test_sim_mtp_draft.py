@@ -175,7 +175,8 @@ def test_per_position_acceptance_gives_its_mean_accepted_length_on_a_long_run(ac
 
 def test_a_shared_acceptance_draw_gives_every_request_of_a_step_the_same_accepted_drafts():
     # SGLang's SGLANG_SIMULATE_ACC_LEN draws one accept length per verify for the whole batch: requests that start
-    # together accept alike and finish in the same step. Drawn per request they drift apart. Both keep the law.
+    # together accept alike and finish in the same step. Drawn per request they drift apart (the law of either is
+    # the test above's).
     k, out, n = 5, 600, 8
     accept = (1.0, 1.0, 0.5, 0.0, 0.0)  # 3.5 tokens a step: 3 or 4
     trace = [TraceRequest(0.0, 64, out, (i + 1,)) for i in range(n)]
