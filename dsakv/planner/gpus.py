@@ -12,6 +12,7 @@ driver-reported total and keeps the marketing figure only as a label.
 | H800   | 80GB HBM3 (SXM)     | 81,559 MiB (the H100's)          | same 80GB HBM3 board as the H100 SXM (export variant: NVLink cut to 400 GB/s) |
 | H200   | 141GB HBM3e         | 143,771 MiB = 150,754,820,096 B   | ``nvidia-smi``: "NVIDIA H200 ... / 143771MiB"          |
 | H20    | 96GB HBM3           | 97,871 MiB = 102,625,181,696 B    | ``nvidia-smi``: "NVIDIA H20 ... / 97871MiB" (NVIDIA/nccl-tests#338) |
+| H20-3e | 141GB HBM3e         | 143,771 MiB (the H200's)         | the H20 with the H200's 141GB HBM3e stacks, the name ``nvidia-smi`` prints for it (NVIDIA/nvbandwidth#48); hardware logs print "NVIDIA H20-3e, 143771 MiB" |
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
 | B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (HGX B300: "288 GB HBM3e per GPU", acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
@@ -41,6 +42,7 @@ too cheap (docs/steptime.md, known gaps).
 | H800   | 989.4 / 1978.9           | 3.35     | NVLink 4, 200 GB/s   | H800 SXM: H100 compute, NVLink 400 GB/s bidirectional (DeepSeek-V3 report, sec. 3.1) |
 | H200   | 989.4 / 1978.9           | 4.8      | NVLink 4, 450 GB/s   | NVIDIA H200 SXM datasheet |
 | H20    | 148 / 296                | 4.0      | NVLink 4, 450 GB/s   | H20 product brief as reported (willitrunai.com/es/gpus/h20-96gb: 148 TFLOPS FP16, 296 INT8, 4.0 TB/s, NVLink 900 GB/s bidirectional); fp8 = the int8 rate, as on every Hopper part |
+| H20-3e | 148 / 296                | 4.8      | NVLink 4, 450 GB/s   | the H20's compute and links, HBM3e at 4.8 TB/s (NVIDIA's figure as quoted in NVIDIA/nvbandwidth#48; tile-ai/TileOPs#1658: 4.80 TB/s, 148 bf16 / 296 fp8 dense TFLOPS) |
 | B200   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B200 datasheet (dense) |
 | B300   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | HGX B300 per GPU (glennklockwood.com/garden/processors/B300: BF16 2250 / FP8 4500 dense, 8 TB/s; NVLink 5 1.8 TB/s bidirectional, acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | NVIDIA GB200 NVL72 datasheet, per GPU, dense |
@@ -128,6 +130,10 @@ GPU_KINDS: dict[str, GpuKind] = {
             148 * TERA, 296 * TERA, 4.0 * TERA, 450e9, "NVIDIA H20 product brief",
         ),
         GpuKind(
+            "H20-3e", 143_771 * MIB, "141GB HBM3e", "nvidia-smi memory.total 143771 MiB (the H200's HBM3e stacks)",
+            148 * TERA, 296 * TERA, 4.8 * TERA, 450e9, "H20 compute; HBM3e 4.8 TB/s (NVIDIA/nvbandwidth#48)",
+        ),
+        GpuKind(
             "B200", 183_359 * MIB, "180GB HBM3e", "nvidia-smi memory.total 183359 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B200 datasheet (dense)",
             "NVLink 5", 8e-6, 128, arch="blackwell",
@@ -159,7 +165,7 @@ _CANONICAL = {name.lower(): name for name in GPU_KINDS}
 
 def gpu_kind(name: str) -> GpuKind:
     """Look a GPU kind up by name (case-insensitive); an unknown name raises ``DsakvError`` with the list
-    (``gpu = 'A100': must be one of H100, H800, H200, H20, ...``)."""
+    (``gpu = 'A100': must be one of H100, H800, H200, H20, H20-3e, ...``)."""
     canonical = _CANONICAL.get(str(name).lower(), name)
     check_choice("gpu", canonical, GPU_KINDS)
     return GPU_KINDS[canonical]

@@ -122,6 +122,11 @@ def test_gpu_kinds_use_driver_reported_bytes():
     assert gpu_kind("H100").memory_bytes == 81_559 * 2**20
     assert gpu_kind("H20").memory_bytes == 97_871 * 2**20  # nvidia-smi "97871MiB" (NVIDIA/nccl-tests#338)
     assert gpu_kind("MI300X").memory_bytes == 205_822_885_888
+    # the 141 GB H20 ("NVIDIA H20-3e"): the H200's HBM3e stacks and bandwidth under the H20's capped compute
+    h20_3e, h20, h200 = gpu_kind("h20-3e"), gpu_kind("H20"), gpu_kind("H200")
+    assert h20_3e.name == "H20-3e" and h20_3e.memory_bytes == h200.memory_bytes
+    assert h20_3e.hbm_bytes_per_s == h200.hbm_bytes_per_s == 4.8e12
+    assert (h20_3e.bf16_flops, h20_3e.fp8_flops, h20_3e.arch) == (h20.bf16_flops, h20.fp8_flops, h20.arch)
     with pytest.raises(DsakvError, match="H200"):
         gpu_kind("A100")
 
