@@ -107,8 +107,9 @@ SETTABLE = (
     *(f.name for f in dataclasses.fields(RooflineStepTime) if f.type in ("float", "float | None") and f.init),
     "frontend_s",
 )
-# Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv (docs/steptime.md).
-FRONTEND_S = 0.25
+# Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv, the least loss on a line
+# search (2026-12-03: 0.20 / 0.225 / 0.25 s give 0.392 / 0.382 / 0.407; docs/steptime-log.md).
+FRONTEND_S = 0.22
 # One serving front-end's time per request before the engine starts it (docs/steptime.md, fact 18): vLLM 0.19's API
 # server, one request at a time (concurrency 1), (prompt tokens, seconds from the client's send to the first byte
 # back, before the prefill: HTTP parsing, tokenization, scheduling, "HTTP OH"); MiniMax-M2.5 FP8 on 2 x MI300X,

@@ -21,11 +21,16 @@ from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
 from dsakv.sim.steptime.figures import eagle_v1_host_seconds
 from dsakv.sim.steptime.kernels import (
+    EAGER_INDEXER_LAUNCHES,
+    EAGER_INDEXER_SHORT_LAUNCHES,
     EAGER_LAYER_S,
     EAGLE_V1_SEND_ONE_ACCEPT_LENGTH,
     EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
     EAGLE_V1_SEND_ONE_S,
     EAGLE_V1_SEND_ONE_TOKENS,
+    INDEXER_KERNEL_CHAIN,
+    INDEXER_SHORT_PREFILL_KERNEL_CHAIN,
+    LAYER_KERNEL_CHAIN,
 )
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -127,8 +132,17 @@ def test_the_eager_floor_is_the_measured_forward_per_layer():
     # sgl-project/sglang#12160: DeepSeek-V3 (61 layers), one new token, "forward cost 82.64 ms" eager.
     assert EAGER_LAYER_S == pytest.approx(82.64e-3 / 61, rel=1e-12)
     layout = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
-    eager = RooflineStepTime(layout, tp=8, weight_dtype="fp8", prefill_graph=False)
-    assert eager.step_seconds([(1, 1)], []) == pytest.approx(82.64e-3, rel=1e-12)  # the measured step, re-priced
+    # the measured model has no indexer: the DSA preset without it re-prices the measured step
+    dense = RooflineStepTime(layout, tp=8, weight_dtype="fp8", prefill_graph=False, has_indexer=False)
+    assert dense.step_seconds([(1, 1)], []) == pytest.approx(82.64e-3, rel=1e-12)
+    # each of the 61 full indexer layers adds its chain's launches at the layer's cost per launch: the keys-only
+    # chain (SGLang's _forward_cuda_k_only, 10 kernels of the layer's 20) within top-k, the whole chain (20) past it
+    assert (len(INDEXER_SHORT_PREFILL_KERNEL_CHAIN), len(INDEXER_KERNEL_CHAIN), len(LAYER_KERNEL_CHAIN)) == (10, 20, 20)
+    dsa = dataclasses.replace(dense, has_indexer=True)
+    assert dsa.step_seconds([(1, 1)], []) == pytest.approx(82.64e-3 * 1.5, rel=1e-12)
+    topk = dsa.rank.topk
+    assert dsa.step_seconds([(1, topk - 1)], []) == pytest.approx(82.64e-3 * 1.5, rel=1e-12)  # topk keys: short
+    assert dsa.step_seconds([(1, topk)], []) == pytest.approx(82.64e-3 * 2, rel=1e-12)  # topk + 1 keys: whole chain
 
 
 @settings(max_examples=40, deadline=None)
@@ -141,7 +155,9 @@ def test_an_eager_prefill_step_takes_at_least_its_launches(glm5, decode, prefill
     eager = dataclasses.replace(graphs, prefill_graph=False)
     assert graphs.terms.eager_layer_s == 0.0 and eager.terms.eager_layer_s == EAGER_LAYER_S
     base, cost = graphs.cost(prefill, decode), eager.cost(prefill, decode)
-    floor = eager.rank.layers * EAGER_LAYER_S
+    short = all(ctx + n <= eager.rank.topk for n, ctx in prefill)
+    indexer = EAGER_INDEXER_SHORT_LAUNCHES if short else EAGER_INDEXER_LAUNCHES
+    floor = (eager.rank.layers + eager.rank.idx_layers * indexer) * EAGER_LAYER_S
     want = max(base.total_seconds, floor) if prefill else base.total_seconds
     assert cost.total_seconds == pytest.approx(want, rel=1e-12)
     assert cost.seconds.get("eager_launch", 0.0) == pytest.approx(want - base.total_seconds, abs=1e-15)
@@ -155,7 +171,7 @@ def test_a_run_with_chunks_priced_as_arrays_keeps_the_floor_bit_for_bit(glm5):
     run = eager.run_seconds(contexts, steps, chunks)
     each = np.array([eager.step_seconds([chunks[j]], [c + j for c in contexts]) for j in range(steps)])
     assert np.array_equal(run, each)
-    assert (run >= eager.rank.layers * EAGER_LAYER_S).all()
+    assert (run >= (eager.rank.layers + eager.rank.idx_layers * EAGER_INDEXER_SHORT_LAUNCHES) * EAGER_LAYER_S).all()
 
 
 def test_no_prefill_graph_flag_reaches_the_step_time_and_bad_values_are_one_line_errors(glm5):

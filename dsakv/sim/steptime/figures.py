@@ -17,6 +17,8 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
     BATCH1_LAYER_S,
+    EAGER_INDEXER_LAUNCHES,
+    EAGER_INDEXER_SHORT_LAUNCHES,
     EAGER_LAYER_S,
     EAGLE_V1_SEND_ONE_DRAFT_STEPS,
     EAGLE_V1_SEND_ONE_PROMPT_TOKENS,
@@ -47,7 +49,8 @@ class StepTerms:
     lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor) and the host
     time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``), and the
     host's launch work per layer of an eager prefill forward (0 where the engine replays prefill graphs:
-    ``prefill_graph``)."""
+    ``prefill_graph``) and what a full indexer layer adds to it, on a prefill longer than top-k and on one within it
+    (the layer's per launch times the indexer chain's launches)."""
 
     mla_prefill_eff: float
     mla_decode_eff: float
@@ -57,6 +60,8 @@ class StepTerms:
     layer_min_s: float
     spec_host_s: float
     eager_layer_s: float
+    eager_indexer_s: float
+    eager_indexer_short_s: float
 
 
 def step_terms(model: RooflineStepTime) -> StepTerms:
@@ -71,6 +76,7 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
     overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node) + gather)
     batch1 = BATCH1_LAYER_S - floor  # fact 14: Kimi-K2's batch-1 layer beyond this model's floor
+    eager = 0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S)
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
         mla_decode_eff=given(model.mla_decode_eff, flashmla_efficiency(FLASHMLA_SPARSE_DECODE, gpu.arch)),
@@ -79,7 +85,9 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
         overhead_s=overhead,
         layer_min_s=given(model.layer_min_s, max(batch1, 0.0)),
         spec_host_s=0.0 if model.spec_overlap else given(model.spec_host_s, eagle_v1_host_seconds(_pricing(model))),
-        eager_layer_s=0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S),
+        eager_layer_s=eager,
+        eager_indexer_s=eager * EAGER_INDEXER_LAUNCHES,
+        eager_indexer_short_s=eager * EAGER_INDEXER_SHORT_LAUNCHES,
     )
 
 

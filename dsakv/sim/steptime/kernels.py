@@ -111,6 +111,15 @@ INDEXER_KERNEL_CHAIN = (
     ("head weights x softmax scale", False), ("k quantise-and-store", False), ("fp8 MQA logits", False),
     ("top-k transform", False),
 )  # fmt: skip
+# The indexer's chain on a prefill whose sequences all hold at most top-k keys (SGLang's ``_forward_cuda_k_only``, taken
+# by ``Indexer.forward_cuda`` for an extend batch without speculation whose ``max_kv_len <= index_topk``, at 947927bdb):
+# the keys are projected, normed, rotated and stored; no query, head weight or logits kernel runs, and the top-k is
+# taken over a zero logits buffer (every visible key selected).
+INDEXER_SHORT_PREFILL_KERNEL_CHAIN = (
+    ("wk input fp8 quantisation", False), ("wk projection", True), ("k LayerNorm", False), ("RoPE", False),
+    ("k rope copy", False), ("k Hadamard", False), ("k fp8 quantisation", False), ("k quantise-and-store", False),
+    ("zero logits", False), ("top-k transform", False),
+)  # fmt: skip
 # Once per step, outside the layers: the embedding gather, the final RMSNorm, the lm_head GEMM and the sampling kernel.
 # The engines' CPU work per step (scheduling, batch metadata) overlaps the GPU's: SGLang's overlap scheduler "runs one
 # batch ahead" with "no single idle time on the GPU" (SGLang v0.4 release blog, 2024-12-04), vLLM V1's async
@@ -160,9 +169,14 @@ EAGLE_V1_STEP_S = EAGLE_V1_SEND_ONE_S / (EAGLE_V1_SEND_ONE_TOKENS / EAGLE_V1_SEN
 # is launched. One published measurement sizes it: DeepSeek-V3 on SGLang, a prefill batch of one new token, "forward
 # cost 82.64 ms" eager against 23.10 ms replayed as a graph (sgl-project/sglang#12160), 61 layers: 1.35 ms of
 # launch work per layer. vLLM V1 replays piecewise CUDA graphs for every batch, prefill included: no such floor.
+# Launch work grows with the kernels launched: DeepSeek-V3's layer is ``LAYER_KERNEL_CHAIN``, so one launch costs
+# ``EAGER_LAYER_S / len(LAYER_KERNEL_CHAIN)`` (67.7 us), and a full indexer layer adds its own chain's launches
+# (``INDEXER_KERNEL_CHAIN``, or ``INDEXER_SHORT_PREFILL_KERNEL_CHAIN`` where SGLang takes the keys-only path).
 SGLANG_EAGER_FORWARD_S = 82.64e-3
 SGLANG_EAGER_FORWARD_LAYERS = 61
 EAGER_LAYER_S = SGLANG_EAGER_FORWARD_S / SGLANG_EAGER_FORWARD_LAYERS
+EAGER_INDEXER_LAUNCHES = len(INDEXER_KERNEL_CHAIN) / len(LAYER_KERNEL_CHAIN)  # an indexer layer's, per layer's: 1.0
+EAGER_INDEXER_SHORT_LAUNCHES = len(INDEXER_SHORT_PREFILL_KERNEL_CHAIN) / len(LAYER_KERNEL_CHAIN)  # 0.5
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:

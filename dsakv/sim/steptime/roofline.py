@@ -57,8 +57,10 @@ class RooflineStepTime:
     v2); False (SGLang's EAGLE V1, its default: no overlap scheduler) adds ``spec_host_s`` to every step with decodes
     (None: derived, ``figures.eagle_v1_host_seconds``, sgl-project/sglang#15307).
     ``prefill_graph``: the engine replays CUDA graphs for prefill steps too (vLLM V1's piecewise graphs); False
-    (SGLang on a DSA model: eager extend forwards) puts a floor of ``layers x eager_layer_s`` under every step with
-    prefill tokens, the host's launch work (None: derived, ``kernels.EAGER_LAYER_S``, sgl-project/sglang#12160).
+    (SGLang on a DSA model: eager extend forwards) puts a floor of ``layers x eager_layer_s`` (plus each full
+    indexer layer's launches: ``kernels.EAGER_INDEXER_LAUNCHES``, or ``EAGER_INDEXER_SHORT_LAUNCHES`` on a prefill
+    within top-k) under every step with prefill tokens, the host's launch work (None: derived,
+    ``kernels.EAGER_LAYER_S``, sgl-project/sglang#12160).
     ``weight_dtype`` (None: the config's) prices the linear layers.
     ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
     where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
@@ -252,7 +254,11 @@ class RooflineStepTime:
             total = total + spec_host_s
         eager_s = 0.0
         if pf_tokens and not self.prefill_graph:  # an eager forward: no sooner than its kernels are launched
-            eager_s = larger(0.0, r.layers * self.terms.eager_layer_s - total)
+            # SGLang's indexer launches its keys-only chain where no sequence holds more than top-k keys
+            short = s.pf_pairs == s.pf_idx_pairs
+            pick = np.where if isinstance(short, np.ndarray) else (lambda cond, a, b: a if cond else b)
+            indexer_s = pick(short, self.terms.eager_indexer_short_s, self.terms.eager_indexer_s)
+            eager_s = larger(0.0, r.layers * self.terms.eager_layer_s + idx_layers * indexer_s - total)
             total = total + eager_s
         if not breakdown:
             return total
