@@ -26,6 +26,11 @@ from dsakv.sim.steptime.sums import StepSums, batch_sums
 from dsakv.spec.layout import CacheLayout
 
 
+def _where_of(cond):
+    """``np.where`` for a run's array of conditions, a plain choice for one step's."""
+    return np.where if isinstance(cond, np.ndarray) else (lambda c, a, b: a if c else b)
+
+
 @dataclass(frozen=True)
 class StepCost:
     """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds. ``total_seconds`` is
@@ -254,11 +259,7 @@ class RooflineStepTime:
             total = total + spec_host_s
         eager_s = 0.0
         if pf_tokens and not self.prefill_graph:  # an eager forward: no sooner than its kernels are launched
-            # SGLang's indexer launches its keys-only chain where no sequence holds more than top-k keys
-            short = s.pf_pairs == s.pf_idx_pairs
-            pick = np.where if isinstance(short, np.ndarray) else (lambda cond, a, b: a if cond else b)
-            indexer_s = pick(short, self.terms.eager_indexer_short_s, self.terms.eager_indexer_s)
-            eager_s = larger(0.0, r.layers * self.terms.eager_layer_s + idx_layers * indexer_s - total)
+            eager_s = larger(0.0, self._eager_launch_seconds(s) - total)
             total = total + eager_s
         if not breakdown:
             return total
@@ -276,6 +277,13 @@ class RooflineStepTime:
         if np.any(eager_s):
             secs["eager_launch"] = eager_s
         return StepCost(flops, nbytes, secs, total)
+
+    def _eager_launch_seconds(self, s: StepSums) -> float | np.ndarray:
+        """The host's launch work of an eager prefill forward: every layer's chain, and each full indexer layer's
+        (SGLang's keys-only chain where no sequence of the step holds more than top-k keys, the whole one else)."""
+        short = s.pf_pairs == s.pf_idx_pairs  # no query sees more than top-k keys
+        indexer_s = _where_of(short)(short, self.terms.eager_indexer_short_s, self.terms.eager_indexer_s)
+        return self.rank.layers * self.terms.eager_layer_s + self.rank.idx_layers * indexer_s
 
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool) -> tuple:
         """The sparse MLA of a step (each query attends to min(position, top-k) keys): the bytes of the rows
@@ -304,7 +312,7 @@ class RooflineStepTime:
             # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
             # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
             dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
-            pick = np.where if isinstance(dense, np.ndarray) else (lambda cond, a, b: a if cond else b)
+            pick = _where_of(dense)
             mha_s = layers * (
                 pf_idx_pairs * r.mha_flops_per_pair / r.mha_rate
                 + (pf_keys - pf_tokens) * r.kv_b_flops_per_key / r.gemm_rate
