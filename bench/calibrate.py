@@ -289,6 +289,11 @@ SGLANG_COMMIT_DATES = {
     "b6fe0cca": datetime.date(2026, 3, 31),
     "09ca4fc": datetime.date(2026, 6, 26),  # the GLM-5.2 cookbook's B200 cells ("main @ 09ca4fc")
 }
+# Model-launch images, by the date of the page that named them: the GLM-5 cookbook (sgl-project/sgl-cookbook b7feb18,
+# 2026-02-11) installs GLM-5 on Hopper from ``lmsysorg/sglang:glm5-hopper`` and benchmarks "SGLang Version: commit
+# 947927bdb"; its page of 2026-03-24 (6e1b81d) drops the image for main. No Hopper default below changes between
+# those dates (the Blackwell image's would: 2026-03-07, 2026-03-24; no row on file runs it).
+SGLANG_IMAGE_DATES = {"glm5-hopper": datetime.date(2026, 2, 11)}
 # The defaults that changed: SGLang ran EAGLE / MTP without its overlap scheduler until spec v2 became its default
 # on SGLANG_SPEC_V2_DATE (sgl-project/sglang#21062, 79dbfe450; ``ServerArgs._handle_speculative_decoding`` before it:
 # "Overlap scheduler is disabled when spec v2 is off"): the GLM-5 cookbook's commit 947927bdb (2026-02-11) predates
@@ -310,7 +315,8 @@ SGLANG_BLACKWELL_DSA_KV = (
 def sglang_build_date(anchor: dict) -> datetime.date | None:
     """When the row's SGLang build was cut (``version``): a release (``0.5.9``, ``v0.5.14``, an image
     ``lmsysorg/sglang:v0.5.9-cu130``) from ``SGLANG_RELEASE_DATES``, a commit (``commit 947927bdb``,
-    ``main @ 09ca4fc``) from ``SGLANG_COMMIT_DATES``, a nightly image by the date in its tag; None for an empty
+    ``main @ 09ca4fc``) from ``SGLANG_COMMIT_DATES``, a model-launch image (``lmsysorg/sglang:glm5-hopper``) from
+    ``SGLANG_IMAGE_DATES``, a nightly image by the date in its tag; None for an empty
     ``version`` (the row is replayed with the defaults before every change tracked here: every such row on file
     predates them). A version that is none of these is an error naming the tables."""
     text = (anchor.get("version") or "").strip()
@@ -325,10 +331,14 @@ def sglang_build_date(anchor: dict) -> datetime.date | None:
     for commit, date in SGLANG_COMMIT_DATES.items():
         if re.search(rf"\b{commit}", text):
             return date
+    image = re.match(r"^[\w./-]+:([\w.-]+)$", text)
+    if image and image.group(1) in SGLANG_IMAGE_DATES:
+        return SGLANG_IMAGE_DATES[image.group(1)]
     raise DsakvError(
         f"anchor {anchor['id']}: version = {text!r}: no build date on file; must name a release of "
         f"SGLANG_RELEASE_DATES ({', '.join(SGLANG_RELEASE_DATES)}), a commit of SGLANG_COMMIT_DATES "
-        f"({', '.join(SGLANG_COMMIT_DATES)}) or a nightly image with its date"
+        f"({', '.join(SGLANG_COMMIT_DATES)}), an image of SGLANG_IMAGE_DATES ({', '.join(SGLANG_IMAGE_DATES)}) "
+        "or a nightly image with its date"
     )
 
 

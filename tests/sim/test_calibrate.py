@@ -492,9 +492,12 @@ def test_sglang_build_dates_come_from_releases_commits_and_nightly_tags(calibrat
     assert version("lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca") == date(2026, 4, 1)
     assert version("commit 947927bdb") == date(2026, 2, 11)
     assert version("main @ 09ca4fc") == date(2026, 6, 26)
+    assert version("lmsysorg/sglang:glm5-hopper") == date(2026, 2, 11)  # the GLM-5 cookbook's image, its page's date
     assert version("") is None
     with pytest.raises(calibrate.DsakvError, match=r"^anchor x-sgl: version = 'v0.5.11': no build date on file"):
         version("v0.5.11")
+    with pytest.raises(calibrate.DsakvError, match=r"an image of SGLANG_IMAGE_DATES \(glm5-hopper\)"):
+        version("lmsysorg/sglang:glm5-blackwell")
 
 
 def test_sglang_spec_v2_builds_replay_with_the_overlap_scheduler(calibrate):
