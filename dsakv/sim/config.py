@@ -38,6 +38,7 @@ from dsakv.sim.steptime import (
     RooflineStepTime,
     check_accept,
     sglang_dense_short_prefill,
+    sglang_trtllm_gen_decode,
     vllm_mixed_batch,
     vllm_padded_topk,
     vllm_prefill_kernel_all,
@@ -364,6 +365,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, cfg.schedule_policy),
             mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
             mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
+            mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, gpu_kind(setting.gpu).arch, cfg.schedule_policy),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
     chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)

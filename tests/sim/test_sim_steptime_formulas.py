@@ -9,7 +9,7 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.steptime import RooflineStepTime
+from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, trtllm_gen_mla_heads
 from dsakv.sim.steptime.kernels import GEMM_FIXED_S
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -61,6 +61,56 @@ def test_sparse_mla_heads_are_padded_to_the_kernel_block(glm52):
     per_head = 2 * (512 + 64 + 512)
     assert RooflineStepTime(glm52).rank.mla_flops_per_pair == 64 * per_head
     assert RooflineStepTime(glm52, gpu=gpu_kind("B200")).rank.mla_flops_per_pair == 128 * per_head
+
+
+@pytest.mark.parametrize(
+    "heads, tile", [(1, 8), (4, 8), (8, 8), (12, 16), (16, 16), (24, 32), (32, 32), (48, 64), (64, 64), (128, 128)]
+)
+def test_trtllm_gen_tiles_a_rank_heads_not_flashmla_blocks(heads, tile):
+    # FlashInfer's selectSparseMlaGenerationKernel: up to 32 heads one swapped-AB tile of the head count (at least 8,
+    # a power of two), above 32 tiles of 64.
+    assert trtllm_gen_mla_heads(heads) == tile
+
+
+def test_trtllm_gen_decode_computes_the_rank_heads_only(glm52):
+    # SGLang's trtllm decode backend on B200: GLM-5.2's 8 heads a rank in an 8-head tile, not FlashMLA's 128 block;
+    # prefill keeps its kernel's block, and the rows read are the same.
+    per_head = 2 * (512 + 64 + 512)
+    b200 = gpu_kind("B200")
+    flashmla = RooflineStepTime(glm52, gpu=b200)
+    trtllm = RooflineStepTime(glm52, gpu=b200, mla_decode_trtllm_gen=True)
+    assert trtllm.rank.mla_decode_flops_per_pair == 8 * per_head
+    assert trtllm.rank.mla_flops_per_pair == flashmla.rank.mla_flops_per_pair == 128 * per_head
+    decode = [9000] * 16  # each decode attends to its top-k 2048 keys
+    a, b = flashmla.cost([], decode), trtllm.cost([], decode)
+    layers = glm52.num_attention_layers
+    assert a.flops["sparse_mla"] == layers * 16 * 2048 * 128 * per_head
+    assert b.flops["sparse_mla"] == layers * 16 * 2048 * 8 * per_head
+    assert a.bytes["sparse_mla"] == b.bytes["sparse_mla"]
+    # at 8 heads the rows' bytes bind: the sparse MLA takes its bytes' time, a 16th of the compute priced before
+    assert b.seconds["sparse_mla"] == pytest.approx(b.bytes["sparse_mla"] / (b200.hbm_bytes_per_s * trtllm.bw_eff))
+    assert b.seconds["sparse_mla"] < a.seconds["sparse_mla"] / 4
+    pf = [(2048, 4096)]  # a prefill chunk beyond top-k: FlashMLA's sparse prefill either way
+    assert trtllm.cost(pf, []).flops["sparse_mla"] == flashmla.cost(pf, []).flops["sparse_mla"]
+    with pytest.raises(DsakvError, match="mla_decode_trtllm_gen: .*Blackwell only; gpu H200 is hopper"):
+        RooflineStepTime(glm52, mla_decode_trtllm_gen=True)
+
+
+@pytest.mark.parametrize(
+    "kv, gpu, policy, trtllm",
+    [
+        ("fp8", "B200", "prefill_first", True),  # SGLang's 576-byte fp8 rows: the trtllm backend's own format
+        ("bf16", "B300", "prefill_first", True),  # bf16 on SM >= 10: decode backend trtllm
+        ("fp8_ds_mla", "B200", "prefill_first", False),  # FlashMLA's 656-byte rows: flashmla_kv
+        ("bf16", "H200", "prefill_first", False),  # Hopper: FA3 / FlashMLA
+        ("fp8", "B200", "mixed", False),  # vLLM's FlashMLA-sparse backend
+    ],
+)
+def test_sglang_decodes_in_trtllm_gen_on_blackwell_with_its_own_rows(kv, gpu, policy, trtllm):
+    cfg = SimConfig(model="glm-5.2", gpu=GpuSetting(gpu=gpu), kv_dtype=kv, schedule_policy=policy, pool_tokens=1 << 16)
+    assert build_setup(cfg).step_time.mla_decode_trtllm_gen is trtllm
+    layout = CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype=kv)
+    assert sglang_trtllm_gen_decode(layout, gpu_kind(gpu).arch, policy) is trtllm
 
 
 def test_collectives_pay_a_latency_per_collective(glm52):

@@ -32,6 +32,7 @@ from dsakv.sim.steptime.kernels import (
     STEP_KERNEL_CHAIN,
     chain_fixed_seconds,
     flashmla_efficiency,
+    trtllm_gen_mla_heads,
 )
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import load_spec
@@ -157,6 +158,7 @@ class RankFigures:
     expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
+    mla_decode_flops_per_pair: float  # the same for a decode query: its kernel's head tile (trtllm-gen's or FlashMLA's)
     mha_flops_per_pair: float  # dense (un-absorbed) MHA per (query, key) and layer (SGLang's short prefill)
     kv_b_flops_per_key: float  # kv_b_proj up-projection of one cached key's latent (dense short prefill)
     idx_flops_per_pair: float  # lightning indexer per (query, key) on a full layer
@@ -164,6 +166,7 @@ class RankFigures:
     mla_row_bytes: float  # main latent row bytes read per selected key (per DCP rank)
     cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
     mla_layer_flops: float  # attn_layers x mla_flops_per_pair
+    mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
     link_bw: float  # NVLink bytes per second x link_eff
@@ -240,7 +243,10 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
     lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
-    mla_flops_per_pair = padded * 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+    per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+    mla_flops_per_pair = padded * per_head
+    # a decode query in TensorRT-LLM's trtllm-gen kernel: its head tile, not FlashMLA's block (fact 29)
+    decode_heads = trtllm_gen_mla_heads(heads) if model.mla_decode_trtllm_gen else padded
     mtp = split_weights(mtp_layer_parts(spec, dtype), div, model.has_indexer, a)
     terms = model.terms
     draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
@@ -259,6 +265,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         mla_flops_per_pair=mla_flops_per_pair,
+        mla_decode_flops_per_pair=decode_heads * per_head,
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one
         # cached key's latent into every head's K (nope) and V (fact 24).
         mha_flops_per_pair=heads * 2 * (nope + spec.qk_rope_head_dim + v_dim),
@@ -268,6 +275,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mla_row_bytes=lay.main_row_bytes / model.dcp,
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
+        mla_decode_layer_flops=lay.num_attention_layers * decode_heads * per_head,
         bw=bw,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,

@@ -179,6 +179,38 @@ EAGER_INDEXER_LAUNCHES = len(INDEXER_KERNEL_CHAIN) / len(LAYER_KERNEL_CHAIN)  # 
 EAGER_INDEXER_SHORT_LAUNCHES = len(INDEXER_SHORT_PREFILL_KERNEL_CHAIN) / len(LAYER_KERNEL_CHAIN)  # 0.5
 
 
+# TensorRT-LLM's trtllm-gen sparse-MLA generation kernels (FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``
+# with ``sparse_mla_top_k``, SGLang's ``--dsa-decode-backend trtllm``) tile a token's query heads, not blocks of 64
+# / 128 as FlashMLA does: up to 32 heads per rank a swapped-AB kernel whose head tile is the head count (the
+# smallest tile 8; a head count that is not a power of two padded up to one), above 32 a 64-head tile
+# (flashinfer-ai/flashinfer ``include/flashinfer/trtllm/fmha/fmhaKernels.cuh`` at 0232f787:
+# ``selectSparseMlaGenerationKernel``, ``getPaddedMlaTileSizeQ``; the same 8 / 16 / 64 tiles in NVIDIA/TensorRT-LLM
+# ``fmhaKernels.h`` at 01c84c67, ``hashFromRunnerParams``).
+TRTLLM_GEN_MLA_MIN_HEAD_TILE = 8
+TRTLLM_GEN_MLA_SWAPPED_MAX_HEADS = 32
+TRTLLM_GEN_MLA_HEAD_TILE = 64
+
+
+def trtllm_gen_mla_heads(heads: float) -> int:
+    """The query heads one token's sparse MLA computes in a trtllm-gen generation kernel, padding included: at most
+    ``TRTLLM_GEN_MLA_SWAPPED_MAX_HEADS`` heads, the power of two at or above ``heads`` (at least 8); above, whole
+    tiles of ``TRTLLM_GEN_MLA_HEAD_TILE`` (8 heads: 8, GLM-5.2 at TP8; 16: 16, DeepSeek-V3.2 at TP8; 64: 64)."""
+    heads = math.ceil(heads)
+    if heads <= TRTLLM_GEN_MLA_SWAPPED_MAX_HEADS:
+        return max(TRTLLM_GEN_MLA_MIN_HEAD_TILE, 1 << (heads - 1).bit_length())
+    return -(-heads // TRTLLM_GEN_MLA_HEAD_TILE) * TRTLLM_GEN_MLA_HEAD_TILE
+
+
+def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
+    """Whether the engine's sparse-MLA decode runs TensorRT-LLM's trtllm-gen kernel: SGLang (the ``prefill_first``
+    stand-in) on Blackwell with a bf16 cache (its DSA default decode backend ``trtllm`` for bf16 on SM >= 10 since
+    sgl-project/sglang#16758, 2fb328109, 2026-01-23) or the plain 576-byte fp8 cache (``fp8``: the trtllm backend's
+    own row format, sgl-project/sglang#21914); FlashMLA's 656-byte ``fp8_ds_mla`` rows decode in FlashMLA
+    (``flashmla_kv``). ``arg_groups/overrides.py`` at 06ad7b2b0: "Blackwell FP8 defaults to trtllm"; bf16:
+    ``dsa_decode_backend = "trtllm" if major >= 10``. docs/steptime.md, fact 29."""
+    return schedule_policy == "prefill_first" and arch == "blackwell" and layout.kv_dtype in ("bf16", "fp8")
+
+
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
     """Whether vLLM (the ``mixed`` schedule policy) serves this layout's prefill with the fp8 decode kernel."""
     heads_rank = layout.spec.arch_value("num_attention_heads") / max(tp // dp_attention, 1)

@@ -78,6 +78,11 @@ class RooflineStepTime:
     ``mla_dense_short_prefill``: SGLang's MHA_ONE_SHOT, a prefill step whose chunks all hold at most top-k keys
     (prefix + new) runs dense, un-absorbed MHA: the causal pairs at ``qk_nope + rope + v`` per head (no head padding,
     FA3 varlen) at FA3's measured rate, plus the up-projection (``kv_b_proj``) of the prefix keys at the GEMM rate.
+    ``mla_decode_trtllm_gen``: the sparse-MLA decode (draft passes included) runs TensorRT-LLM's trtllm-gen
+    generation kernel (SGLang's ``trtllm`` DSA decode backend on Blackwell, ``kernels.sglang_trtllm_gen_decode``),
+    whose head tile is the rank's head count (``kernels.trtllm_gen_mla_heads``: 8 for GLM-5.2 at TP8) instead of
+    FlashMLA's 128-head blocks; priced at FlashMLA's decode efficiency (no trtllm-gen sparse rate is published; at
+    up to 16 heads a rank its rows' bytes bind). Blackwell only.
     ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
     DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
     sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
@@ -100,6 +105,7 @@ class RooflineStepTime:
     mla_prefill_kernel_all: bool = False
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
+    mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
     has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
@@ -130,6 +136,11 @@ class RooflineStepTime:
         check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
         if self.mla_mixed_batch and self.mla_prefill_kernel_all:
             raise DsakvError("step time mla_mixed_batch and mla_prefill_kernel_all: one kernel serves every query")
+        if self.mla_decode_trtllm_gen and self.gpu.arch != "blackwell":
+            raise DsakvError(
+                f"step time mla_decode_trtllm_gen: TensorRT-LLM's trtllm-gen kernels run on Blackwell only; "
+                f"gpu {self.gpu.name} is {self.gpu.arch}"
+            )
         if self.moe_a2a == "deepep" and self.ep < 2:
             raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
         for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
@@ -263,7 +274,7 @@ class RooflineStepTime:
             total = total + eager_s
         if not breakdown:
             return total
-        mla_flops = layers * (pf_pairs + dec_pairs) * r.mla_flops_per_pair
+        mla_flops = layers * (pf_pairs * r.mla_flops_per_pair + dec_pairs * r.mla_decode_flops_per_pair)
         if mha_flops is not None:
             mla_flops = mla_flops + mha_flops
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
@@ -324,10 +335,12 @@ class RooflineStepTime:
                     0,
                 )
             pf_pairs = pick(dense, 0, pf_pairs)
-            mla_compute_s = (r.mla_layer_flops * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
-            mla_compute_s = mla_compute_s + pick(dense, mha_s, 0.0)
+            dense_s = pick(dense, mha_s, 0.0)
         else:
-            mla_compute_s = (r.mla_layer_flops * (pf_pairs / pf_eff + dec_pairs / dec_eff)) / g.bf16_flops
+            dense_s = 0.0
+        # each kernel's FLOPs over its efficiency: the FLOPs the bf16 peak would take as long for
+        at_peak = r.mla_layer_flops * pf_pairs / pf_eff + r.mla_decode_layer_flops * dec_pairs / dec_eff
+        mla_compute_s = at_peak / g.bf16_flops + dense_s
         return mla_bytes, mla_compute_s, pf_pairs, dec_pairs, mha_flops
 
     def run_seconds(
@@ -403,7 +416,7 @@ class RooflineStepTime:
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
         moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / bw)
         mla_pairs = n_dec * r.topk if self.mla_padded_topk else dec_topk  # padded: every top-k slot computed
-        mla_s = larger(mla_pairs * r.mla_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
+        mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
         idx_s = 0.0
         if r.idx_layers:  # the MTP layer has its own full indexer: every context key scored
             pairs = dec_sum / r.kpool if r.kpool != 1 else dec_sum  # one score per indexer state
@@ -435,7 +448,7 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "has_indexer",
+            "mla_decode_trtllm_gen", "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
