@@ -374,6 +374,26 @@ def engine_prefill_graph(anchor: dict) -> bool:
     return built is not None and built >= SGLANG_DSA_PREFILL_GRAPH_DATE
 
 
+# SGLang kept GLM-5 (GlmMoeDsaForCausalLM) on Blackwell out of its dense short prefill (``MHA_ONE_SHOT``) from
+# sgl-project/sglang#18521 (398b81f78, "Force NSA prefill to use MLA (i.e. disable MHA_ONE_SHOT) for
+# GlmMoeDsaForCausalLM on SM100"; at 947927bdb, the GLM-5 cookbook's commit) until #21332 (d097cd221, "Apply trtllm
+# MHA kernel for GLM-5 on Blackwell"): [since, until).
+SGLANG_GLM_BLACKWELL_SPARSE_PREFILL = (datetime.date(2026, 2, 10), datetime.date(2026, 6, 3))
+
+
+def engine_dense_short_prefill(anchor: dict) -> bool:
+    """Whether the row's engine may run a prefill within top-k keys as dense MHA (``SimConfig.dense_short_prefill``):
+    the step time's rule (``kernels.sglang_dense_short_prefill``) except for GLM-5 on Blackwell in an SGLang build
+    of ``SGLANG_GLM_BLACKWELL_SPARSE_PREFILL``."""
+    if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "blackwell" or not has_indexer(anchor):
+        return True
+    if not anchor["model"].lower().startswith("glm-5"):
+        return True
+    built = sglang_build_date(anchor)
+    since, until = SGLANG_GLM_BLACKWELL_SPARSE_PREFILL
+    return built is None or not since <= built < until
+
+
 def engine_kv_dtype(anchor: dict) -> str:
     """The row's ``kv`` or, when empty, its engine's default main-KV format: bf16 for vLLM, which stores the
     fp8_ds_mla format only when ``--kv-cache-dtype fp8`` is given (``DeepseekV32ForCausalLM.verify_and_update_config``;
@@ -517,6 +537,7 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp_accept_shared=accept_shared(anchor),
         spec_overlap=engine_spec_overlap(anchor),
         prefill_graph=engine_prefill_graph(anchor),
+        dense_short_prefill=engine_dense_short_prefill(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

@@ -139,6 +139,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="eager prefill forwards, as SGLang runs a DSA model's: a step with prefill tokens takes at least the "
         "host's kernel launches (step time, docs/steptime.md)",
     )
+    m.add_argument(
+        "--no-dense-short-prefill",
+        action="store_true",
+        help="keep a prefill whose sequences hold at most top-k keys in the sparse kernels instead of dense MHA, as "
+        "SGLang did for GLM-5 on Blackwell from 2026-02-10 to 2026-06-03 (step time, docs/steptime.md fact 24)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -358,6 +364,7 @@ _DERIVED = frozenset(
         "step_settings",
         "spec_overlap",
         "prefill_graph",
+        "dense_short_prefill",
     }
 )
 
@@ -393,6 +400,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         prefix_cache=not args.no_prefix_cache,
         spec_overlap=not args.no_spec_overlap,
         prefill_graph=not args.no_prefill_graph,
+        dense_short_prefill=not args.no_dense_short_prefill,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

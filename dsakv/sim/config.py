@@ -38,6 +38,7 @@ from dsakv.sim.steptime import (
     RooflineStepTime,
     check_accept,
     sglang_dense_short_prefill,
+    sglang_prefill_in_decode_kernel,
     sglang_trtllm_gen_decode,
     vllm_mixed_batch,
     vllm_padded_topk,
@@ -74,7 +75,10 @@ class SimConfig:
     MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on); ``spec_overlap``:
     False runs speculative steps as SGLang's EAGLE V1 does, without the overlap scheduler (the host's work of each
     step exposed: the step time's ``spec_host_s``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
-    does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``).
+    does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
+    ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
+    the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
+    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03).
     ``ep`` /
     ``moe_a2a``: expert parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
@@ -113,6 +117,7 @@ class SimConfig:
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
+    dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
     indexer_pattern: str | None = (
         None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
     )
@@ -171,7 +176,7 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
-        for name in ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph"):
+        for name in ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
@@ -345,6 +350,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
     if cfg.step_model == "constant":
         step_time = ConstantStepTime()
     else:
+        arch, policy = gpu_kind(setting.gpu).arch, cfg.schedule_policy
         step_time = RooflineStepTime(
             layout,
             gpu_kind(setting.gpu),
@@ -359,13 +365,12 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mtp_index_share=cfg.mtp_index_share,
             spec_overlap=cfg.spec_overlap,
             prefill_graph=cfg.prefill_graph,
-            mla_mixed_batch=vllm_mixed_batch(
-                layout, setting.tensor_parallel, setting.dp_attention, cfg.schedule_policy
-            ),
-            mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, cfg.schedule_policy),
-            mla_padded_topk=vllm_padded_topk(cfg.schedule_policy),
-            mla_dense_short_prefill=sglang_dense_short_prefill(layout, cfg.schedule_policy),
-            mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, gpu_kind(setting.gpu).arch, cfg.schedule_policy),
+            mla_mixed_batch=vllm_mixed_batch(layout, setting.tensor_parallel, setting.dp_attention, policy)
+            or sglang_prefill_in_decode_kernel(layout, arch, policy),
+            mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, policy),
+            mla_padded_topk=vllm_padded_topk(policy),
+            mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
+            mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
     chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)

@@ -51,8 +51,13 @@ def test_long_request_admission_fires_when_requests_wait_with_the_pool_free(writ
 
 
 def test_hit_without_ttft_gain_fires_for_short_hits_before_long_suffixes(write_log, sglang, plan):
+    # A bf16 pool: SGLang's sparse prefill kernel reads each selected row once a chunk, so the suffix's cost is its
+    # attention to the hit (an fp8 pool on Hopper prefills in the decode kernel, each token's top-k rows read: a cost
+    # linear in the suffix, and a hit saves about its share).
+    bf16 = SimConfig(schedule_policy="prefill_first", kv_dtype="bf16")
+    bf16_plan = (bf16, build_setup(bf16))
     short_hits = [sglang.prefill(1, 2048, 200000)] + [sglang.prefill(0, 2048, 0)] * 292  # 200K hit, 600K suffix
-    v = verdicts(write_log(short_hits), plan)["hit_without_ttft_gain"]
+    v = verdicts(write_log(short_hits), bf16_plan)["hit_without_ttft_gain"]
     assert v.fires is True and v.figures["expected_prefill_saving"] < 0.7 * v.figures["hit_rate"]
     long_hits = [sglang.prefill(1, 512, 16384)] * 20
     v = verdicts(write_log(long_hits, "b.log"), plan)["hit_without_ttft_gain"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dsakv.errors import DsakvError
@@ -322,11 +324,43 @@ def test_dense_short_prefill_follows_sglangs_rule(dsv32):
     from dsakv.sim.steptime import sglang_dense_short_prefill
 
     bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    fp8 = CacheLayout(dsv32.spec, kv_dtype="fp8")
     assert sglang_dense_short_prefill(bf16, "prefill_first")
-    assert not sglang_dense_short_prefill(dsv32, "prefill_first")  # fp8 pool: SGLang keeps the sparse kernel
+    # an fp8 pool too, either row format (sgl-project/sglang#12964: "FP8 will be dequantized on-demand")
+    assert sglang_dense_short_prefill(dsv32, "prefill_first") and sglang_dense_short_prefill(fp8, "prefill_first")
     assert not sglang_dense_short_prefill(bf16, "mixed")  # vLLM v0.13: absorbed sparse prefill only
     sgl = SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first", kv_dtype="bf16")
     assert build_setup(sgl).step_time.mla_dense_short_prefill
+    # the builds that turned it off (GLM-5 on Blackwell, 2026-02 .. 06): SimConfig.dense_short_prefill
+    off = dataclasses.replace(sgl, dense_short_prefill=False)
+    assert not build_setup(off).step_time.mla_dense_short_prefill
+    with pytest.raises(DsakvError, match="^dense_short_prefill = 1: must be True or False$"):
+        dataclasses.replace(sgl, dense_short_prefill=1)
+
+
+def test_sglang_prefills_an_fp8_pool_on_hopper_in_the_decode_kernel(dsv32):
+    # flashmla_auto on SM90 with FlashMLA's fp8 rows takes flashmla_kv: every prefill token a decode query of its
+    # own, reading its own top-k rows at the decode kernel's rate (vLLM's mixed-batch pricing); Blackwell and bf16 pools
+    # keep the sparse prefill kernel.
+    from dsakv.sim.steptime import sglang_prefill_in_decode_kernel
+
+    bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
+    assert sglang_prefill_in_decode_kernel(dsv32, "hopper", "prefill_first")
+    assert not sglang_prefill_in_decode_kernel(dsv32, "blackwell", "prefill_first")
+    assert not sglang_prefill_in_decode_kernel(bf16, "hopper", "prefill_first")
+    sgl = SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first")
+    st = build_setup(sgl).step_time
+    assert st.mla_mixed_batch and st.mla_dense_short_prefill
+    layers, row = dsv32.num_attention_layers, st.rank.mla_row_bytes
+    beyond = st.cost([(1024, 4096)], [])  # past top-k: each token's own rows, the decode kernel
+    pairs = sum(min(4096 + i, 2048) for i in range(1, 1025))
+    assert beyond.bytes["sparse_mla"] == layers * pairs * row
+    assert beyond.flops["sparse_mla"] == layers * pairs * st.rank.mla_flops_per_pair
+    within = st.cost([(1024, 512)], [])  # within top-k: dense MHA, each key read once
+    assert within.bytes["sparse_mla"] == layers * (1024 + 512) * row
+    assert within.flops["sparse_mla"] == pytest.approx(
+        layers * ((1024 * 512 + 1024 * 1025 // 2) * st.rank.mha_flops_per_pair + 512 * st.rank.kv_b_flops_per_key)
+    )
 
 
 def test_padded_topk_computes_every_topk_slot_and_reads_only_valid_rows(dsv32):

@@ -228,11 +228,23 @@ def vllm_prefill_kernel_all(layout: CacheLayout, schedule_policy: str) -> bool:
 
 def sglang_dense_short_prefill(layout: CacheLayout, schedule_policy: str) -> bool:
     """Whether the engine runs a prefill batch whose sequences all hold at most top-k keys as dense MHA: SGLang (the
-    ``prefill_first`` stand-in) with a bf16 cache since sgl-project/sglang#11892 (``handle_attention_nsa``: an extend
-    batch with ``max_kv_len <= index_topk`` and a bf16 KV pool takes ``MHA_ONE_SHOT``, FA3 varlen on Hopper); vLLM v0.13
-    runs every prefill through the absorbed sparse kernels (its dense path came with vllm-project/vllm#47327, 2026-07).
-    docs/steptime.md, fact 24."""
-    return schedule_policy == "prefill_first" and layout.kv_dtype == "bf16"
+    ``prefill_first`` stand-in) since sgl-project/sglang#11892 (``MHA_ONE_SHOT``: an extend batch with ``max_kv_len <=
+    index_topk``, FA3 varlen on Hopper) with a bf16 pool, and with an fp8 one (either row format, e4m3 in the pool)
+    since #12964 (fa9244102, 2025-11-20: "MHA supports both BF16 and FP8 KV cache (FP8 will be dequantized
+    on-demand)"); vLLM v0.13 runs every prefill through the absorbed sparse kernels (its dense path came with
+    vllm-project/vllm#47327, 2026-07). ``SimConfig.dense_short_prefill`` turns it off for the builds that did (GLM-5 on
+    Blackwell from 2026-02-10 to 2026-06-03). docs/steptime.md, fact 24."""
+    return schedule_policy == "prefill_first" and layout.kv_dtype in ("bf16", "fp8_ds_mla", "fp8")
+
+
+def sglang_prefill_in_decode_kernel(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
+    """Whether the engine prefills (beyond the dense short prefill) through FlashMLA's fp8 sparse decode kernel, one
+    query row a token: SGLang on Hopper with FlashMLA's 656-byte ``fp8_ds_mla`` rows, whose ``flashmla_auto`` prefill
+    takes ``flashmla_kv`` unconditionally on SM90 (sgl-project/sglang#11655, 81a632ace, 2025-10-27; the DSA docs at
+    bcc0c65aa: "With FP8 KV cache: On Hopper (SM90), it unconditionally uses flashmla_kv"); Blackwell keeps the
+    sparse prefill kernel where the batch's keys are few. Priced as vLLM's mixed-batch mode (``mla_mixed_batch``).
+    docs/steptime.md, fact 30."""
+    return schedule_policy == "prefill_first" and arch == "hopper" and layout.kv_dtype == "fp8_ds_mla"
 
 
 def vllm_padded_topk(schedule_policy: str) -> bool:

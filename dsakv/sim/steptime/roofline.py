@@ -309,8 +309,13 @@ class RooflineStepTime:
         n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
         dec_pairs = q * dec_topk
         dec_eff = self.terms.mla_decode_eff
+        # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
+        # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
+        dense = s.pf_pairs == s.pf_idx_pairs if self.mla_dense_short_prefill and pf_tokens else False
+        pick = _where_of(dense)
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
-            pf_rows, pf_eff = pf_pairs, self.terms.mla_decode_eff
+            # (a dense step reads each key once, as the chunk kernel does)
+            pf_rows, pf_eff = pick(dense, pf_chunk_rows, pf_pairs), self.terms.mla_decode_eff
         elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
             pf_rows, pf_eff, dec_eff = pf_pairs, self.terms.mla_prefill_eff, self.terms.mla_prefill_eff
         else:  # one prefill kernel per chunk: each selected row read once for the chunk
@@ -320,10 +325,6 @@ class RooflineStepTime:
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
         if self.mla_dense_short_prefill and pf_tokens:
-            # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
-            # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
-            dense = s.pf_pairs == s.pf_idx_pairs  # before any top-k padding of the pair count
-            pick = _where_of(dense)
             mha_s = layers * (
                 pf_idx_pairs * r.mha_flops_per_pair / r.mha_rate
                 + (pf_keys - pf_tokens) * r.kv_b_flops_per_key / r.gemm_rate
