@@ -383,8 +383,8 @@ SGLANG_GLM_BLACKWELL_SPARSE_PREFILL = (datetime.date(2026, 2, 10), datetime.date
 
 def engine_dense_short_prefill(anchor: dict) -> bool:
     """Whether the row's engine may run a prefill within top-k keys as dense MHA (``SimConfig.dense_short_prefill``):
-    the step time's rule (``kernels.sglang_dense_short_prefill``) except for GLM-5 on Blackwell in an SGLang build
-    of ``SGLANG_GLM_BLACKWELL_SPARSE_PREFILL``."""
+    the step time's rule (``kernels.sglang_dense_short_prefill``) except for a GLM-5.x row (the ``glm-5*`` presets,
+    ``GlmMoeDsaForCausalLM``) on Blackwell in an SGLang build of ``SGLANG_GLM_BLACKWELL_SPARSE_PREFILL``."""
     if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "blackwell" or not has_indexer(anchor):
         return True
     if not anchor["model"].lower().startswith("glm-5"):

@@ -311,7 +311,8 @@ class RooflineStepTime:
         dec_eff = self.terms.mla_decode_eff
         # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
         # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
-        dense = s.pf_pairs == s.pf_idx_pairs if self.mla_dense_short_prefill and pf_tokens else False
+        short_rule = self.mla_dense_short_prefill and pf_tokens
+        dense = s.pf_pairs == s.pf_idx_pairs if short_rule else False
         pick = _where_of(dense)
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
             # (a dense step reads each key once, as the chunk kernel does)
@@ -324,7 +325,7 @@ class RooflineStepTime:
         if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
-        if self.mla_dense_short_prefill and pf_tokens:
+        if short_rule:
             mha_s = layers * (
                 pf_idx_pairs * r.mha_flops_per_pair / r.mha_rate
                 + (pf_keys - pf_tokens) * r.kv_b_flops_per_key / r.gemm_rate
