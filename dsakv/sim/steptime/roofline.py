@@ -67,9 +67,10 @@ class RooflineStepTime:
     within top-k) under every step with prefill tokens, the host's launch work (None: derived,
     ``kernels.EAGER_LAYER_S``, sgl-project/sglang#12160).
     ``weight_dtype`` (None: the config's) prices the linear layers.
-    ``mla_mixed_batch``: vLLM's FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank),
-    where prefill tokens go through the fp8 decode kernel one query row at a time: priced at the decode
-    kernel's efficiency, each prefill token reading its own top-k rows (no reuse across the chunk).
+    ``mla_mixed_batch``: prefill tokens go through FlashMLA's fp8 decode kernel one query row at a time: vLLM's
+    FlashMLA-sparse "mixed batch" mode (fp8 cache, fewer than 32 heads per rank), and SGLang's ``flashmla_kv``
+    prefill of an fp8 pool on Hopper (fact 30); priced at the decode kernel's efficiency, each prefill token reading
+    its own top-k rows (no reuse across the chunk), except on SGLang's dense short prefill steps.
     ``mla_prefill_kernel_all``: vLLM with a bf16 cache, where every query, decodes included, goes through the
     sparse prefill kernel: priced at the prefill kernel's efficiency, each query reading its own top-k rows.
     ``mla_padded_topk``: the sparse-MLA kernels compute all top-k slots of every query (``-1`` padding of a
