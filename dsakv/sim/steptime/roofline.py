@@ -403,15 +403,20 @@ class RooflineStepTime:
         return nbytes, count
 
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
-        """``num_speculative_tokens`` passes of the MTP layer over the decodes (SGLang EAGLE/MTP: k - 1 draft steps + 1
-        draft extend), each priced as one decoder layer of the target is, at the batch's context (docs/steptime.md,
-        MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
+        """The draft steps: ``num_speculative_tokens - 1`` passes of the MTP layer over the decodes (SGLang's EAGLE
+        ``draft_forward`` stops before its last step; vLLM's proposer runs k - 1 more after its first); the k-th
+        forward, the draft extend over the step's rows (q a decode, every prefill token), is the decoder's MTP cache
+        layer (``rank.layers``). Each pass is priced as one decoder layer of the target is, at the batch's context
+        (docs/steptime.md, MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
         ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
         (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
         one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
-        one layer floor and one indexer floor. With ``mtp_index_share`` passes 2 .. k reuse the previous pass's
+        one layer floor and one indexer floor. With ``mtp_index_share`` the draft steps reuse the draft extend's
         top-k and drop the indexer term. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
         ``np.maximum`` then)."""
+        steps = self.num_speculative_tokens - 1
+        if steps == 0:  # one draft: the draft extend (the decoder's MTP layer) proposes it
+            return 0.0
         r = self.rank
         bw = r.bw
         lin_flops = n_dec * r.mtp.attn_flops + rows * r.mtp.mlp_flops + n_dec * r.linear.lm_head_flops_per_row
@@ -428,14 +433,12 @@ class RooflineStepTime:
         coll_bytes, coll_count = self._collectives(n_dec, rows, 1, 0, extend=False)
         coll_s = coll_bytes / r.link_bw + coll_count * self.gpu.link_latency_s
         write_s = n_dec * r.mtp_cell_bytes / bw
+        if self.mtp_index_share:
+            # index_share_for_mtp_iteration: the draft steps attend the draft extend's top-k (no indexer scoring; the
+            # new token's indexer key is still written, the floors stay)
+            idx_s = 0.0
         one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
-        one = larger(one, self.terms.layer_min_s) + r.mtp_floor_s  # fact 14: one layer; its launch floors
-        if not self.mtp_index_share or self.num_speculative_tokens == 1:
-            return self.num_speculative_tokens * one
-        # index_share_for_mtp_iteration: passes 2 .. k attend the previous pass's top-k (no indexer scoring; the
-        # new token's indexer key is still written, the floors stay)
-        shared = larger(linear_s + moe_s + mla_s + write_s + coll_s, self.terms.layer_min_s) + r.mtp_floor_s
-        return one + (self.num_speculative_tokens - 1) * shared
+        return steps * (larger(one, self.terms.layer_min_s) + r.mtp_floor_s)  # fact 14: one layer; its launch floors
 
     def step_seconds(
         self,
