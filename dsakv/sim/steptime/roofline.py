@@ -407,8 +407,8 @@ class RooflineStepTime:
         ``draft_forward`` stops before its last step; vLLM's proposer runs k - 1 more after its first); the k-th
         forward, the draft extend over the step's rows (q a decode, every prefill token), is the decoder's MTP cache
         layer (``rank.layers``). Each pass is priced as one decoder layer of the target is, at the batch's context
-        (docs/steptime.md, MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none; experts where
-        ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
+        (docs/steptime.md, MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none;
+        experts where ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
         (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
         one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
         one layer floor and one indexer floor. With ``mtp_index_share`` the draft steps reuse the draft extend's
@@ -426,17 +426,16 @@ class RooflineStepTime:
         mla_pairs = n_dec * r.topk if self.mla_padded_topk else dec_topk  # padded: every top-k slot computed
         mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
         idx_s = 0.0
-        if r.idx_layers:  # the MTP layer has its own full indexer: every context key scored
+        # the MTP layer has its own full indexer, every context key scored; with index_share_for_mtp_iteration the
+        # draft steps attend the draft extend's top-k instead (the new token's indexer key is still written, the
+        # floors stay)
+        if r.idx_layers and not self.mtp_index_share:
             pairs = dec_sum / r.kpool if r.kpool != 1 else dec_sum  # one score per indexer state
             idx_bytes = dec_sum * r.idx_key_bytes + pairs * 8  # keys read, scores written and read (fp32)
             idx_s = larger(pairs * r.idx_flops_per_pair / r.idx_rate, idx_bytes / bw)
         coll_bytes, coll_count = self._collectives(n_dec, rows, 1, 0, extend=False)
         coll_s = coll_bytes / r.link_bw + coll_count * self.gpu.link_latency_s
         write_s = n_dec * r.mtp_cell_bytes / bw
-        if self.mtp_index_share:
-            # index_share_for_mtp_iteration: the draft steps attend the draft extend's top-k (no indexer scoring; the
-            # new token's indexer key is still written, the floors stay)
-            idx_s = 0.0
         one = linear_s + moe_s + mla_s + idx_s + write_s + coll_s
         return steps * (larger(one, self.terms.layer_min_s) + r.mtp_floor_s)  # fact 14: one layer; its launch floors
 
