@@ -124,7 +124,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--mtp-index-share",
         action="store_true",
-        help="index_share_for_mtp_iteration: draft passes 2 .. K reuse the previous pass's top-k (no MTP-layer "
+        help="index_share_for_mtp_iteration: the draft steps reuse the draft extend's top-k (no MTP-layer "
         "indexer scoring; step time)",
     )
     m.add_argument(

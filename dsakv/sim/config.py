@@ -71,7 +71,7 @@ class SimConfig:
     whole batch, as SGLang's simulated acceptance (``SGLANG_SIMULATE_ACC_LEN``: ``generate_simulated_accept_index``
     samples one accept length per verify and gives it to every request of the batch), each request taking at most
     its own drafts of it; False: each request draws its own; ``mtp_index_share``: SGLang's
-    ``index_share_for_mtp_iteration``, draft passes 2 .. k reuse the previous pass's top-k instead of scoring the
+    ``index_share_for_mtp_iteration``, the draft steps reuse the draft extend's top-k instead of scoring the
     MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on); ``spec_overlap``:
     False runs speculative steps as SGLang's EAGLE V1 does, without the overlap scheduler (the host's work of each
     step exposed: the step time's ``spec_host_s``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
@@ -114,7 +114,7 @@ class SimConfig:
     num_speculative_tokens: int = 0  # k: speculative (MTP draft) tokens per decode step; 0: off
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position
     mtp_accept_shared: bool = False  # one acceptance draw per step for the batch (SGLANG_SIMULATE_ACC_LEN)
-    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft steps reuse the draft extend's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)

@@ -54,10 +54,11 @@ class RooflineStepTime:
     group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
     bf16 combine) instead of all-reducing. ``num_speculative_tokens`` draft tokens per decode are verified each step
-    (``1 + num_speculative_tokens`` query rows) and cost ``num_speculative_tokens`` draft-model passes; ``tokens_per_decode`` is the
-    expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
+    (``1 + num_speculative_tokens`` query rows) and cost ``num_speculative_tokens`` forwards of the MTP layer: the
+    decoder's MTP cache layer (the draft extend) and ``num_speculative_tokens - 1`` draft passes;
+    ``tokens_per_decode`` is the expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
     draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
-    ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): passes 2 .. k skip the MTP layer's indexer.
+    ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): the draft steps skip the MTP layer's indexer.
     ``spec_overlap``: the engine overlaps its host work with the GPU's on speculative steps (vLLM, SGLang with spec
     v2); False (SGLang's EAGLE V1, its default: no overlap scheduler) adds ``spec_host_s`` to every step with decodes
     (None: derived, ``figures.eagle_v1_host_seconds``, sgl-project/sglang#15307).
@@ -99,7 +100,7 @@ class RooflineStepTime:
     weight_dtype: str | None = None
     num_speculative_tokens: int = 0
     mtp_accept: float | tuple[float, ...] = 0.8  # one probability, or one per draft position (check_accept)
-    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft passes 2 .. k reuse pass 1's top-k
+    mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft steps reuse the draft extend's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1, the host's work of each speculative step exposed
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on DSA models), a launch floor per prefill step
     mla_mixed_batch: bool = False
@@ -408,10 +409,10 @@ class RooflineStepTime:
         forward, the draft extend over the step's rows (q a decode, every prefill token), is the decoder's MTP cache
         layer (``rank.layers``). Each pass is priced as one decoder layer of the target is, at the batch's context
         (docs/steptime.md, MTP draft): the MTP layer's own weights (``weight_parts`` with one MTP layer less none;
-        experts where ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections, sparse MLA
-        (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on ``rows``;
-        one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``, plus
-        one layer floor and one indexer floor. With ``mtp_index_share`` the draft steps reuse the draft extend's
+        experts where ``rows``, every DP group's decodes, touch them) and the lm_head; its attention projections,
+        sparse MLA (``dec_topk`` pairs) and indexer (``dec_sum`` keys) on this group's ``n_dec``; its MLP / experts on
+        ``rows``; one cache row of the MTP layer written per decode; its two collectives; at least ``layer_min_s``,
+        plus one layer floor and one indexer floor. With ``mtp_index_share`` the draft steps reuse the draft extend's
         top-k and drop the indexer term. ``dec_sum`` / ``dec_topk`` may be a run's arrays (``larger``:
         ``np.maximum`` then)."""
         steps = self.num_speculative_tokens - 1
