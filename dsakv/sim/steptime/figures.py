@@ -247,6 +247,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     mla_flops_per_pair = padded * per_head
     # a decode query in TensorRT-LLM's trtllm-gen kernel: its head tile, not FlashMLA's block (fact 29)
     decode_heads = trtllm_gen_mla_heads(heads) if model.mla_decode_trtllm_gen else padded
+    mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype), div, model.has_indexer, a)
     terms = model.terms
     draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
@@ -265,7 +266,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         mla_flops_per_pair=mla_flops_per_pair,
-        mla_decode_flops_per_pair=decode_heads * per_head,
+        mla_decode_flops_per_pair=mla_decode_flops_per_pair,
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one
         # cached key's latent into every head's K (nope) and V (fact 24).
         mha_flops_per_pair=heads * 2 * (nope + spec.qk_rope_head_dim + v_dim),
@@ -275,7 +276,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mla_row_bytes=lay.main_row_bytes / model.dcp,
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
-        mla_decode_layer_flops=lay.num_attention_layers * decode_heads * per_head,
+        mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,
         bw=bw,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,

@@ -31,6 +31,12 @@ def _where_of(cond):
     return np.where if isinstance(cond, np.ndarray) else (lambda c, a, b: a if c else b)
 
 
+def _within_topk(s: StepSums):
+    """Whether no query of the step's prefill sees more than top-k keys (every sparse pair count equals the causal
+    one): SGLang's rule for its dense short prefill and for the indexer's keys-only chain (a run's array, or a bool)."""
+    return s.pf_pairs == s.pf_idx_pairs
+
+
 @dataclass(frozen=True)
 class StepCost:
     """FLOPs and bytes (per rank) of one step, per component, and the resulting seconds. ``total_seconds`` is
@@ -56,8 +62,9 @@ class RooflineStepTime:
     bf16 combine) instead of all-reducing. ``num_speculative_tokens`` draft tokens per decode are verified each step
     (``1 + num_speculative_tokens`` query rows) and cost ``num_speculative_tokens`` forwards of the MTP layer: the
     decoder's MTP cache layer (the draft extend) and ``num_speculative_tokens - 1`` draft passes;
-    ``tokens_per_decode`` is the expected yield, for reports (``mtp_accept``: one probability or one per draft position, ``check_accept``); each
-    draft pass is the MTP layer's own roofline at the batch's context (``_draft_seconds``; no fitted constant);
+    ``tokens_per_decode`` is the expected yield, for reports (``mtp_accept``: one probability or one per draft
+    position, ``check_accept``); each draft pass is the MTP layer's own roofline at the batch's context
+    (``_draft_seconds``; no fitted constant);
     ``mtp_index_share`` (SGLang's ``index_share_for_mtp_iteration``): the draft steps skip the MTP layer's indexer.
     ``spec_overlap``: the engine overlaps its host work with the GPU's on speculative steps (vLLM, SGLang with spec
     v2); False (SGLang's EAGLE V1, its default: no overlap scheduler) adds ``spec_host_s`` to every step with decodes
@@ -294,7 +301,7 @@ class RooflineStepTime:
     def _eager_launch_seconds(self, s: StepSums) -> float | np.ndarray:
         """The host's launch work of an eager prefill forward: every layer's chain, and each full indexer layer's
         (SGLang's keys-only chain where no sequence of the step holds more than top-k keys, the whole one else)."""
-        short = s.pf_pairs == s.pf_idx_pairs  # no query sees more than top-k keys
+        short = _within_topk(s)
         indexer_s = _where_of(short)(short, self.terms.eager_indexer_short_s, self.terms.eager_indexer_s)
         return self.rank.layers * self.terms.eager_layer_s + self.rank.idx_layers * indexer_s
 
@@ -311,10 +318,9 @@ class RooflineStepTime:
         n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
         dec_pairs = q * dec_topk
         dec_eff = self.terms.mla_decode_eff
-        # SGLang's MHA_ONE_SHOT (fact 24): no query sees more than top-k keys exactly when every sparse pair count
-        # equals the causal one; such a step runs dense MHA instead of the sparse kernel.
+        # SGLang's MHA_ONE_SHOT (fact 24): a step no query of which sees more than top-k keys runs dense MHA
         short_rule = self.mla_dense_short_prefill and pf_tokens
-        dense = s.pf_pairs == s.pf_idx_pairs if short_rule else False
+        dense = _within_topk(s) if short_rule else False
         pick = _where_of(dense)
         if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
             # (a dense step reads each key once, as the chunk kernel does)
