@@ -187,14 +187,46 @@ def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
 
 
 def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):
-    # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes; sparse MLA stays.
+    # DeepSeek-R1 on the DSA preset: no indexer weights, logits, keys or indexer-cache writes.
     dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, has_indexer=False)
-    a, b = dsa.cost([(1000, 0)], [3000] * 8), dense.cost([(1000, 0)], [3000] * 8)
+    a, b = dsa.cost([(1000, 0)], [1500] * 8), dense.cost([(1000, 0)], [1500] * 8)
     assert a.flops["indexer"] > 0 and b.flops["indexer"] == 0 == b.bytes["indexer"] == b.seconds["indexer"]
-    assert b.flops["sparse_mla"] == a.flops["sparse_mla"] and b.bytes["sparse_mla"] == a.bytes["sparse_mla"]
     idx_part = next(p for p in weight_parts(dsv32.spec, 0, "fp8") if p.name.startswith("indexer"))
     assert a.bytes["linear"] - b.bytes["linear"] == pytest.approx(idx_part.bytes)  # replicated: whole on a rank
     assert b.bytes["cache_write"] == 1008 * dsv32.main_bytes_per_token < a.bytes["cache_write"]
+    # within top-k keys both attend every key: the same rows read
+    assert (
+        b.bytes["sparse_mla"]
+        == a.bytes["sparse_mla"]
+        == dsv32.num_attention_layers * (1000 + 8 * 1500) * dsv32.main_row_bytes
+    )
+
+
+def test_a_dense_mla_model_attends_its_whole_context(dsv32):
+    # Fact 31: without the indexer every query sees every key. A decode reads and scores its whole context, not
+    # top-k rows; every prefill step is dense, un-absorbed MHA over the causal pairs (SGLang's MHA_ONE_SHOT /
+    # MHA_CHUNKED_KV, vLLM's MLA prefill), whatever the sparse kernels' mode flags say.
+    dsa, dense = RooflineStepTime(dsv32), RooflineStepTime(dsv32, has_indexer=False)
+    layers, row, topk = dsv32.num_attention_layers, dense.rank.mla_row_bytes, dsv32.spec.index_topk
+    decodes = [3000, 9000]
+    assert dense.cost([], decodes).bytes["sparse_mla"] == layers * sum(decodes) * row
+    assert dense.cost([], decodes).flops["sparse_mla"] == layers * sum(decodes) * dense.rank.mla_flops_per_pair
+    assert dsa.cost([], decodes).bytes["sparse_mla"] == layers * 2 * topk * row
+    n, ctx = 1024, 4096  # past top-k keys: still dense MHA, each key read once, the prefix keys up-projected
+    beyond = dense.cost([(n, ctx)], [])
+    mha = layers * ((n * ctx + n * (n + 1) // 2) * dense.rank.mha_flops_per_pair + ctx * dense.rank.kv_b_flops_per_key)
+    assert beyond.flops["sparse_mla"] == pytest.approx(mha)
+    assert beyond.bytes["sparse_mla"] == layers * (n + ctx) * row
+    # the sparse kernels' modes do not apply to a dense model's attention
+    for flags in ({"mla_mixed_batch": True}, {"mla_prefill_kernel_all": True}, {"mla_padded_topk": True}):
+        moded = RooflineStepTime(dsv32, has_indexer=False, **flags)
+        for step in (([(n, ctx)], []), ([(128, 0)], [300, 5000]), ([], [300])):
+            assert moded.cost(*step).seconds == dense.cost(*step).seconds, flags
+    # a run of decode steps priced as arrays gives the same bits as one step at a time
+    from dsakv.sim.steptime.runs import run_stretch
+
+    stretch = run_stretch(dense, [3000, 100_000], 0, 40, (), (None, None))
+    assert list(stretch) == [dense.step_seconds([], [3000 + j, 100_000 + j]) for j in range(40)]
 
 
 def test_gemm_efficiencies_are_deepgemms_measured_rates():

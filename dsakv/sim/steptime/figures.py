@@ -150,7 +150,7 @@ class RankFigures:
     dense_layers: int  # decoder layers with a dense MLP (first_k_dense_replace; all of them in a dense model)
     attn_layers: int  # layers with attention (the cache layout's)
     idx_layers: int  # full lightning-indexer layers (0 without the indexer)
-    topk: int  # index_topk: keys each query's sparse MLA attends to
+    topk: int  # keys a query attends to at most: index_topk; without the indexer, max_position_embeddings (all)
     kpool: int  # index_kpool: tokens per indexer state
     # -- weights per rank (decoder + lm_head; the embedding is a gather and is not priced)
     linear: LinearShare
@@ -159,7 +159,8 @@ class RankFigures:
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
     mla_decode_flops_per_pair: float  # the same for a decode query: its kernel's head tile (trtllm-gen's or FlashMLA's)
-    mha_flops_per_pair: float  # dense (un-absorbed) MHA per (query, key) and layer (SGLang's short prefill)
+    mha_flops_per_pair: float  # dense (un-absorbed) MHA per (query, key) and layer (SGLang's short prefill; a dense
+    # model's every prefill)
     kv_b_flops_per_key: float  # kv_b_proj up-projection of one cached key's latent (dense short prefill)
     idx_flops_per_pair: float  # lightning indexer per (query, key) on a full layer
     idx_key_bytes: float  # indexer K bytes read per key (per indexer state / kpool)
@@ -260,7 +261,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         dense_layers=min(a("first_k_dense_replace"), spec.num_hidden_layers) if experts else spec.num_hidden_layers,
         attn_layers=lay.num_attention_layers,
         idx_layers=idx_layers,
-        topk=spec.index_topk,
+        topk=spec.index_topk if model.has_indexer else spec.max_position_embeddings,
         kpool=lay.index_kpool,
         linear=lin,
         lin_bytes=lin_bytes,

@@ -92,9 +92,13 @@ class RooflineStepTime:
     whose head tile is the rank's head count (``kernels.trtllm_gen_mla_heads``: 8 for GLM-5.2 at TP8) instead of
     FlashMLA's 128-head blocks; priced at FlashMLA's decode efficiency (no trtllm-gen sparse rate is published; at
     up to 16 heads a rank its rows' bytes bind). Blackwell only.
-    ``indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
-    DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes); the
-    sparse-MLA terms stay (at contexts up to top-k, sparse and dense MLA attend to the same keys).
+    ``has_indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
+    DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes), whose
+    attention sees every key (``rank.topk``: the model's whole context, ``figures.rank_figures``): a decode reads
+    and scores its whole context, and every prefill step is dense, un-absorbed MHA over the causal pairs (SGLang's
+    MHA_ONE_SHOT / MHA_CHUNKED_KV for an extend, vLLM's MLA prefill alike), the rule of ``mla_dense_short_prefill``
+    whatever that field says; the sparse kernels' modes (``mla_mixed_batch``, ``mla_prefill_kernel_all``,
+    ``mla_padded_topk``) do not apply (docs/steptime.md, fact 31).
     """
 
     layout: CacheLayout
@@ -318,19 +322,22 @@ class RooflineStepTime:
         n_dec, dec_topk, dec_rows = s.n_dec, s.dec_topk, s.dec_rows
         dec_pairs = q * dec_topk
         dec_eff = self.terms.mla_decode_eff
-        # SGLang's MHA_ONE_SHOT (fact 24): a step no query of which sees more than top-k keys runs dense MHA
-        short_rule = self.mla_dense_short_prefill and pf_tokens
+        sparse = self.has_indexer  # a dense-MLA model runs none of the sparse kernels' modes (fact 31)
+        # SGLang's MHA_ONE_SHOT (fact 24): a step no query of which sees more than top-k keys runs dense MHA; a
+        # dense-MLA model's every prefill step (its top-k is its whole context: always within)
+        short_rule = (self.mla_dense_short_prefill or not sparse) and pf_tokens
         dense = _within_topk(s) if short_rule else False
         pick = _where_of(dense)
-        if self.mla_mixed_batch:  # every prefill token is a decode query of its own: its rows read per token
-            # (a dense step reads each key once, as the chunk kernel does)
+        if self.mla_mixed_batch and sparse:  # every prefill token is a decode query of its own: its rows read per
+            # token (a dense step reads each key once, as the chunk kernel does)
             pf_rows, pf_eff = pick(dense, pf_chunk_rows, pf_pairs), self.terms.mla_decode_eff
-        elif self.mla_prefill_kernel_all:  # every query, decodes too, in the prefill kernel: rows read per query
+        elif self.mla_prefill_kernel_all and sparse:  # every query, decodes too, in the prefill kernel: rows read
+            # per query
             pf_rows, pf_eff, dec_eff = pf_pairs, self.terms.mla_prefill_eff, self.terms.mla_prefill_eff
         else:  # one prefill kernel per chunk: each selected row read once for the chunk
             pf_rows, pf_eff = pf_chunk_rows, self.terms.mla_prefill_eff
         mla_bytes = layers * (pf_rows + dec_rows) * r.mla_row_bytes
-        if self.mla_padded_topk:  # the kernel computes every one of the top-k slots, -1 padding included
+        if self.mla_padded_topk and sparse:  # the kernel computes every one of the top-k slots, -1 padding included
             pf_pairs, dec_pairs = pf_tokens * topk, n_dec * q * topk
         mha_flops = None  # SGLang's dense prefill FLOPs, where it applies
         if short_rule:
@@ -430,7 +437,8 @@ class RooflineStepTime:
         linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
         moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / bw)
-        mla_pairs = n_dec * r.topk if self.mla_padded_topk else dec_topk  # padded: every top-k slot computed
+        padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
+        mla_pairs = n_dec * r.topk if padded else dec_topk
         mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
         idx_s = 0.0
         # the MTP layer has its own full indexer, every context key scored; with index_share_for_mtp_iteration the
