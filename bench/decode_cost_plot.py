@@ -1,5 +1,6 @@
 """Decode cost per token versus context (DeepSeek-V3.2, 8 x H800 TP8, batch 32) under the step-time model,
-beside the dense-attention counterfactual (the same model without its indexer: every key attended). Writes a PNG and prints one line.
+beside the dense-attention counterfactual (the same model without its indexer: every key attended). Writes a PNG
+and prints one line.
 
     python bench/decode_cost_plot.py [--out docs/decode_cost_vs_context.png]
 """

@@ -13,6 +13,7 @@ from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, trtllm_gen_mla_heads
 from dsakv.sim.steptime.kernels import GEMM_FIXED_S
+from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 
@@ -223,8 +224,6 @@ def test_a_dense_mla_model_attends_its_whole_context(dsv32):
         for step in (([(n, ctx)], []), ([(128, 0)], [300, 5000]), ([], [300])):
             assert moded.cost(*step).seconds == dense.cost(*step).seconds, flags
     # a run of decode steps priced as arrays gives the same bits as one step at a time
-    from dsakv.sim.steptime.runs import run_stretch
-
     stretch = run_stretch(dense, [3000, 100_000], 0, 40, (), (None, None))
     assert list(stretch) == [dense.step_seconds([], [3000 + j, 100_000 + j]) for j in range(40)]
 
