@@ -167,6 +167,10 @@ VLLM_NEW_TOKEN_RATIO = 0.0
 # schedule_conservativeness (1.0) by SGLANG_DP_ATTENTION_CONSERVATIVENESS under --enable-dp-attention.
 SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
 SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
+# SGLang counts at most this much of a request's remaining output before the ratio, in a running request's reserve
+# and a new one's admission check (schedule_policy.py CLIP_MAX_NEW_TOKENS, env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
+# default 4096 since 2024; PrefillAdder._get_running_request_total_token_offset and add_one_req).
+SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 
 
 def sglang_chunked_prefill_size(gpu_memory_mib: float) -> int:
@@ -213,6 +217,12 @@ def engine_new_token_ratio(anchor: dict) -> float:
         return VLLM_NEW_TOKEN_RATIO
     conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _int(anchor.get("dp"), 1) > 1 else 1.0
     return min(SGLANG_INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+
+
+def engine_new_token_clip(anchor: dict) -> int | None:
+    """The most remaining output the admission's reserve counts: SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``;
+    none for vLLM rows (they reserve nothing ahead)."""
+    return None if policy_of(anchor) == "mixed" else SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 
 
 def engine_chunk_tokens(anchor: dict) -> int:
@@ -541,6 +551,7 @@ def sim_config(anchor: dict) -> SimConfig:
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),
+        new_token_clip=engine_new_token_clip(anchor),
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
         moe_a2a=moe_a2a,

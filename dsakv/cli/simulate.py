@@ -179,6 +179,10 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         help="share of a running request's remaining output the admission reserves (SGLang: 0.7, 0.21 with DP attention)",
     )
     s.add_argument(
+        "--new-token-clip",
+        help="most remaining output tokens a request's reserve counts before the ratio (SGLang: 4096); default: all",
+    )
+    s.add_argument(
         "--step-model", default=DEFAULT.step_model, choices=STEP_MODELS, help="step-time model (docs/steptime.md)"
     )
 

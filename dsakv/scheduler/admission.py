@@ -3,10 +3,12 @@
 Page estimate. A request with ``T`` tokens so far (prompt + outputs), at most ``M`` tokens in total
 (prompt + ``max_new_tokens``) and ``k`` draft tokens per speculative step is expected to hold at its peak::
 
-    estimated_pages = ceil((T + ceil(new_token_ratio * (M - T)) + k) / page_size)
+    estimated_pages = ceil((T + ceil(new_token_ratio * min(M - T, new_token_clip)) + k) / page_size)
 
 i.e. the prompt in full plus the *expected* share of the output (SGLang's new-token ratio; vLLM counts
-only what the next step writes, ratio 0). Admission only records this estimate (``Request.estimated_pages``):
+only what the next step writes, ratio 0), of at most ``new_token_clip`` remaining tokens (SGLang's
+``CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096: a long ``max_new_tokens`` is not reserved in full; no clip by
+default). Admission only records this estimate (``Request.estimated_pages``):
 nothing is reserved or evicted here. Pages are taken as they are written (``preemption.take_pages``, for
 the first chunk right after admission), and a request that outgrows its estimate takes pages by eviction,
 then by preempting others. With ratio 1 the estimate is the peak and nothing is ever preempted. A request
@@ -51,11 +53,13 @@ def never_fit_reason(
     return None
 
 
-def estimate_pages(request: Request, ratio: float, num_draft: int, page_size: int) -> int:
-    """Pages the request is expected to hold at its peak (the estimate in the module docstring)."""
+def estimate_pages(request: Request, ratio: float, num_draft: int, page_size: int, clip: int | None = None) -> int:
+    """Pages the request is expected to hold at its peak (the estimate in the module docstring; ``clip``:
+    ``new_token_clip``)."""
     now = request.num_tokens
     limit = request.prompt_len + request.max_new_tokens
-    expected = now + math.ceil(ratio * max(0, limit - now))
+    remaining = max(0, limit - now)
+    expected = now + math.ceil(ratio * (remaining if clip is None else min(remaining, clip)))
     return pages_for(min(expected + num_draft, limit), page_size)
 
 
@@ -98,7 +102,7 @@ def admit(
     waiting queue and plans its first chunk.
     """
     cfg = state.config
-    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_speculative_tokens, state.page_size)
+    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_speculative_tokens, state.page_size, cfg.new_token_clip)
     if req.status is Status.OFFLOADED:
         admitted = _admit_offloaded(state, req, plan, outstanding, budget, scheduled, estimate)
     else:

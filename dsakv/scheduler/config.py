@@ -27,6 +27,9 @@ class SchedulerConfig:
     max_running: int = 256  # requests holding pages at once
     max_context: int | None = None  # context limit in tokens (prompt + max_new_tokens); None: the pool decides
     new_token_ratio: float = 0.7  # share of the remaining max_new_tokens in the admission estimate
+    # most remaining output tokens the estimate counts, before the ratio (SGLang's
+    # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, 4096); None: all of them
+    new_token_clip: int | None = None
     preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
     victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
     # speculative decoding: k draft tokens proposed and verified per decode step (vLLM's num_speculative_tokens;
@@ -43,6 +46,8 @@ class SchedulerConfig:
         ratio = self.new_token_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0.0 <= ratio <= 1.0:
             raise DsakvError(f"new_token_ratio = {ratio!r}: must be a number in [0, 1]")
+        if self.new_token_clip is not None:
+            _positive_int("new_token_clip", self.new_token_clip)
         check_mode(self.preemption)
         check_victim_order(self.victim_order)
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)

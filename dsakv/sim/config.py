@@ -94,7 +94,8 @@ class SimConfig:
     ``kv_events_replay_endpoint``): a ZMQ address from which the instances publish their KV events, in vLLM's
     wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
-    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``). ``page_keys``: what the radix
+    (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``), of at most ``new_token_clip``
+    remaining tokens (``SchedulerConfig.new_token_clip``, SGLang's 4096; None: no clip). ``page_keys``: what the radix
     trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
     ``"tokens"`` for the engine's one tree), a 16-byte digest of its tokens, so a cached page costs 16 bytes of
     key instead of ``4 x page_size`` and a thousand instances' trees fit in memory; ``"tokens"``, the exact
@@ -129,6 +130,7 @@ class SimConfig:
     chunk_tokens: int = 8192
     max_running: int = 256
     new_token_ratio: float = 0.7
+    new_token_clip: int | None = None
     time_scale: float = 1.0
     step_model: str = "roofline"
     seed: int = 0
@@ -187,6 +189,9 @@ class SimConfig:
             if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
                 raise DsakvError(f"{name} = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        clip = self.new_token_clip
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int) or clip < 1):
+            raise DsakvError(f"new_token_clip = {clip!r}: must be a positive number of tokens or None (no clip)")
         c = self.max_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
@@ -379,6 +384,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         chunk_tokens=chunk,
         max_running=cfg.max_running,
         new_token_ratio=cfg.new_token_ratio,
+        new_token_clip=cfg.new_token_clip,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         num_speculative_tokens=cfg.num_speculative_tokens,

@@ -71,6 +71,11 @@ def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
         == 0
     )
 
+    # SGLang's clip of the remaining output the reserve counts (4,096): the scheduler's, none by default.
+    clipped = _json(capsys, SMALL + ["--json", "--new-token-clip", "4096"])["config"]["setup"]["scheduler"]
+    assert clipped["new_token_clip"] == 4096
+    assert _json(capsys, SMALL + ["--json"])["config"]["setup"]["scheduler"]["new_token_clip"] is None
+
 
 def test_mtp_index_share_reaches_the_step_time_and_shortens_mtp_steps(capsys):
     # index_share_for_mtp_iteration: draft passes 2 .. 3 skip the MTP layer's indexer (docs/steptime.md).
@@ -157,6 +162,8 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--frontend-request-s", "0.01", "--instances", "2"], "one instance"),
         (["--new-token-ratio", "1.5"], "--new-token-ratio = '1.5': must be a number in [0, 1]"),
         (["--new-token-ratio", "x"], "--new-token-ratio"),
+        (["--new-token-clip", "0"], "--new-token-clip"),
+        (["--new-token-clip", "4k"], "--new-token-clip"),
         (["--scenario", "nope"], "scenario"),
         (["--trace", "x.jsonl", "--scenario", "chat"], "not both"),
     ],

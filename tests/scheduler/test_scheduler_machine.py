@@ -25,9 +25,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         victim_order=st.sampled_from(["newest", "fewest_outputs", "most_pages"]),
         drafts=st.integers(0, 3),
         ratio=st.sampled_from([0.0, 0.5, 1.0]),
+        clip=st.sampled_from([None, 4, 16]),
         chunk=st.sampled_from([8, 16, 32]),
     )
-    def setup(self, pages, cache, preemption, victim_order, drafts, ratio, chunk):
+    def setup(self, pages, cache, preemption, victim_order, drafts, ratio, clip, chunk):
         self.alloc = PageAllocator(pages, PS)
         radix = None if cache == "none" else RadixCache(self.alloc, insert_mode=cache)
         cfg = SchedulerConfig(
@@ -36,6 +37,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_running=4,
             max_context=80,  # prompts reach 70 tokens + 40 new: some exceed it
             new_token_ratio=ratio,
+            new_token_clip=clip,
             preemption=preemption,
             victim_order=victim_order,
             num_speculative_tokens=drafts,

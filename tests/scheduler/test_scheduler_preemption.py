@@ -17,6 +17,8 @@ from dsakv.scheduler.scheduler import Scheduler
 
 
 def test_unknown_policy_names_are_rejected_with_the_valid_names():
+    with pytest.raises(DsakvError, match="new_token_clip = 0: must be a positive integer"):
+        SchedulerConfig(new_token_clip=0)
     with pytest.raises(DsakvError, match="preemption = 'swap': must be one of " + ", ".join(PREEMPTION_MODES)):
         SchedulerConfig(preemption="swap")
     with pytest.raises(DsakvError, match="victim_order = 'oldest': must be one of " + ", ".join(VICTIM_ORDERS)):
@@ -29,6 +31,27 @@ def test_new_token_ratio_one_never_preempts():
         s.add_request(prompt(150, base=i * 11), 100)
     drive(s)
     assert s.stats.preemptions == 0 and s.stats.finished == 6
+
+
+@pytest.mark.parametrize("mode", sorted(PREEMPTION_MODES))
+def test_new_token_clip_admits_on_the_clipped_reserve_and_takes_the_rest_as_written(mode):
+    # Two requests of 2-page prompts that may write 6 pages more, in a 12-page pool at ratio 1: unclipped each
+    # is estimated at its 8-page peak, so the second waits for the first to finish and nothing is preempted.
+    # Clipped at 2 pages of output (SGLang's CLIP_MAX_NEW_TOKENS_ESTIMATION) each is admitted for 4 pages, both
+    # run at once, outgrow their estimates and one is preempted; both still write every token.
+    def run(clip):
+        s = make(num_pages=12, cache=False, new_token_ratio=1.0, new_token_clip=clip, preemption=mode)
+        reqs = [s.add_request(prompt(2 * PS, base=i * 29), 6 * PS) for i in range(2)]
+        first = s.step()
+        estimates = [r.estimated_pages for r in first.admitted]
+        s.update(first, [[7] if it.sample else [] for it in first.items])
+        done = drive(s)
+        assert len(done) == 2 and all(len(r.outputs) == 6 * PS for r in reqs)
+        return first.admitted == reqs[: len(estimates)], estimates, s.stats.preemptions
+
+    assert run(None) == (True, [8], 0)
+    in_order, estimates, preemptions = run(2 * PS)
+    assert in_order and estimates == [4, 4] and preemptions > 0
 
 
 @pytest.mark.parametrize("mode", sorted(PREEMPTION_MODES))

@@ -158,6 +158,10 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
         calibrate.sim_config({**h200, "model": "tiny", "gpus": "1", "dp": "1", "chunk": "256"})
     )
     assert setup.scheduler.new_token_ratio == pytest.approx(0.7)
+    # SGLang counts at most 4,096 tokens of a request's remaining output (SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION);
+    # vLLM reserves nothing ahead, so nothing to clip.
+    assert setup.scheduler.new_token_clip == calibrate.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION == 4096
+    assert calibrate.engine_new_token_clip({**h200, "id": "x-vllm-tp8"}) is None
     dp_setup = calibrate.build_setup(calibrate.sim_config({**h200, "model": "deepseek-v3.2", "weight_dtype": "fp8"}))
     assert dp_setup.scheduler.new_token_ratio == pytest.approx(0.21)
     assert dp_setup.scheduler.chunk_tokens == 1024
