@@ -66,14 +66,16 @@ from pathlib import Path
 
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import pool_capacity
-from dsakv.planner.deployment import GpuSetting
+from dsakv.planner.deployment import GpuSetting, rank_memory
 from dsakv.planner.gpus import gpu_kind
+from dsakv.planner.weights import weight_parts
 from dsakv.sim import run
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.source import Source, open_source
 from dsakv.sim.steptime import MOE_A2A, RooflineStepTime
 from dsakv.sim.steptime.fitted import NCCL_NVLINK_BUS_EFF
 from dsakv.sim.steptime.kernels import GEMM_STREAM_EFF
+from dsakv.spec.layout import CacheLayout
 from dsakv.workloads.traces import TraceRequest
 
 # The bands of the step-time issue's "done when": TTFT, E2E latency and duration within 0.6-1.6, TPOT and every
@@ -171,6 +173,15 @@ SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
 # and a new one's admission check (schedule_policy.py CLIP_MAX_NEW_TOKENS, env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
 # default 4096 since 2024; PrefillAdder._get_running_request_total_token_offset and add_one_req).
 SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
+# Who a full pool preempts and where it waits again, (victim_order, requeue): vLLM V1 preempts the last of its
+# running list (``self.running.pop()``, the newest) and puts it at the front of the waiting queue
+# (``prepend_request``); SGLang retracts the fewest outputs first, then the longest prompt
+# (``ScheduleBatch.retract_decode``). SGLang appends the retracted request to its waiting queue, which its default
+# fcfs policy leaves in order (``Scheduler._add_request_to_queue``, ``SchedulePolicy.calc_priority``), but it also
+# raises its new-token ratio on a retraction, which dsakv does not model (docs/steptime-log.md, "Admission"); without
+# that, ``back`` turns one retraction into a churn, so the replay keeps ``front`` for SGLang too.
+VLLM_PREEMPTION = ("newest", "front")
+SGLANG_RETRACTION = ("fewest_outputs", "front")
 
 
 def sglang_chunked_prefill_size(gpu_memory_mib: float) -> int:
@@ -223,6 +234,11 @@ def engine_new_token_clip(anchor: dict) -> int | None:
     """The most remaining output the admission's reserve counts: SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``;
     none for vLLM rows (they reserve nothing ahead)."""
     return None if policy_of(anchor) == "mixed" else SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+
+
+def engine_preemption(anchor: dict) -> tuple[str, str]:
+    """The row's engine's (victim_order, requeue): ``VLLM_PREEMPTION`` or ``SGLANG_RETRACTION``."""
+    return VLLM_PREEMPTION if policy_of(anchor) == "mixed" else SGLANG_RETRACTION
 
 
 def engine_chunk_tokens(anchor: dict) -> int:
@@ -508,14 +524,33 @@ def accept_shared(anchor: dict) -> bool:
     return text == "batch"
 
 
+def dense_mla_available_bytes(layout: CacheLayout, setting: GpuSetting) -> int:
+    """A rank's bytes for the cache of the DSA proxy's model without its indexer: the planner's (``rank_memory``),
+    plus the indexer's weights (``wq_b``, ``wk``, ``weights_proj``: replicated on every rank) and the top-k buffer,
+    which a dense-MLA checkpoint does not have."""
+    memory = rank_memory(layout, setting)
+    parts = weight_parts(layout.spec, layout.mtp_layers, setting.weight_dtype)
+    indexer = sum(p.bytes for p in parts if p.name.startswith("indexer")) if memory.weights_computed else 0
+    return memory.available_bytes + indexer + memory.topk_buffer_bytes
+
+
 def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
-    """The pool SGLang builds for the row, where it differs from the planner's: SGLang keeps a DSA model's indexer
-    cache on every layer (``DSATokenToKVPool`` allocates ``index_k_with_scale_buffer`` for each of its ``layer_num``
-    layers, and ``DefaultPoolConfigurator`` counts the indexer row ``num_layers`` times in the cell), also where the
-    model computes its indexer on some layers only (GLM-5.2's IndexCache: 21 full of 78). The planner's bytes for
-    the pool, in pages of that cell. None (the planner's pool) for vLLM rows and models with the indexer on every
-    layer already."""
-    if policy_of(anchor) == "mixed" or not has_indexer(anchor):
+    """The pool the row's engine builds, where it differs from the planner's.
+
+    A model without the indexer (``has_indexer``: DeepSeek-R1 / V3 on the DSA preset as a proxy) caches the MLA
+    latent only: the planner's bytes for the pool in pages of the main cache alone, less the same scratch pages.
+    SGLang keeps a DSA model's indexer cache on every layer (``DSATokenToKVPool`` allocates
+    ``index_k_with_scale_buffer`` for each of its ``layer_num`` layers, and ``DefaultPoolConfigurator`` counts the
+    indexer row ``num_layers`` times in the cell), also where the model computes its indexer on some layers only
+    (GLM-5.2's IndexCache: 21 full of 78): the planner's bytes for the pool, in pages of that cell. None (the
+    planner's pool) for vLLM rows of DSA models and models with the indexer on every layer already."""
+    if not has_indexer(anchor):
+        layout = build_setup(cfg).layout
+        capacity = pool_capacity(layout, cfg.gpu)
+        main_page = capacity.page_bytes * layout.main_page_bytes // layout.page_bytes  # a rank page, main cache only
+        pages = max(dense_mla_available_bytes(layout, cfg.gpu) // main_page - capacity.scratch_pages, 1)
+        return pages * capacity.group_page_tokens
+    if policy_of(anchor) == "mixed":
         return None
     layout = build_setup(cfg).layout
     spec = layout.spec
@@ -538,6 +573,7 @@ def sim_config(anchor: dict) -> SimConfig:
         max_batched_tokens=_int(anchor.get("budget"), chunk),
     )
     moe_a2a, ep = engine_moe_a2a(anchor)
+    victim_order, requeue = engine_preemption(anchor)
     cfg = SimConfig(
         model=anchor["model"],
         gpu=setting,
@@ -552,6 +588,8 @@ def sim_config(anchor: dict) -> SimConfig:
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),
         new_token_clip=engine_new_token_clip(anchor),
+        victim_order=victim_order,
+        requeue=requeue,
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
         moe_a2a=moe_a2a,

@@ -42,7 +42,7 @@ from dsakv.cli.sweep_args import SWEEP_KEYS, parse_sweep
 from dsakv.errors import DsakvError, check_choice
 from dsakv.kvevents.endpoint import check_instance_endpoints
 from dsakv.scheduler.config import SCHEDULE_POLICIES
-from dsakv.scheduler.policies import PREEMPTION_MODES
+from dsakv.scheduler.policies import PREEMPTION_MODES, REQUEUE_POSITIONS, VICTIM_ORDERS
 from dsakv.sim import run as sim_run
 from dsakv.sim.config import STEP_MODELS, UNBOUNDED, SimConfig, build_setup
 from dsakv.sim.group import arrival_seconds
@@ -169,6 +169,16 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         "token ids; the figures are the same",
     )
     s.add_argument("--preemption", default=DEFAULT.preemption, help=f"preemption mode: {', '.join(PREEMPTION_MODES)}")
+    s.add_argument(
+        "--victim-order",
+        default=DEFAULT.victim_order,
+        help=f"who is preempted first: {', '.join(VICTIM_ORDERS)} (vLLM: newest, SGLang: fewest_outputs)",
+    )
+    s.add_argument(
+        "--requeue",
+        default=DEFAULT.requeue,
+        help=f"where a preempted request waits again: {', '.join(REQUEUE_POSITIONS)} (vLLM: front, SGLang: back)",
+    )
     s.add_argument(
         "--chunk-tokens", default=str(DEFAULT.chunk_tokens), help="largest prefill chunk of one request per step"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsakv.errors import DsakvError, check_choice
-from dsakv.scheduler.policies import check_mode, check_victim_order
+from dsakv.scheduler.policies import check_mode, check_requeue, check_victim_order
 
 # mixed: running requests first (decodes and chunks), then admissions, in one batch (vLLM's scheduler);
 # prefill_first: a step with prefill work runs only prefill chunks, decodes wait for a step without (SGLang's).
@@ -32,6 +32,7 @@ class SchedulerConfig:
     new_token_clip: int | None = None
     preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
     victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
+    requeue: str = "front"  # where a preempted request waits: see dsakv.scheduler.policies.REQUEUE_POSITIONS
     # speculative decoding: k draft tokens proposed and verified per decode step (vLLM's num_speculative_tokens;
     # SGLang's speculative_num_steps for a chain); 0: off
     num_speculative_tokens: int = 0
@@ -50,6 +51,7 @@ class SchedulerConfig:
             _positive_int("new_token_clip", self.new_token_clip)
         check_mode(self.preemption)
         check_victim_order(self.victim_order)
+        check_requeue(self.requeue)
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:

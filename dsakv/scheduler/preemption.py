@@ -50,7 +50,8 @@ def take_pages(
 
 
 def preempt(state: SchedulerState, req: Request, plan: BatchPlan) -> None:
-    """Preempt running ``req`` with the configured mode; it goes to the front of the waiting queue.
+    """Preempt running ``req`` with the configured mode; it goes to the front or the back of the waiting queue
+    (``SchedulerConfig.requeue``).
 
     Offload hands the ``HostCopy`` to ``state.on_offload`` while the pages are still allocated, then frees
     them.
@@ -73,5 +74,8 @@ def preempt(state: SchedulerState, req: Request, plan: BatchPlan) -> None:
         plan.freed_pages += release(state.radix, state.allocator, req, insert=True)
         req.status = Status.WAITING
     req.num_computed = 0
-    state.waiting.appendleft(req)
+    if state.config.requeue == "back":
+        state.waiting.append(req)
+    else:
+        state.waiting.appendleft(req)
     plan.preempted.append(req)

@@ -29,7 +29,7 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.tiers import tier_capacity
 from dsakv.scheduler.config import SCHEDULE_POLICIES, SchedulerConfig
-from dsakv.scheduler.policies import check_mode
+from dsakv.scheduler.policies import check_mode, check_requeue, check_victim_order
 from dsakv.sim.routing import ROUTERS, SHARDABLE_ROUTERS
 from dsakv.sim.step_settings import apply_step_settings
 from dsakv.sim.steptime import (
@@ -95,7 +95,9 @@ class SimConfig:
     wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``), of at most ``new_token_clip``
-    remaining tokens (``SchedulerConfig.new_token_clip``, SGLang's 4096; None: no clip). ``page_keys``: what the radix
+    remaining tokens (``SchedulerConfig.new_token_clip``, SGLang's 4096; None: no clip). ``victim_order`` and
+    ``requeue``: who is preempted first and where it waits again (``SchedulerConfig``; vLLM's ``newest`` /
+    ``front`` by default, SGLang's ``fewest_outputs`` / ``back``). ``page_keys``: what the radix
     trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
     ``"tokens"`` for the engine's one tree), a 16-byte digest of its tokens, so a cached page costs 16 bytes of
     key instead of ``4 x page_size`` and a thousand instances' trees fit in memory; ``"tokens"``, the exact
@@ -127,6 +129,8 @@ class SimConfig:
     insert_mode: str = "finish"
     prefix_cache: bool = True
     preemption: str = "recompute"
+    victim_order: str = "newest"
+    requeue: str = "front"
     chunk_tokens: int = 8192
     max_running: int = 256
     new_token_ratio: float = 0.7
@@ -167,6 +171,8 @@ class SimConfig:
             raise DsakvError(f"gpu = {self.gpu!r}: must be a GpuSetting")
         get_policy(self.eviction_policy)
         check_mode(self.preemption)
+        check_victim_order(self.victim_order)
+        check_requeue(self.requeue)
         check_choice("insert_mode", self.insert_mode, INSERT_MODES)
         check_choice("page_keys", self.page_keys, PAGE_KEYS)
         check_choice("step_model", self.step_model, STEP_MODELS)
@@ -387,6 +393,8 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         new_token_clip=cfg.new_token_clip,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
+        victim_order=cfg.victim_order,
+        requeue=cfg.requeue,
         num_speculative_tokens=cfg.num_speculative_tokens,
         schedule_policy=cfg.schedule_policy,
     )

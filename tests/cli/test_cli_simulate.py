@@ -75,6 +75,12 @@ def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
     clipped = _json(capsys, SMALL + ["--json", "--new-token-clip", "4096"])["config"]["setup"]["scheduler"]
     assert clipped["new_token_clip"] == 4096
     assert _json(capsys, SMALL + ["--json"])["config"]["setup"]["scheduler"]["new_token_clip"] is None
+    # Who is preempted and where it waits again: vLLM's newest / front by default, SGLang's order on request.
+    sglang = SMALL + ["--json", "--victim-order", "fewest_outputs", "--requeue", "back"]
+    sched = _json(capsys, sglang)["config"]["setup"]["scheduler"]
+    assert (sched["victim_order"], sched["requeue"]) == ("fewest_outputs", "back")
+    sched = _json(capsys, SMALL + ["--json"])["config"]["setup"]["scheduler"]
+    assert (sched["victim_order"], sched["requeue"]) == ("newest", "front")
 
 
 def test_mtp_index_share_reaches_the_step_time_and_shortens_mtp_steps(capsys):
@@ -163,6 +169,8 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--new-token-ratio", "1.5"], "--new-token-ratio = '1.5': must be a number in [0, 1]"),
         (["--new-token-ratio", "x"], "--new-token-ratio"),
         (["--new-token-clip", "0"], "--new-token-clip"),
+        (["--requeue", "middle"], "requeue = 'middle': must be one of front, back"),
+        (["--victim-order", "oldest"], "victim_order = 'oldest': must be one of newest, fewest_outputs, most_pages"),
         (["--new-token-clip", "4k"], "--new-token-clip"),
         (["--scenario", "nope"], "scenario"),
         (["--trace", "x.jsonl", "--scenario", "chat"], "not both"),

@@ -23,12 +23,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         cache=st.sampled_from(["none", "finish", "allocate"]),
         preemption=st.sampled_from(["recompute", "offload"]),
         victim_order=st.sampled_from(["newest", "fewest_outputs", "most_pages"]),
+        requeue=st.sampled_from(["front", "back"]),
         drafts=st.integers(0, 3),
         ratio=st.sampled_from([0.0, 0.5, 1.0]),
         clip=st.sampled_from([None, 4, 16]),
         chunk=st.sampled_from([8, 16, 32]),
     )
-    def setup(self, pages, cache, preemption, victim_order, drafts, ratio, clip, chunk):
+    def setup(self, pages, cache, preemption, victim_order, requeue, drafts, ratio, clip, chunk):
         self.alloc = PageAllocator(pages, PS)
         radix = None if cache == "none" else RadixCache(self.alloc, insert_mode=cache)
         cfg = SchedulerConfig(
@@ -40,6 +41,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             new_token_clip=clip,
             preemption=preemption,
             victim_order=victim_order,
+            requeue=requeue,
             num_speculative_tokens=drafts,
         )
         self.s = Scheduler(self.alloc, radix, cfg)

@@ -17,6 +17,8 @@ from dsakv.scheduler.scheduler import Scheduler
 
 
 def test_unknown_policy_names_are_rejected_with_the_valid_names():
+    with pytest.raises(DsakvError, match="requeue = 'middle': must be one of front, back"):
+        SchedulerConfig(requeue="middle")
     with pytest.raises(DsakvError, match="new_token_clip = 0: must be a positive integer"):
         SchedulerConfig(new_token_clip=0)
     with pytest.raises(DsakvError, match="preemption = 'swap': must be one of " + ", ".join(PREEMPTION_MODES)):
@@ -65,6 +67,35 @@ def test_preemption_under_pressure_completes_every_request(mode, order):
     assert s.stats.preemptions > 0
     if mode == "offload":
         assert s.stats.offloaded_pages == s.stats.restored_pages > 0
+
+
+@pytest.mark.parametrize("requeue, order", [("front", ["C", "D"]), ("back", ["D", "C"])])
+def test_a_preempted_request_waits_at_the_configured_end_of_the_queue(requeue, order):
+    # The victim-order set-up below (newest victim: C), with D waiting behind max_running = 3. vLLM prepends its
+    # victim to the waiting queue, SGLang appends its retracted request behind those already waiting.
+    s = make(num_pages=4, cache=False, new_token_ratio=0.0, max_running=3, requeue=requeue)
+    reqs = [
+        s.add_request(prompt(n, base=n), 100, request_id=rid)
+        for rid, n in (("A", 60), ("B", 100), ("C", 10), ("D", 10))
+    ]
+    preempted = []
+    while not preempted:
+        plan = s.step()
+        preempted = [r.id for r in plan.preempted]
+        s.update(plan, [[1] if it.sample else [] for it in plan.items])
+    assert preempted == ["C"] and [r.id for r in s.waiting] == order
+    drive(s)
+    assert all(len(r.outputs) == 100 for r in reqs)
+
+
+def test_fewest_outputs_breaks_ties_by_the_most_recently_admitted():
+    # SGLang's retract_decode sorts by (outputs, -prompt) descending and pops the last: among equals, the newest.
+    from dsakv.scheduler.policies import pick_victim
+
+    s = make()
+    reqs = [s.add_request(prompt(64, base=i), 10, request_id=str(i)) for i in range(3)]
+    assert pick_victim("fewest_outputs", reqs, set()).id == "2"
+    assert pick_victim("fewest_outputs", reqs, {id(reqs[2])}).id == "1"
 
 
 @pytest.mark.parametrize("order, victim", [("newest", "C"), ("fewest_outputs", "B"), ("most_pages", "B")])

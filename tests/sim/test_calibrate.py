@@ -162,6 +162,10 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
     # vLLM reserves nothing ahead, so nothing to clip.
     assert setup.scheduler.new_token_clip == calibrate.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION == 4096
     assert calibrate.engine_new_token_clip({**h200, "id": "x-vllm-tp8"}) is None
+    # SGLang retracts the fewest outputs first; vLLM preempts its newest. Both wait at the front (steptime.md).
+    assert (setup.scheduler.victim_order, setup.scheduler.requeue) == calibrate.SGLANG_RETRACTION
+    assert calibrate.SGLANG_RETRACTION == ("fewest_outputs", "front")
+    assert calibrate.engine_preemption({**h200, "id": "x-vllm-tp8"}) == calibrate.VLLM_PREEMPTION == ("newest", "front")
     dp_setup = calibrate.build_setup(calibrate.sim_config({**h200, "model": "deepseek-v3.2", "weight_dtype": "fp8"}))
     assert dp_setup.scheduler.new_token_ratio == pytest.approx(0.21)
     assert dp_setup.scheduler.chunk_tokens == 1024
@@ -605,3 +609,23 @@ def test_sglang_rows_pool_the_indexer_cache_of_every_layer(calibrate):
     assert calibrate.build_setup(cfg).num_pages == cfg.pool_tokens // 64
     assert calibrate.sim_config({**row, "engine": "vllm"}).pool_tokens is None  # vLLM: the planner's pool
     assert calibrate.sim_config({**row, "model": "deepseek-v3.2"}).pool_tokens is None  # indexer on every layer
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_row_without_the_indexer_pools_the_latent_cache_alone(calibrate, engine):
+    # DeepSeek-R1 on the DSA preset: no indexer K cache (61 x 1,152 B a token in bf16, not 61 x (1,152 + 132)), and
+    # no indexer weights (replicated on every rank) nor top-k buffer to subtract from the rank's memory.
+    row = {"id": "r1-x", "model": "deepseek-v3.2", "weight_dtype": "fp8", "gpu": "B200", "gpus": "8", "dp": "1"}
+    row.update(kv="bf16", engine=engine)
+    cfg = calibrate.sim_config(row)
+    planner = calibrate.build_setup(calibrate.dataclasses.replace(cfg, pool_tokens=None))
+    memory = calibrate.rank_memory(planner.layout, cfg.gpu)
+    parts = {p.name: p for p in calibrate.weight_parts(planner.layout.spec, 0, "fp8")}
+    indexer_weights = parts["indexer wq_b/wk/weights_proj + k_norm"].bytes
+    assert parts["indexer wq_b/wk/weights_proj + k_norm"].shard == "replicated"
+    available = memory.available_bytes + indexer_weights + memory.topk_buffer_bytes
+    page = 64 * 61 * 1_152
+    assert cfg.pool_tokens == (available // page - 1) * 64  # one scratch page, as the planner keeps
+    assert cfg.pool_tokens > planner.capacity.pool_tokens * (1_152 + 132) / 1_152  # more than the latent's share
+    assert calibrate.build_setup(cfg).num_pages == cfg.pool_tokens // 64
+    assert calibrate.sim_config({**row, "id": "x", "indexer": "1"}).pool_tokens is None  # DSA: the planner's pool
