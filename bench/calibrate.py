@@ -66,7 +66,7 @@ from pathlib import Path
 
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import pool_capacity
-from dsakv.planner.deployment import GpuSetting, rank_memory
+from dsakv.planner.deployment import GpuSetting, RankMemory
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim import run
@@ -524,12 +524,11 @@ def accept_shared(anchor: dict) -> bool:
     return text == "batch"
 
 
-def dense_mla_available_bytes(layout: CacheLayout, setting: GpuSetting) -> int:
-    """A rank's bytes for the cache of the DSA proxy's model without its indexer: the planner's (``rank_memory``),
-    plus the indexer's weights (``wq_b``, ``wk``, ``weights_proj``: replicated on every rank) and the top-k buffer,
-    which a dense-MLA checkpoint does not have."""
-    memory = rank_memory(layout, setting)
-    parts = weight_parts(layout.spec, layout.mtp_layers, setting.weight_dtype)
+def dense_mla_available_bytes(layout: CacheLayout, memory: RankMemory, weight_dtype: str | None) -> int:
+    """A rank's bytes for the cache of the DSA proxy's model without its indexer: the planner's split ``memory``
+    (``rank_memory``), plus the indexer's weights (``wq_b``, ``wk``, ``weights_proj``: replicated on every rank) and
+    the top-k buffer, which a dense-MLA checkpoint does not have."""
+    parts = weight_parts(layout.spec, layout.mtp_layers, weight_dtype)
     indexer = sum(p.bytes for p in parts if p.name.startswith("indexer")) if memory.weights_computed else 0
     return memory.available_bytes + indexer + memory.topk_buffer_bytes
 
@@ -548,7 +547,8 @@ def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
         layout = build_setup(cfg).layout
         capacity = pool_capacity(layout, cfg.gpu)
         main_page = capacity.page_bytes * layout.main_page_bytes // layout.page_bytes  # a rank page, main cache only
-        pages = max(dense_mla_available_bytes(layout, cfg.gpu) // main_page - capacity.scratch_pages, 1)
+        available = dense_mla_available_bytes(layout, capacity.memory, cfg.gpu.weight_dtype)
+        pages = max(available // main_page - capacity.scratch_pages, 1)
         return pages * capacity.group_page_tokens
     if policy_of(anchor) == "mixed":
         return None

@@ -1,6 +1,6 @@
 """The scheduler's name registries: preemption modes (what happens to a victim's two caches), victim orders
-(who is preempted first) and requeue positions (where a victim waits). ``SchedulerConfig`` validates its names here; ``preemption.take_pages`` picks victims
-with ``pick_victim``.
+(who is preempted first) and requeue positions (where a victim waits). ``SchedulerConfig`` validates its names
+here; ``preemption.take_pages`` picks victims with ``pick_victim``.
 
 Modes (``PREEMPTION_MODES``; carried out in ``dsakv.scheduler.preemption``):
 

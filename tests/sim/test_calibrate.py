@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from dsakv.planner.deployment import rank_memory
+
 COLUMNS = (
     "id,model,weight_dtype,gpu,gpus,dp,mtp,accept,kv,mem,n,isl,osl,rate,fixed,conc,cap,chunk,budget,note,src,published"
 )
@@ -619,7 +621,7 @@ def test_a_row_without_the_indexer_pools_the_latent_cache_alone(calibrate, engin
     row.update(kv="bf16", engine=engine)
     cfg = calibrate.sim_config(row)
     planner = calibrate.build_setup(calibrate.dataclasses.replace(cfg, pool_tokens=None))
-    memory = calibrate.rank_memory(planner.layout, cfg.gpu)
+    memory = rank_memory(planner.layout, cfg.gpu)
     parts = {p.name: p for p in calibrate.weight_parts(planner.layout.spec, 0, "fp8")}
     indexer_weights = parts["indexer wq_b/wk/weights_proj + k_norm"].bytes
     assert parts["indexer wq_b/wk/weights_proj + k_norm"].shard == "replicated"
