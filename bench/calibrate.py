@@ -169,6 +169,10 @@ VLLM_NEW_TOKEN_RATIO = 0.0
 # schedule_conservativeness (1.0) by SGLANG_DP_ATTENTION_CONSERVATIVENESS under --enable-dp-attention.
 SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
 SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
+# SGLang's NewTokenRatioTracker (scheduler_components/new_token_ratio_tracker.py; environ.py): the ratio decays to
+# init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR over SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS decode steps, there since 2024.
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
 # SGLang counts at most this much of a request's remaining output before the ratio, in a running request's reserve
 # and a new one's admission check (schedule_policy.py CLIP_MAX_NEW_TOKENS, env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
 # default 4096 since 2024; PrefillAdder._get_running_request_total_token_offset and add_one_req).
@@ -177,9 +181,10 @@ SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 # running list (``self.running.pop()``, the newest) and puts it at the front of the waiting queue
 # (``prepend_request``); SGLang retracts the fewest outputs first, then the longest prompt
 # (``ScheduleBatch.retract_decode``). SGLang appends the retracted request to its waiting queue, which its default
-# fcfs policy leaves in order (``Scheduler._add_request_to_queue``, ``SchedulePolicy.calc_priority``), but it also
-# raises its new-token ratio on a retraction, which dsakv does not model (docs/steptime-log.md, "Admission"); without
-# that, ``back`` turns one retraction into a churn, so the replay keeps ``front`` for SGLang too.
+# fcfs policy leaves in order (``Scheduler._add_request_to_queue``, ``SchedulePolicy.calc_priority``); the replay
+# keeps ``front`` for SGLang too: dsakv's preemption is not SGLang's retraction yet (one page on demand, the victim's
+# pages cached, where SGLang frees room for 20 decode steps and caches nothing), and with ``back`` the check file
+# loses a figure (docs/steptime-log.md, "Admission").
 VLLM_PREEMPTION = ("newest", "front")
 SGLANG_RETRACTION = ("fewest_outputs", "front")
 
@@ -228,6 +233,14 @@ def engine_new_token_ratio(anchor: dict) -> float:
         return VLLM_NEW_TOKEN_RATIO
     conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _int(anchor.get("dp"), 1) > 1 else 1.0
     return min(SGLANG_INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
+
+
+def engine_new_token_ratio_min(anchor: dict) -> float | None:
+    """The floor SGLang's tracker decays the ratio to (``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`` x its start); None for
+    vLLM rows (nothing reserved, nothing to decay)."""
+    if policy_of(anchor) == "mixed":
+        return None
+    return min(engine_new_token_ratio(anchor) * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
 
 
 def engine_new_token_clip(anchor: dict) -> int | None:
@@ -588,6 +601,8 @@ def sim_config(anchor: dict) -> SimConfig:
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),
         new_token_clip=engine_new_token_clip(anchor),
+        new_token_ratio_min=engine_new_token_ratio_min(anchor),
+        new_token_ratio_decay_steps=SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
         victim_order=victim_order,
         requeue=requeue,
         schedule_policy=policy_of(anchor),

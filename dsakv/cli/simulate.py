@@ -189,6 +189,16 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         help="share of a running request's remaining output the admission reserves (SGLang: 0.7, 0.21 with DP attention)",
     )
     s.add_argument(
+        "--new-token-ratio-min",
+        help="the floor the ratio decays to, one step each decode step, reset by a preemption or an idle "
+        "step (SGLang's tracker: 0.14 x the ratio); default: a constant ratio",
+    )
+    s.add_argument(
+        "--new-token-ratio-decay-steps",
+        default=str(DEFAULT.new_token_ratio_decay_steps),
+        help="decode steps over which the ratio decays to --new-token-ratio-min (SGLang: 600)",
+    )
+    s.add_argument(
         "--new-token-clip",
         help="most remaining output tokens a request's reserve counts before the ratio (SGLang: 4096); default: all",
     )
@@ -363,6 +373,7 @@ def parse_accept(flag: str, text: str) -> float | tuple[float, ...]:
 _PARSERS = {
     "mtp_accept": parse_accept,
     "new_token_ratio": parse_share,
+    "new_token_ratio_min": parse_share,
     "host_bytes": parse_tier_bytes,
     "indexer_pattern": parse_indexer,  # a full-layer count in ASCII digits only
 }
@@ -391,10 +402,10 @@ def flag_fields(args: argparse.Namespace) -> dict:
         if f.name in _DERIVED or not hasattr(args, f.name):
             continue
         text, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if text is None:
+            continue
         if f.name in _PARSERS:
             out[f.name] = _PARSERS[f.name](flag, text)
-        elif text is None:
-            continue
         elif f.type.startswith("int"):
             out[f.name] = parse_int(flag, text, 0 if f.name in _FROM_ZERO else 1)
         elif f.type.startswith("float"):

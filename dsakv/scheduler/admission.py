@@ -17,7 +17,15 @@ is admitted when, after locking its prefix hit (which makes those pages unevicta
     estimated_pages - hit_pages + outstanding(running) <= free_pages + evictable_pages
 
 where ``outstanding`` sums, over running requests, the estimated pages they have not taken yet, and it has
-work in the step (its next chunk fits the token budget left). The check runs on ``RadixCache.peek``, which
+work in the step (its next chunk fits the token budget left).
+
+With ``new_token_ratio_min`` set the ratio moves as SGLang's ``NewTokenRatioTracker`` moves it
+(``track_ratio``): down by ``(new_token_ratio - new_token_ratio_min) / new_token_ratio_decay_steps`` each decode
+step without a preemption, to ``(outputs + retract_decode_steps x n) / (max_new_tokens + 1)`` over the ``n``
+requests left running after a preemption (at most 1), back to ``new_token_ratio`` when nothing runs. A new (or
+re-admitted) request is then checked at ratio 1 (its whole clipped output, SGLang's ``add_one_req``), and
+``outstanding`` is recomputed each step from every running request's estimate at the current ratio (SGLang's
+``_get_running_request_total_token_offset``), not kept from its admission. The check runs on ``RadixCache.peek``, which
 changes nothing; only an admitted request matches and locks its hit, so the cache counts one lookup per
 admission and a waiting request touches no recency or frequency.
 
@@ -63,11 +71,37 @@ def estimate_pages(request: Request, ratio: float, num_draft: int, page_size: in
     return pages_for(min(expected + num_draft, limit), page_size)
 
 
+def track_ratio(state: SchedulerState, decode_steps: int, preempted: bool) -> None:
+    """Move ``state.new_token_ratio`` after a step (or a run of ``decode_steps`` decode steps) as SGLang's tracker
+    does (module docstring); nothing with a constant ratio (``new_token_ratio_min`` None)."""
+    cfg = state.config
+    low = cfg.new_token_ratio_min
+    if low is None:
+        return
+    if preempted:
+        running = state.running
+        decoded = sum(len(r.outputs) for r in running) + cfg.retract_decode_steps * len(running)
+        state.new_token_ratio = min(1.0, decoded / (sum(r.max_new_tokens for r in running) + 1))
+        return
+    decay = (cfg.new_token_ratio - low) / cfg.new_token_ratio_decay_steps
+    ratio = state.new_token_ratio
+    for _ in range(decode_steps):  # one subtraction a step, as SGLang's decay_step (a run gives the same figure)
+        if ratio <= low:
+            break
+        ratio = max(ratio - decay, low)
+    state.new_token_ratio = ratio
+
+
 def admit_waiting(state: SchedulerState, plan: BatchPlan, budget: int, scheduled: set[int]) -> None:
     """Admit from the front of the waiting queue while the token budget, ``max_running`` and the page budget
     allow (FCFS: stop at the first that does not fit), planning each admitted request's first chunk."""
-    outstanding = sum(max(0, r.estimated_pages - len(r.pages)) for r in (*state.running, *state.loading))
     cfg, ps = state.config, state.page_size
+    holders = (*state.running, *state.loading)
+    if cfg.new_token_ratio_min is None:
+        outstanding = sum(max(0, r.estimated_pages - len(r.pages)) for r in holders)
+    else:  # every running request's estimate at the ratio now
+        ratio, k, clip = state.new_token_ratio, cfg.num_speculative_tokens, cfg.new_token_clip
+        outstanding = sum(max(0, estimate_pages(r, ratio, k, ps, clip) - len(r.pages)) for r in holders)
     while state.waiting and budget > 0 and len(state.running) + len(state.loading) < cfg.max_running:
         req = state.waiting[0]
         restored = req.status is Status.OFFLOADED
@@ -102,7 +136,8 @@ def admit(
     waiting queue and plans its first chunk.
     """
     cfg = state.config
-    estimate = estimate_pages(req, cfg.new_token_ratio, cfg.num_speculative_tokens, state.page_size, cfg.new_token_clip)
+    ratio = cfg.new_token_ratio if cfg.new_token_ratio_min is None else 1.0  # the tracker checks the whole output
+    estimate = estimate_pages(req, ratio, cfg.num_speculative_tokens, state.page_size, cfg.new_token_clip)
     if req.status is Status.OFFLOADED:
         admitted = _admit_offloaded(state, req, plan, outstanding, budget, scheduled, estimate)
     else:

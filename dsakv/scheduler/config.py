@@ -30,6 +30,14 @@ class SchedulerConfig:
     # most remaining output tokens the estimate counts, before the ratio (SGLang's
     # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, 4096); None: all of them
     new_token_clip: int | None = None
+    # SGLang's NewTokenRatioTracker: the ratio starts at new_token_ratio and, every decode step without a
+    # preemption, drops by (new_token_ratio - new_token_ratio_min) / new_token_ratio_decay_steps down to
+    # new_token_ratio_min; a preemption sets it to (outputs + retract_decode_steps per request) / (max_new_tokens
+    # + 1) over the requests left running; an idle step resets it. A new request is then checked at its whole
+    # (clipped) output, running ones at the current ratio (dsakv.scheduler.admission). None: a constant ratio.
+    new_token_ratio_min: float | None = None
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
     preemption: str = "recompute"  # see dsakv.scheduler.policies.PREEMPTION_MODES
     victim_order: str = "newest"  # see dsakv.scheduler.policies.VICTIM_ORDERS
     requeue: str = "front"  # where a preempted request waits: see dsakv.scheduler.policies.REQUEUE_POSITIONS
@@ -49,6 +57,14 @@ class SchedulerConfig:
             raise DsakvError(f"new_token_ratio = {ratio!r}: must be a number in [0, 1]")
         if self.new_token_clip is not None:
             _positive_int("new_token_clip", self.new_token_clip)
+        low = self.new_token_ratio_min
+        if low is not None and (isinstance(low, bool) or not isinstance(low, int | float) or not 0.0 <= low <= ratio):
+            raise DsakvError(
+                f"new_token_ratio_min = {low!r}: must be None (a constant ratio) or a number in [0, new_token_ratio "
+                f"= {ratio}]"
+            )
+        _positive_int("new_token_ratio_decay_steps", self.new_token_ratio_decay_steps)
+        _positive_int("retract_decode_steps", self.retract_decode_steps)
         check_mode(self.preemption)
         check_victim_order(self.victim_order)
         check_requeue(self.requeue)

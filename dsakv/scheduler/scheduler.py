@@ -42,7 +42,7 @@ import numpy as np
 
 from dsakv.cache.events import NamespacePart, check_namespace_part
 from dsakv.errors import DsakvError
-from dsakv.scheduler.admission import admit_waiting, never_fit_reason
+from dsakv.scheduler.admission import admit_waiting, never_fit_reason, track_ratio
 from dsakv.scheduler.batch import BatchItem, BatchPlan, check_sampled, next_item
 from dsakv.scheduler.checks import check_scheduler
 from dsakv.scheduler.pages import insert_computed, insert_planned, release
@@ -233,7 +233,11 @@ class Scheduler(SchedulerState):
         budget = self.config.max_batched_tokens
         ps, drafting = self.page_size, self.config.num_speculative_tokens > 0
         scheduled: set[int] = set()
+        if not self.running and not self.loading:
+            self.new_token_ratio = self.config.new_token_ratio  # idle: the tracker starts again
+        preemptions = self.stats.preemptions
         if self.config.schedule_policy == "prefill_first" and self._plan_prefill(plan, budget, scheduled):
+            track_ratio(self, 0, self.stats.preemptions > preemptions)
             return self._in_flight(plan)
         for req in list(self.running):
             if req.status is not Status.RUNNING:
@@ -251,6 +255,9 @@ class Scheduler(SchedulerState):
                 budget -= self._plan_next(req, budget, plan, scheduled)
         if self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.config.max_running:
             admit_waiting(self, plan, budget, scheduled)
+        if self.config.new_token_ratio_min is not None:
+            decodes = any(it.end - it.start == 1 and it.request.outputs for it in plan.items)
+            track_ratio(self, int(decodes), self.stats.preemptions > preemptions)
         return self._in_flight(plan)
 
     def _plan_prefill(self, plan: BatchPlan, budget: int, scheduled: set[int]) -> bool:
@@ -344,6 +351,12 @@ class Scheduler(SchedulerState):
         ``steps`` calls of ``step`` + ``update`` with ``tokens[i]`` sampled for ``running[i]`` each step it
         samples. Returns each page take, in order, and the requests that finished (their prompts released)."""
         taken, finished = advance_run(self, run, steps, tokens)
+        if self.config.new_token_ratio_min is not None:  # the run's steps that decode (step's rule)
+            if run.contexts:
+                decode_steps = steps
+            else:
+                decode_steps = max(0, steps - len(run.chunks)) if run.joining is not None else 0
+            track_ratio(self, decode_steps, False)
         if finished:
             plan = BatchPlan(step=self.stats.steps - 1)  # the last step's: what it frees is nobody's to carry out
             for req in finished:

@@ -64,6 +64,7 @@ class SchedulerState:
       left (finished, rejected, aborted; their prompts are released);
     * ``in_flight``: the plan between ``step`` and ``update`` (None otherwise); ``pending``: what
       ``preempt``/``abort`` did between steps (offloads, freed pages), handed out with the next plan;
+    * ``new_token_ratio``: the admission's ratio now (``admission.track_ratio``);
     * ``max_token_id``: the largest token id a prompt or ``eos_token_id`` may hold (``vocab_size - 1`` when
       the scheduler was given a model's vocabulary, else ``MAX_TOKEN_ID``).
     """
@@ -123,6 +124,9 @@ class SchedulerState:
         self.running: list[Request] = []
         self.loading: list[Request] = []  # LOADING requests: admitted, their lower-tier hit being copied in
         self.stats = SchedulerStats()
+        # the admission's current new-token ratio: config.new_token_ratio, moved by the tracker when
+        # config.new_token_ratio_min is set (dsakv.scheduler.admission.track_ratio)
+        self.new_token_ratio = config.new_token_ratio
         self.live: dict[Hashable, Request] = {}
         self.done: dict[Hashable, Status] = {}
         self.in_flight: BatchPlan | None = None

@@ -95,7 +95,9 @@ class SimConfig:
     wire format, to the kv-aware router's subscribers, instead of in process (docs/kv_events.md).
     ``new_token_ratio``: the share of a request's remaining output the admission reserves
     (``SchedulerConfig.new_token_ratio``, SGLang's ``init_new_token_ratio``), of at most ``new_token_clip``
-    remaining tokens (``SchedulerConfig.new_token_clip``, SGLang's 4096; None: no clip). ``victim_order`` and
+    remaining tokens (``SchedulerConfig.new_token_clip``, SGLang's 4096; None: no clip), decaying to
+    ``new_token_ratio_min`` over ``new_token_ratio_decay_steps`` decode steps as SGLang's tracker does
+    (``SchedulerConfig``; None: a constant ratio). ``victim_order`` and
     ``requeue``: who is preempted first and where it waits again (``SchedulerConfig``; vLLM's ``newest`` /
     ``front`` by default, SGLang's ``fewest_outputs`` / ``back``). ``page_keys``: what the radix
     trees key a page on (``RadixCache``): ``"digest"`` (the default here, while ``RadixCache`` defaults to
@@ -135,6 +137,8 @@ class SimConfig:
     max_running: int = 256
     new_token_ratio: float = 0.7
     new_token_clip: int | None = None
+    new_token_ratio_min: float | None = None
+    new_token_ratio_decay_steps: int = 600
     time_scale: float = 1.0
     step_model: str = "roofline"
     seed: int = 0
@@ -195,6 +199,12 @@ class SimConfig:
             if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
                 raise DsakvError(f"{name} = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        low = self.new_token_ratio_min
+        if low is not None and (isinstance(low, bool) or not isinstance(low, int | float) or not 0 <= low <= 1):
+            raise DsakvError(f"new_token_ratio_min = {low!r}: must be None (a constant ratio) or a number in [0, 1]")
+        d = self.new_token_ratio_decay_steps
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise DsakvError(f"new_token_ratio_decay_steps = {d!r}: must be a positive integer")
         clip = self.new_token_clip
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int) or clip < 1):
             raise DsakvError(f"new_token_clip = {clip!r}: must be a positive number of tokens or None (no clip)")
@@ -391,6 +401,8 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         max_running=cfg.max_running,
         new_token_ratio=cfg.new_token_ratio,
         new_token_clip=cfg.new_token_clip,
+        new_token_ratio_min=cfg.new_token_ratio_min,
+        new_token_ratio_decay_steps=cfg.new_token_ratio_decay_steps,
         max_context=spec.max_position_embeddings,
         preemption=cfg.preemption,
         victim_order=cfg.victim_order,

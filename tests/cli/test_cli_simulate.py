@@ -81,6 +81,10 @@ def test_new_token_ratio_reaches_the_schedulers_admission(capsys):
     assert (sched["victim_order"], sched["requeue"]) == ("fewest_outputs", "back")
     sched = _json(capsys, SMALL + ["--json"])["config"]["setup"]["scheduler"]
     assert (sched["victim_order"], sched["requeue"]) == ("newest", "front")
+    assert (sched["new_token_ratio_min"], sched["new_token_ratio_decay_steps"]) == (None, 600)
+    tracked = SMALL + ["--json", "--new-token-ratio-min", "0.098", "--new-token-ratio-decay-steps", "50"]
+    sched = _json(capsys, tracked)["config"]["setup"]["scheduler"]
+    assert (sched["new_token_ratio_min"], sched["new_token_ratio_decay_steps"]) == (0.098, 50)
 
 
 def test_mtp_index_share_reaches_the_step_time_and_shortens_mtp_steps(capsys):
@@ -169,6 +173,8 @@ def test_skip_bad_counts_lines_in_summary(tmp_path, capsys):
         (["--new-token-ratio", "1.5"], "--new-token-ratio = '1.5': must be a number in [0, 1]"),
         (["--new-token-ratio", "x"], "--new-token-ratio"),
         (["--new-token-clip", "0"], "--new-token-clip"),
+        (["--new-token-ratio-min", "0.9"], "new_token_ratio_min = 0.9: must be None (a constant ratio) or a number in"),
+        (["--new-token-ratio-min", "0.1", "--new-token-ratio-decay-steps", "0"], "--new-token-ratio-decay-steps"),
         (["--requeue", "middle"], "requeue = 'middle': must be one of front, back"),
         (["--victim-order", "oldest"], "victim_order = 'oldest': must be one of newest, fewest_outputs, most_pages"),
         (["--new-token-clip", "4k"], "--new-token-clip"),

@@ -27,9 +27,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         drafts=st.integers(0, 3),
         ratio=st.sampled_from([0.0, 0.5, 1.0]),
         clip=st.sampled_from([None, 4, 16]),
+        tracker=st.booleans(),  # SGLang's decaying ratio (decay over 3 decode steps, to 0.14 x the ratio)
         chunk=st.sampled_from([8, 16, 32]),
     )
-    def setup(self, pages, cache, preemption, victim_order, requeue, drafts, ratio, clip, chunk):
+    def setup(self, pages, cache, preemption, victim_order, requeue, drafts, ratio, clip, tracker, chunk):
         self.alloc = PageAllocator(pages, PS)
         radix = None if cache == "none" else RadixCache(self.alloc, insert_mode=cache)
         cfg = SchedulerConfig(
@@ -39,6 +40,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_context=80,  # prompts reach 70 tokens + 40 new: some exceed it
             new_token_ratio=ratio,
             new_token_clip=clip,
+            new_token_ratio_min=0.14 * ratio if tracker else None,
+            new_token_ratio_decay_steps=3,
             preemption=preemption,
             victim_order=victim_order,
             requeue=requeue,

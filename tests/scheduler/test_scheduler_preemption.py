@@ -19,6 +19,12 @@ from dsakv.scheduler.scheduler import Scheduler
 def test_unknown_policy_names_are_rejected_with_the_valid_names():
     with pytest.raises(DsakvError, match="requeue = 'middle': must be one of front, back"):
         SchedulerConfig(requeue="middle")
+    with pytest.raises(
+        DsakvError, match=r"new_token_ratio_min = 0.8: must be None \(a constant ratio\) or a number in"
+    ):
+        SchedulerConfig(new_token_ratio=0.7, new_token_ratio_min=0.8)
+    with pytest.raises(DsakvError, match="new_token_ratio_decay_steps = 0: must be a positive integer"):
+        SchedulerConfig(new_token_ratio_min=0.1, new_token_ratio_decay_steps=0)
     with pytest.raises(DsakvError, match="new_token_clip = 0: must be a positive integer"):
         SchedulerConfig(new_token_clip=0)
     with pytest.raises(DsakvError, match="preemption = 'swap': must be one of " + ", ".join(PREEMPTION_MODES)):
@@ -189,3 +195,44 @@ def test_speculative_bigram_cache_keeps_every_page_accounted_at_finish(mode):
         sched.check_integrity()
     assert radix.total_tokens >= 64  # the prompt's pages were cached
     assert alloc.num_free + radix.total_tokens // 64 == alloc.num_pages  # and no page is lost
+
+
+def test_the_ratio_tracker_decays_per_decode_step_and_resets_as_sglang_does():
+    # SGLang's NewTokenRatioTracker: down by (init - min) / decay_steps each decode step, to (outputs + 20 x n) /
+    # (max_new + 1) of the requests left after a retraction, back to init when idle.
+    s = make(num_pages=6, cache=False, new_token_ratio=0.7, new_token_ratio_min=0.1, new_token_ratio_decay_steps=4)
+    assert s.new_token_ratio == 0.7
+    reqs = [s.add_request(prompt(60, base=i * 31), 3 * PS) for i in range(2)]
+    plan = s.step()  # both prefills (one page each): no decode, no decay
+    s.update(plan, [[7] for _ in plan.items])
+    assert s.new_token_ratio == 0.7
+    ratios = []
+    while not s.stats.preemptions:
+        plan = s.step()
+        ratios.append(s.new_token_ratio)
+        s.update(plan, [[7] if it.sample else [] for it in plan.items])
+    assert ratios[:-1] == pytest.approx([0.55, 0.4, 0.25] + [0.1] * (len(ratios) - 4))
+    (left,) = s.running
+    # after the preemption, set when the step was planned: the one left had one output fewer than now
+    assert ratios[-1] == pytest.approx((len(left.outputs) - 1 + 20) / (3 * PS + 1))
+    drive(s)
+    assert all(len(r.outputs) == 3 * PS for r in reqs)
+    s.step()  # idle
+    assert s.new_token_ratio == 0.7
+
+
+def test_with_the_tracker_a_new_request_is_checked_at_its_whole_output():
+    # At a decayed ratio a running request reserves little, but SGLang's add_one_req checks a new one at ratio 1:
+    # a 1-page prompt that may write 4 pages waits in a pool with 4 free pages, admitted on a constant ratio 0.5.
+    def admitted(**tracker):
+        s = make(num_pages=6, cache=False, new_token_ratio=0.5, **tracker)
+        s.add_request(prompt(2 * PS - 8, base=1), 8)  # 2 pages, its 8 outputs stay in them
+        plan = s.step()
+        s.update(plan, [[7] for _ in plan.items])
+        late = s.add_request(prompt(PS, base=2), 4 * PS)  # 1 + ceil(r x 4 pages) of the 4 free
+        plan = s.step()
+        s.update(plan, [[7] if it.sample else [] for it in plan.items])
+        return late in plan.admitted
+
+    assert admitted()  # 1 + 2 pages at 0.5
+    assert not admitted(new_token_ratio_min=0.1)  # 1 + 4 pages at 1

@@ -164,6 +164,11 @@ def test_dp_attention_rows_take_sglangs_per_rank_chunk_and_conservativeness(cali
     # vLLM reserves nothing ahead, so nothing to clip.
     assert setup.scheduler.new_token_clip == calibrate.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION == 4096
     assert calibrate.engine_new_token_clip({**h200, "id": "x-vllm-tp8"}) is None
+    # SGLang's tracker decays the ratio to 0.14 x its start over 600 decode steps; vLLM's ratio 0 has nothing to decay.
+    assert setup.scheduler.new_token_ratio_min == pytest.approx(0.7 * 0.14)
+    assert setup.scheduler.new_token_ratio_decay_steps == calibrate.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS == 600
+    assert calibrate.engine_new_token_ratio_min(h200) == pytest.approx(0.21 * 0.14)  # DP attention's start
+    assert calibrate.engine_new_token_ratio_min({**h200, "id": "x-vllm-tp8"}) is None
     # SGLang retracts the fewest outputs first; vLLM preempts its newest. Both wait at the front (steptime.md).
     assert (setup.scheduler.victim_order, setup.scheduler.requeue) == calibrate.SGLANG_RETRACTION
     assert calibrate.SGLANG_RETRACTION == ("fewest_outputs", "front")

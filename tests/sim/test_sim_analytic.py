@@ -48,8 +48,17 @@ def _same_runs(step, analytic):
         SimConfig(pool_tokens=40_000),  # a small pool: runs evict the prefix cache
         SimConfig(pool_tokens=40_000, schedule_policy="prefill_first", step_model="constant"),
         SimConfig(max_concurrency=3),  # closed loop: the next start waits on a finish, which ends every run
+        SimConfig(  # SGLang's admission: the ratio decays over the runs' decode steps, preemptions reset it
+            pool_tokens=20_000,
+            schedule_policy="prefill_first",
+            new_token_ratio_min=0.098,
+            new_token_ratio_decay_steps=50,
+            new_token_clip=256,
+            victim_order="fewest_outputs",
+            requeue="back",
+        ),
     ],
-    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop"],
+    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop", "sglang-admission"],
 )
 def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
@@ -59,6 +68,7 @@ def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     _same_runs(a, b)
     assert b.summary["steps"] > 1000
     assert cfg.pool_tokens is None or b.summary["evicted_tokens"] > 0
+    assert cfg.new_token_ratio_min is None or b.counters.preemptions > 0  # the tracker is reset in the run
     (_, g_step), (_, g_analytic) = step.targets[0], analytic.targets[0]
     assert g_analytic.allocator.free_stack() == g_step.allocator.free_stack()  # the same pages, in the same order
 
