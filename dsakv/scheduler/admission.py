@@ -17,17 +17,17 @@ is admitted when, after locking its prefix hit (which makes those pages unevicta
     estimated_pages - hit_pages + outstanding(running) <= free_pages + evictable_pages
 
 where ``outstanding`` sums, over running requests, the estimated pages they have not taken yet, and it has
-work in the step (its next chunk fits the token budget left).
+work in the step (its next chunk fits the token budget left). The check runs on ``RadixCache.peek``, which
+changes nothing; only an admitted request matches and locks its hit, so the cache counts one lookup per
+admission and a waiting request touches no recency or frequency.
 
 With ``new_token_ratio_min`` set the ratio moves as SGLang's ``NewTokenRatioTracker`` moves it
 (``track_ratio``): down by ``(new_token_ratio - new_token_ratio_min) / new_token_ratio_decay_steps`` each decode
-step without a preemption, to ``(outputs + retract_decode_steps x n) / (max_new_tokens + 1)`` over the ``n``
-requests left running after a preemption (at most 1), back to ``new_token_ratio`` when nothing runs. A new (or
+step without a preemption, to ``(outputs + retract_decode_steps x n) / (max_new_tokens + 1)`` (capped at 1) over
+the ``n`` requests left running after a preemption, back to ``new_token_ratio`` when nothing runs. A new (or
 re-admitted) request is then checked at ratio 1 (its whole clipped output, SGLang's ``add_one_req``), and
 ``outstanding`` is recomputed each step from every running request's estimate at the current ratio (SGLang's
-``_get_running_request_total_token_offset``), not kept from its admission. The check runs on ``RadixCache.peek``, which
-changes nothing; only an admitted request matches and locks its hit, so the cache counts one lookup per
-admission and a waiting request touches no recency or frequency.
+``_get_running_request_total_token_offset``), not kept from its admission.
 
 Never fit: a request longer than the context limit, or whose ``M`` tokens need more pages than the whole
 pool, is rejected on arrival with the reason -- never admitted to fail mid-run.
