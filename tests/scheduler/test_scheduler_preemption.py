@@ -11,7 +11,7 @@ from dsakv.cache.allocator import PageAllocator
 from dsakv.cache.radix import RadixCache
 from dsakv.errors import DsakvError
 from dsakv.scheduler.config import SchedulerConfig
-from dsakv.scheduler.policies import PREEMPTION_MODES, VICTIM_ORDERS
+from dsakv.scheduler.policies import PREEMPTION_MODES, VICTIM_ORDERS, pick_victim
 from dsakv.scheduler.request import Status
 from dsakv.scheduler.scheduler import Scheduler
 
@@ -96,8 +96,6 @@ def test_a_preempted_request_waits_at_the_configured_end_of_the_queue(requeue, o
 
 def test_fewest_outputs_breaks_ties_by_the_most_recently_admitted():
     # SGLang's retract_decode sorts by (outputs, -prompt) descending and pops the last: among equals, the newest.
-    from dsakv.scheduler.policies import pick_victim
-
     s = make()
     reqs = [s.add_request(prompt(64, base=i), 10, request_id=str(i)) for i in range(3)]
     assert pick_victim("fewest_outputs", reqs, set()).id == "2"
