@@ -13,8 +13,10 @@ per second, vLLM's "Total Token throughput" and gpustack's "Total TPS"): ``id``,
 ``band_ok`` (``BANDS``: TTFT, E2E and duration within 0.6-1.6x, TPOT and throughputs within 0.8-1.25x). A row that
 cannot be replayed (weights larger than the GPU, a request that can never fit, nothing finished) is an error row,
 ``ERROR`` with the reason, never in band, and the run goes on. Then the geometric mean of each metric's ratios, the
-per-family summary (engine x GPU x MTP on/off x DP on/off: rows, out of band, errors, geometric mean, worst) and
-the worst row. Exit status 1 if any row is outside its band or an error row or a metric's geometric mean is outside 0.9-1.1 (``GEOMEAN_BAND``), 2 on a bad file (unknown metric, no
+per-family summary (engine x GPU x MTP on/off x DP on/off: rows, out of band, errors, geometric mean, worst), the
+requests decoding at once where a row publishes a mean TPOT and an output throughput (``decoders``: Little's law,
+published against the replay, not banded: it tells a step priced wrong from a pool or admission that ran a
+different number of requests) and the worst row. Exit status 1 if any row is outside its band or an error row or a metric's geometric mean is outside 0.9-1.1 (``GEOMEAN_BAND``), 2 on a bad file (unknown metric, no
 trace to replay, unknown ``--only`` id).
 
 Replay: a burst is every request at t = 0 (the trace's timestamps); ``conc`` = C is a closed loop (request k
@@ -866,6 +868,46 @@ def families(rows: list[Row]) -> list[FamilyLine]:
     return out
 
 
+@dataclass(frozen=True)
+class Decoders:
+    """A row's mean number of requests decoding at once, by Little's law over its output tokens: output tokens per
+    second x mean TPOT (a decoding request emits one token per TPOT), from the published figures and from the
+    replay's by the same formula. It localizes a miss: where TPOT is right and the throughput is not, the engine
+    kept a different number of requests decoding (its pool, its admission, its preemptions), not priced a step
+    differently. Approximate on both sides alike (first tokens and the ramp are in the throughput); not banded."""
+
+    id: str
+    published: float
+    dsakv: float
+    ratio: float  # dsakv / published: above 1, dsakv keeps more requests decoding than the engine did
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# The output throughputs ``decoders`` reads, in order of preference: the whole instance's, then per GPU (times the row's GPUs).
+DECODER_THROUGHPUTS = ("out_tok_s", "out_tok_s_gpu")
+
+
+def decoders(rows: list[Row], anchors: list[dict]) -> list[Decoders]:
+    """``Decoders`` of every replayed row that publishes a mean TPOT and an output throughput (``out_tok_s``, else
+    ``out_tok_s_gpu`` times the row's GPUs), in the rows' order."""
+    by = {(r.id, r.metric): r for r in _ok(rows)}
+    out = []
+    for a in anchors:
+        stats = {metric: how for metric, _, how in published_of(a)}
+        rate = next((m for m in DECODER_THROUGHPUTS if (a["id"], m) in by), None)
+        tpot = by.get((a["id"], "tpot_ms"))
+        if rate is None or tpot is None or stats.get("tpot_ms") != "mean":
+            continue
+        gpus = 1 if rate == "out_tok_s" else _int(a.get("gpus"), 1)
+        tokens = by[(a["id"], rate)]
+        published = tokens.published * gpus * tpot.published / 1000
+        ours = tokens.dsakv * gpus * tpot.dsakv / 1000
+        out.append(Decoders(a["id"], published, ours, ours / published))
+    return out
+
+
 def loss(rows: list[Row]) -> float:
     """Sum of squared log ratios over the rows that replayed: a 2x miss either way costs the same."""
     return sum(math.log(r.ratio) ** 2 for r in _ok(rows))
@@ -966,8 +1008,9 @@ def _fmt(value: float | None, width: int, digits: int = 2) -> str:
     return f"{'-':>{width}}" if value is None or math.isnan(value) else f"{value:>{width}.{digits}f}"
 
 
-def render(rows: list[Row], settings: dict) -> None:
-    """The human table: one line per figure, the errors, the geometric means, the family summary and the worst."""
+def render(rows: list[Row], settings: dict, concurrency: list[Decoders] | None = None) -> None:
+    """The human table: one line per figure, the errors, the geometric means, the family summary, the decoding
+    concurrency (``decoders``) and the worst."""
     print(f"{'id':<28} {'metric':<15} {'published':>11} {'dsakv':>11} {'ratio':>6}  band")
     for r in rows:
         band = "ERROR" if r.error else ("ok" if r.band_ok else "OUT")
@@ -985,6 +1028,10 @@ def render(rows: list[Row], settings: dict) -> None:
             f"{f.family:<32} {f.metric:<15} {f.rows:>4} {f.out:>4} {f.errors:>5} {_fmt(f.geomean, 7)} "
             f"{_fmt(f.worst, 6)}"
         )
+    if concurrency:
+        print(f"{'decoding at once (out tok/s x mean TPOT)':<44} {'published':>11} {'dsakv':>11} {'ratio':>6}")
+        for d in concurrency:
+            print(f"{d.id:<44} {d.published:>11.1f} {d.dsakv:>11.1f} {d.ratio:>6.2f}")
     bad = worst(rows)
     if bad is not None:
         print(f"worst: {bad.id} {bad.metric} ratio {bad.ratio:.2f}; loss {loss(rows):.3f}")
@@ -1030,6 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
             "geomean": geomeans(rows),
             "geomean_out": geomeans_out(rows),
             "families": [f.to_dict() for f in families(rows)],
+            "decoders": [d.to_dict() for d in decoders(rows, anchors)],
             "worst": bad.to_dict() if bad else None,
             "loss": loss(rows),
         }
@@ -1039,7 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
             out["set"] = settings
         print(json.dumps(out))
     else:
-        render(rows, settings)
+        render(rows, settings, decoders(rows, anchors))
     return 0 if all(r.band_ok for r in rows) and not geomeans_out(rows) else 1
 
 

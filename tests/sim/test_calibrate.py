@@ -319,6 +319,7 @@ def test_a_row_that_cannot_be_replayed_is_an_error_row_and_the_run_goes_on(tmp_p
     good = [r for r in out["rows"] if not r.get("error")]
     assert [r["id"] for r in good] == ["tiny-sgl"] and good[0]["dsakv"] > 0
     assert set(out["geomean"]) == {"tpot_ms"} and out["worst"]["id"] == "tiny-sgl"
+    assert out["decoders"] == []  # the error row has both figures, but nothing was replayed
     fam = {(f["family"], f["metric"]): f for f in out["families"]}
     assert fam[("sglang H200 mtp-off dp-off", "out_tok_s")] == {
         "family": "sglang H200 mtp-off dp-off", "metric": "out_tok_s", "rows": 1, "out": 0, "errors": 1,
@@ -402,6 +403,40 @@ def test_families_group_rows_by_engine_gpu_mtp_and_dp(calibrate):
     assert lines[("f2", "tpot_ms")].geomean == pytest.approx(0.9)
     assert calibrate.geomeans(rows)["tpot_ms"] == pytest.approx((2.0 * 0.5 * 1.1 * 0.9) ** 0.25)
     assert calibrate.loss(rows) == pytest.approx(sum(math.log(x) ** 2 for x in (2.0, 0.5, 1.1, 1.0, 0.9)))
+
+
+def test_decoders_are_littles_law_on_both_sides_and_skip_rows_without_a_mean_tpot(calibrate, capsys):
+    # output tokens per second x mean TPOT = requests decoding at once; a per-GPU throughput counts the row's GPUs;
+    # a row needs both figures replayed and a mean (not a percentile) TPOT; the ratio is dsakv / published.
+    row, nan = calibrate.Row, float("nan")
+    anchors = [
+        {"id": "a", "gpus": "8", "published": json.dumps({"tpot_ms": 50.0, "out_tok_s": 600.0})},
+        {"id": "b", "gpus": "8", "published": json.dumps({"tpot_ms": [20.0, "mean"], "out_tok_s_gpu": 100.0})},
+        {"id": "c", "gpus": "8", "published": json.dumps({"tpot_ms": [20.0, "p50"], "out_tok_s": 100.0})},
+        {"id": "d", "gpus": "8", "published": json.dumps({"tpot_ms": 20.0, "out_tok_s": 100.0})},
+        {"id": "e", "gpus": "8", "published": json.dumps({"tpot_ms": 20.0})},
+    ]
+    rows = [
+        row("a", "tpot_ms", 50.0, 40.0, 1.25, True),
+        row("a", "out_tok_s", 600.0, 900.0, 1.5, False),
+        row("b", "tpot_ms", 20.0, 25.0, 0.8, True),
+        row("b", "out_tok_s_gpu", 100.0, 100.0, 1.0, True),
+        row("c", "tpot_ms", 20.0, 20.0, 1.0, True),
+        row("c", "out_tok_s", 100.0, 100.0, 1.0, True),
+        row("d", "tpot_ms", 20.0, nan, nan, False, "", "no pool"),
+        row("d", "out_tok_s", 100.0, nan, nan, False, "", "no pool"),
+        row("e", "tpot_ms", 20.0, 20.0, 1.0, True),
+    ]
+    got = calibrate.decoders(rows, anchors)
+    assert [d.id for d in got] == ["a", "b"]
+    assert (got[0].published, got[0].dsakv) == pytest.approx((30.0, 36.0))  # 600 x 0.05; 900 x 0.04
+    assert got[0].ratio == pytest.approx(1.2)
+    assert (got[1].published, got[1].dsakv, got[1].ratio) == pytest.approx((16.0, 20.0, 1.25))  # 8 x 100 x 0.02
+    calibrate.render(rows, {}, got)
+    text = capsys.readouterr().out
+    assert "decoding at once" in text and any(
+        line.split() == ["a", "30.0", "36.0", "1.20"] for line in text.splitlines()
+    )
 
 
 def test_a_row_without_a_committed_trace_replays_the_one_make_traces_writes(tmp_path, calibrate, capsys):
