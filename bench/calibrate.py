@@ -579,6 +579,7 @@ def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
 def sim_config(anchor: dict) -> SimConfig:
     chunk = engine_chunk_tokens(anchor)
     gpus = _int(anchor["gpus"])
+    moe_a2a, ep = engine_moe_a2a(anchor)
     setting = GpuSetting(
         gpu=anchor["gpu"],
         num_gpus=gpus,
@@ -586,8 +587,8 @@ def sim_config(anchor: dict) -> SimConfig:
         mem_fraction_static=engine_mem_fraction(anchor),
         weight_dtype=(anchor.get("weight_dtype") or None),
         max_batched_tokens=_int(anchor.get("budget"), chunk),
+        moe_a2a=moe_a2a,
     )
-    moe_a2a, ep = engine_moe_a2a(anchor)
     victim_order, requeue = engine_preemption(anchor)
     cfg = SimConfig(
         model=anchor["model"],
@@ -609,7 +610,6 @@ def sim_config(anchor: dict) -> SimConfig:
         requeue=requeue,
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
-        moe_a2a=moe_a2a,
         ep=ep,
         frontend_s=FRONTEND_S,
         frontend_request_s=FRONTEND_REQUEST_S,

@@ -19,6 +19,7 @@ from decimal import Decimal
 from dsakv.errors import INT64_MAX, DsakvError, short_repr
 from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import GPU_KINDS
+from dsakv.planner.weights import MOE_A2A
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 UNITS["tib"] = 2**40
@@ -137,6 +138,12 @@ def add_gpu_arguments(parser: argparse.ArgumentParser, *, batched_help: str = "s
         default=str(DEFAULT.max_batched_tokens),
         help=f"tokens per step (default {DEFAULT.max_batched_tokens}): {batched_help}",
     )
+    g.add_argument(
+        "--moe-a2a",
+        default=DEFAULT.moe_a2a,
+        help=f"the MoE's token exchange: {', '.join(MOE_A2A)} (deepep: whole shared experts on every rank, as SGLang's "
+        "--moe-a2a-backend deepep)",
+    )
     g.add_argument("--available-bytes", help="bytes for the pool on one rank (skips the memory split)")
 
 
@@ -154,6 +161,7 @@ def gpu_setting(args: argparse.Namespace) -> GpuSetting:
         weight_dtype=args.weight_dtype,
         activation_bytes=parse_bytes("--activation-bytes", args.activation_bytes, 0),
         max_batched_tokens=parse_int("--max-batched-tokens", args.max_batched_tokens),
+        moe_a2a=args.moe_a2a,
     )
 
 

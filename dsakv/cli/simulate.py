@@ -52,7 +52,6 @@ from dsakv.sim.report import RequestRecord
 from dsakv.sim.routing import ROUTERS
 from dsakv.sim.rowstream import RowStream
 from dsakv.sim.source import OpenedSource, Source, check_rereadable, open_source, source_requests
-from dsakv.sim.steptime import MOE_A2A
 from dsakv.sim.sweep import SweepRow, run_sweep
 from dsakv.sim.timeseries import write_metrics_csv
 from dsakv.spec.layout import KV_DTYPES
@@ -210,7 +209,6 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
 def _engine_flags(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("engine (step time and scheduling policy, docs/steptime.md)")
     e.add_argument("--ep", default=str(DEFAULT.ep), help="expert-parallel ranks (divides the TP size; 1 = TP experts)")
-    e.add_argument("--moe-a2a", default=DEFAULT.moe_a2a, help=f"MoE collectives: {', '.join(MOE_A2A)}")
     e.add_argument(
         "--schedule-policy",
         default=DEFAULT.schedule_policy,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 
 from dsakv.cli.gpu_args import parse_bytes, parse_int
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
+from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.config import SimConfig
 from dsakv.sim.sweep import SweepRow, what_if_points
 
@@ -54,6 +55,8 @@ def _convert(key: str, text: str):
             return float(text)
         except ValueError:
             raise DsakvError(f"--sweep {key} = {text!r}: must be a number") from None
+    if key == "moe_a2a":  # a GpuSetting field: checked here, before any point runs, as a SimConfig value is
+        check_choice("moe_a2a", text, MOE_A2A)
     if key == "prefix_cache":
         if text not in ("on", "off"):
             raise DsakvError(f"--sweep prefix_cache = {text!r}: must be on or off")

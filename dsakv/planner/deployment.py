@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import gpu_kind
-from dsakv.planner.weights import weights_per_rank
+from dsakv.planner.weights import MOE_A2A, weights_per_rank
 from dsakv.planner.workspaces import topk_buffer_bytes
 from dsakv.spec.layout import CacheLayout
 
@@ -42,6 +42,7 @@ class GpuSetting:
     weight_dtype: str | None = None  # None = the config's
     activation_bytes: int = DEFAULT_ACTIVATION_BYTES
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    moe_a2a: str = "none"  # the MoE's token exchange (MOE_A2A): under ``deepep`` every rank holds whole shared experts
 
     def __post_init__(self) -> None:
         if self.gpu_memory_bytes is not None:
@@ -71,6 +72,7 @@ class GpuSetting:
             check_int("weights bytes", self.weights_bytes, 0)
         check_int("activation bytes", self.activation_bytes, 0)
         check_int("max_batched_tokens", self.max_batched_tokens, 1)
+        check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
 
     @property
     def tensor_parallel(self) -> int:
@@ -96,6 +98,7 @@ class GpuSetting:
             "dcp": self.dcp,
             "mem_fraction_static": self.mem_fraction_static,
             "max_batched_tokens": self.max_batched_tokens,
+            "moe_a2a": self.moe_a2a,
         }
 
 
@@ -127,6 +130,7 @@ def rank_memory(layout: CacheLayout, setting: GpuSetting) -> RankMemory:
             dp_attention=setting.dp_attention,
             mtp_layers=layout.mtp_layers,
             dtype=setting.weight_dtype,
+            moe_a2a=setting.moe_a2a,
         ).rank_bytes
     else:
         weights = setting.weights_bytes

@@ -140,6 +140,7 @@ def plan(
             dp_attention=setting.dp_attention,
             mtp_layers=layout.mtp_layers,
             dtype=setting.weight_dtype,
+            moe_a2a=setting.moe_a2a,
         )
     lengths = sorted(set(CONTEXT_LENGTHS) | ({context} if context else set()))
     contexts = tuple(request_fit(cell, pool, n) for n in lengths)

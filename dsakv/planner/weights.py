@@ -11,7 +11,8 @@ Sharding (SGLang's DeepSeek/GLM path): lm_head, dense MLP and shared experts spl
 over TP, except under DP attention, where every rank holds all of it (SGLang builds it as
 ``VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled())``); routed experts over EP = TP; the head-sharded attention projections (``q_b``, ``kv_b``, ``o``)
 over the attention TP size, ``tp // dp_attention``; ``q_a``, ``kv_a``, the indexer, the router and
-the norms are replicated.
+the norms are replicated. Under an all-to-all MoE backend (``moe_a2a`` ``deepep``: SGLang's
+``--moe-a2a-backend deepep``) the shared experts are whole on every rank (``shared_experts_shard``).
 
 Beside the checkpoint's tensors a rank holds the absorbed-MLA matrices the engines build once loaded
 (``absorbed_mla_part``): ``kv_b_proj`` split per head into ``w_kc`` (the key up-projection, absorbed into the
@@ -24,13 +25,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsakv.errors import DsakvError
+from dsakv.errors import DsakvError, check_choice
 from dsakv.spec.layout import ceil_div
 from dsakv.spec.model_spec import ModelSpec
 
 WEIGHT_DTYPE_BYTES = {"fp8": 1, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4}
 FP8_BLOCK = 128  # one fp32 scale per 128 x 128 block of an fp8 matrix
 SHARDS = ("tp", "attn_tp", "ep", "replicated", "vocab")
+# The MoE layer's token exchange: ``none``, an all-reduce over TP (every rank holds a TP slice of every expert), or
+# ``deepep``, DeepEP's all-to-all over the EP ranks (each rank holds whole experts of its own).
+MOE_A2A = ("none", "deepep")
+
+
+def shared_experts_shard(moe_a2a: str = "none") -> str:
+    """How the shared experts split: over TP with the all-reduce MoE; whole on every rank under an all-to-all
+    backend. SGLang builds them as ``DeepseekV2MLP(..., tp_rank=0, tp_size=1)`` when ``get_moe_a2a_backend()`` is
+    DeepEP (``DeepseekV2MoE.__init__``, ``_shared_expert_use_tp1`` at 06ad7b2b0; in this form since
+    sgl-project/sglang#6324, 2025-05-17, a branch of its own before), and does not fuse them into the routed
+    experts under DeepEP (``shared_experts_fusion_disable_reason``: "DeepEP: fusion off by default", earlier "can
+    not use shared experts fusion optimization under deepep"); ``forward_deepep`` runs them on the rank's own
+    tokens beside the dispatch."""
+    check_choice("moe_a2a", moe_a2a, MOE_A2A)
+    return "tp" if moe_a2a == "none" else "replicated"
 
 
 def shard_divisors(tp: int, dp_attention: int) -> dict[str, int]:
@@ -100,9 +116,13 @@ def _high(dtype: str) -> str:
     return "float32" if dtype == "float32" else "bfloat16"
 
 
-def weight_parts(spec: ModelSpec, mtp_layers: int, dtype: str | None = None) -> tuple[WeightPart, ...]:
-    """Parameter count and bytes per component for the decoder plus ``mtp_layers`` MTP layers."""
+def weight_parts(
+    spec: ModelSpec, mtp_layers: int, dtype: str | None = None, moe_a2a: str = "none"
+) -> tuple[WeightPart, ...]:
+    """Parameter count and bytes per component for the decoder plus ``mtp_layers`` MTP layers; ``moe_a2a`` sets
+    the shared experts' shard (``shared_experts_shard``)."""
     dtype = dtype or spec.weight_dtype
+    shared_shard = shared_experts_shard(moe_a2a)
     hi = _high(dtype)
     hb = _dtype_bytes(hi)
     a = spec.arch_value
@@ -142,7 +162,7 @@ def weight_parts(spec: ModelSpec, mtp_layers: int, dtype: str | None = None) -> 
     if moe_layers and a("n_routed_experts"):
         moe_i = a("moe_intermediate_size")
         add("routed experts", "ep", [(moe_i, h, dtype)] * 3 * a("n_routed_experts"), moe_layers)
-        add("shared experts", "tp", [(moe_i * a("n_shared_experts"), h, dtype)] * 3, moe_layers)
+        add("shared experts", shared_shard, [(moe_i * a("n_shared_experts"), h, dtype)] * 3, moe_layers)
         add("router", "replicated", [(a("n_routed_experts"), h, hi)], moe_layers, a("n_routed_experts"))
     add("layer norms", "replicated", [], attn_layers, 2 * h)
     add("final norm", "replicated", [], 1, h)
@@ -170,9 +190,16 @@ def absorbed_mla_part(spec: ModelSpec, mtp_layers: int, dtype: str | None = None
 
 
 def weights_per_rank(
-    spec: ModelSpec, *, tp: int, dp_attention: int = 1, mtp_layers: int = 0, dtype: str | None = None
+    spec: ModelSpec,
+    *,
+    tp: int,
+    dp_attention: int = 1,
+    mtp_layers: int = 0,
+    dtype: str | None = None,
+    moe_a2a: str = "none",
 ) -> WeightPlan:
-    """Weight bytes one rank holds: each part divided by its shard group size (rounded up)."""
+    """Weight bytes one rank holds: each part divided by its shard group size (rounded up); ``moe_a2a`` as in
+    ``weight_parts``."""
     if tp < 1 or dp_attention < 1 or tp % dp_attention:
         raise DsakvError(f"dp_attention = {dp_attention}: must be a positive divisor of tp = {tp}")
     heads = spec.arch_value("num_attention_heads")
@@ -182,7 +209,7 @@ def weights_per_rank(
             f"num_attention_heads = {heads}, as engines shard whole heads"
         )
     dtype = dtype or spec.weight_dtype
-    parts = weight_parts(spec, mtp_layers, dtype)
+    parts = weight_parts(spec, mtp_layers, dtype, moe_a2a)
     divisor = shard_divisors(tp, dp_attention)
     absorbed = absorbed_mla_part(spec, mtp_layers, dtype)
     runtime = () if absorbed is None else (absorbed,)
@@ -201,12 +228,14 @@ def weights_per_rank(
 
 
 __all__ = [
+    "MOE_A2A",
     "WEIGHT_DTYPE_BYTES",
     "WeightPart",
     "WeightPlan",
     "absorbed_mla_part",
     "matrix_bytes",
     "shard_divisors",
+    "shared_experts_shard",
     "weight_parts",
     "weights_per_rank",
 ]

@@ -33,7 +33,6 @@ from dsakv.scheduler.policies import check_mode, check_requeue, check_victim_ord
 from dsakv.sim.routing import ROUTERS, SHARDABLE_ROUTERS
 from dsakv.sim.step_settings import apply_step_settings
 from dsakv.sim.steptime import (
-    MOE_A2A,
     ConstantStepTime,
     RooflineStepTime,
     check_accept,
@@ -79,8 +78,8 @@ class SimConfig:
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
     on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03).
-    ``ep`` /
-    ``moe_a2a``: expert parallelism and its collectives (step time only). ``schedule_policy``: the scheduler's
+    ``ep``: expert parallelism (step time only; the MoE's collectives are the deployment's ``gpu.moe_a2a``, which
+    also sets where the shared experts' weights live). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
     when request k - C finishes (None: open loop, trace timestamps); one client for the whole cluster, whatever
     the instances and DP groups (a finish in any group starts the next request). ``frontend_s``: seconds from a
@@ -143,7 +142,6 @@ class SimConfig:
     step_model: str = "roofline"
     seed: int = 0
     ep: int = 1
-    moe_a2a: str = "none"
     schedule_policy: str = "mixed"
     max_concurrency: int | None = None
     frontend_s: float = 0.0
@@ -193,7 +191,6 @@ class SimConfig:
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
             raise DsakvError(f"ep = {self.ep!r}: must be a positive integer")
-        check_choice("moe_a2a", self.moe_a2a, MOE_A2A)
         for name in ("frontend_s", "frontend_request_s", "frontend_token_s"):
             fe = getattr(self, name)
             if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
@@ -379,7 +376,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             dp_attention=setting.dp_attention,
             dcp=setting.dcp,
             ep=cfg.ep,
-            moe_a2a=cfg.moe_a2a,
+            moe_a2a=setting.moe_a2a,
             weight_dtype=setting.weight_dtype,
             num_speculative_tokens=cfg.num_speculative_tokens,
             mtp_accept=cfg.mtp_accept,

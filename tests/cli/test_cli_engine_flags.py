@@ -95,7 +95,7 @@ def test_sweep_over_ep_moe_a2a_and_schedule_policy(capsys, trace):
     sweep = ["--sweep", "ep=1,8", "--sweep", "moe_a2a=none,deepep", "--workers", "1"]
     assert main([*BASE, "--trace", trace, *sweep, "--sweep", "schedule_policy=mixed,prefill_first"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    points = [(r["config"]["ep"], r["config"]["moe_a2a"], r["config"]["schedule_policy"]) for r in rows]
+    points = [(r["config"]["ep"], r["config"]["gpu"]["moe_a2a"], r["config"]["schedule_policy"]) for r in rows]
     assert len(points) == 8 and len(set(points)) == 8
     failed = {p for p, r in zip(points, rows) if r["error"]}
     assert failed == {(1, "deepep", "mixed"), (1, "deepep", "prefill_first")}  # DeepEP needs ep >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -108,6 +109,19 @@ def test_default_setting_is_8_h200_tp8_with_computed_weights(layout):
     assert cap.num_pages > 0 and cap.pool_tokens == cap.num_pages * 64
 
 
+def test_deepep_pool_gives_up_the_shared_experts_every_rank_holds_whole():
+    # SGLang's --moe-a2a-backend deepep keeps whole shared experts on every rank (planner.weights.shared_experts_shard):
+    # GLM-5.2 FP8 on 8 x H200, DP8 attention at 0.85, the gpustack / SGLang-cookbook setting, holds 2,477,865,600 B
+    # more weights a rank and that many bytes less pool.
+    glm = CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype="bf16")
+    base = GpuSetting(dp_attention=8, weight_dtype="fp8", mem_fraction_static=0.85)
+    tp, a2a = pool_capacity(glm, base), pool_capacity(glm, replace(base, moe_a2a="deepep"))
+    assert a2a.memory.weights_bytes - tp.memory.weights_bytes == 2_477_865_600
+    assert tp.memory.available_bytes - a2a.memory.available_bytes == 2_477_865_600
+    assert 0.85 < a2a.pool_tokens / tp.pool_tokens < 0.87
+    assert replace(base, moe_a2a="deepep").to_dict()["moe_a2a"] == "deepep"
+
+
 def test_request_fit_and_concurrency(layout):
     cap = pool_capacity(layout, available_bytes=40_000 * layout.page_bytes)
     fit = request_fit(RankCell(layout), cap, 1_048_576)
@@ -143,6 +157,7 @@ def test_gpu_kinds_use_driver_reported_bytes():
         ({"dcp": 16}, "dcp"),
         ({"gpu": "TPU"}, "gpu"),
         ({"activation_bytes": -1}, "activation"),
+        ({"moe_a2a": "nccl"}, "moe_a2a = 'nccl': must be one of none, deepep"),
     ],
 )
 def test_bad_gpu_setting_names_the_field(kwargs, field):

@@ -82,3 +82,26 @@ def test_the_absorbed_mla_copies_of_kv_b_count_on_the_rank_not_in_the_checkpoint
     assert dp8.rank_bytes - without == part.bytes == 2_290_089_984
     assert tp8.rank_bytes - sum(-(-p.bytes // shard_divisors(8, 1)[p.shard]) for p in tp8.parts) == part.bytes // 8
     assert dp8.to_dict()["runtime_parts"][part.name]["bytes"] == part.bytes
+
+
+def test_deepep_keeps_the_whole_shared_experts_on_every_rank():
+    # SGLang builds the shared experts with tp_size=1 under --moe-a2a-backend deepep (DeepseekV2MoE.__init__,
+    # _shared_expert_use_tp1) and does not fuse them into the routed experts there. GLM-5.2: one shared expert of
+    # gate / up / down 2,048 x 6,144 on each of its 75 MoE layers (78 less 3 dense), fp8 with a 4-byte scale per
+    # 128 x 128 block: whole on every rank instead of an eighth at TP8.
+    glm = ModelSpec.preset("glm-5.2")
+    per_matrix = 2_048 * 6_144 + (2_048 // 128) * (6_144 // 128) * 4
+    none = {p.name: p for p in weight_parts(glm, 0, "fp8")}["shared experts"]
+    deepep = {p.name: p for p in weight_parts(glm, 0, "fp8", "deepep")}["shared experts"]
+    assert none.bytes == deepep.bytes == 75 * 3 * per_matrix == 2_831_846_400
+    assert (none.shard, deepep.shard) == ("tp", "replicated")
+    for dp in (1, 8):
+        tp = weights_per_rank(glm, tp=8, dp_attention=dp, dtype="fp8")
+        a2a = weights_per_rank(glm, tp=8, dp_attention=dp, dtype="fp8", moe_a2a="deepep")
+        assert a2a.rank_bytes - tp.rank_bytes == none.bytes - none.bytes // 8 == 2_477_865_600
+        assert a2a.total_bytes == tp.total_bytes  # the same checkpoint, placed differently
+    # the MTP layer is a MoE layer too: its shared expert follows the same rule
+    mtp = {p.name: p for p in weight_parts(glm, 1, "fp8", "deepep")}["shared experts"]
+    assert mtp.bytes == 76 * 3 * per_matrix and mtp.shard == "replicated"
+    with pytest.raises(DsakvError, match=r"^moe_a2a = 'nccl': must be one of none, deepep$"):
+        weights_per_rank(glm, tp=8, moe_a2a="nccl")

@@ -153,6 +153,21 @@ def test_deepep_under_dp_attention_gathers_only_the_dense_layers(glm52):
     )
 
 
+def test_deepep_runs_whole_shared_experts_on_the_rank_own_tokens(glm52):
+    # Under DeepEP SGLang's shared experts are whole on every rank (tp_size=1) and forward_deepep runs them on the
+    # rank's own tokens: under DP8 attention a decode step reads all of them (7/8 more bytes than the TP slice the
+    # all-reduce MoE reads) for the same FLOPs (the whole expert on 16 tokens = an eighth of it on 8 x 16).
+    shared = {p.name: p for p in weight_parts(glm52.spec, 0)}["shared experts"]
+    tp = RooflineStepTime(glm52, dp_attention=8, ep=8)
+    a2a = RooflineStepTime(glm52, dp_attention=8, ep=8, moe_a2a="deepep")
+    a, b = tp.cost([], [4096] * 16), a2a.cost([], [4096] * 16)
+    assert b.bytes["linear"] - a.bytes["linear"] == pytest.approx(shared.bytes * 7 / 8)
+    assert b.flops["linear"] == pytest.approx(a.flops["linear"])
+    # without DP attention a rank's own tokens are every token: the same FLOPs, the whole weights still read
+    c, d = RooflineStepTime(glm52, ep=8).cost([], [4096] * 16), RooflineStepTime(glm52, ep=8, moe_a2a="deepep")
+    assert d.cost([], [4096] * 16).bytes["linear"] - c.bytes["linear"] == pytest.approx(shared.bytes * 7 / 8)
+
+
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):
     # glm-5.2 keeps the indexer on its full layers only (IndexCache): those pay the indexer's 20 kernels on top.
     st = RooflineStepTime(glm52, layer_min_s=0.0)

@@ -32,6 +32,7 @@ The package, in reading order:
 * ``acceptance``: MTP draft acceptance; ``constant``: ``ConstantStepTime``.
 """
 
+from dsakv.planner.weights import MOE_A2A  # the MoE's token exchange: a deployment knob (GpuSetting.moe_a2a)
 from dsakv.sim.steptime.acceptance import accept_positions, check_accept, tokens_per_decode
 from dsakv.sim.steptime.constant import ConstantStepTime
 from dsakv.sim.steptime.figures import LinearShare, RankFigures, rank_figures
@@ -39,7 +40,6 @@ from dsakv.sim.steptime.kernels import (
     DEEPGEMM_DENSE_EFF,
     DEEPGEMM_GROUPED_EFF,
     FA3_MHA_EFF,
-    MOE_A2A,
     VLLM_MIN_HEADS_FOR_BF16_PREFILL,
     sglang_dense_short_prefill,
     sglang_prefill_in_decode_kernel,

@@ -123,8 +123,8 @@ def eagle_v1_host_seconds(pricing: tuple[tuple[str, float | None], ...] = ()) ->
 @dataclass(frozen=True, slots=True)
 class LinearShare:
     """The linear layers' weights of one rank, split by the rows that go through them: ``attn`` (attention
-    projections, indexer, router, norms, MTP's eh_proj: the group's own rows), ``mlp`` (dense MLP and shared
-    experts: every DP group's rows), the routed experts (``expert_bytes``; FLOPs per token that picks its top-k),
+    projections, indexer, router, norms, MTP's eh_proj, and the shared experts under an all-to-all MoE: the group's
+    own rows), ``mlp`` (dense MLP and, with the all-reduce MoE, shared experts: every DP group's rows), the routed experts (``expert_bytes``; FLOPs per token that picks its top-k),
     and the lm_head (FLOPs per row that reaches it). Bytes per rank; FLOPs = 2 x parameters per rank."""
 
     attn_bytes: float = 0.0
@@ -205,18 +205,18 @@ def split_weights(parts: Sequence[WeightPart], div: dict[str, int], has_indexer:
         elif p.shard == "tp":  # dense MLP, shared experts: run on every DP group's tokens
             mlp_bytes += per_rank_bytes
             mlp_flops += 2 * per_rank_params
-        else:  # attention projections, indexer, router, norms: the group's own tokens
+        else:  # attention projections, indexer, router, norms (shared experts under all-to-all): own tokens
             attn_bytes += per_rank_bytes
             attn_flops += 2 * per_rank_params
     return LinearShare(attn_bytes, attn_flops, mlp_bytes, mlp_flops, expert_bytes, expert_flops, lm_bytes, lm_flops)
 
 
-def mtp_layer_parts(spec, dtype: str) -> list[WeightPart]:
+def mtp_layer_parts(spec, dtype: str, moe_a2a: str = "none") -> list[WeightPart]:
     """One MTP layer's weight parts: ``weight_parts`` with one MTP layer minus with none (eh_proj, norms, one
     attention + indexer, one MoE layer); parts with no parameters left out."""
-    base = {p.name: p for p in weight_parts(spec, 0, dtype)}
+    base = {p.name: p for p in weight_parts(spec, 0, dtype, moe_a2a)}
     out = []
-    for p in weight_parts(spec, 1, dtype):
+    for p in weight_parts(spec, 1, dtype, moe_a2a):
         b = base.get(p.name)
         params, nbytes = p.params - (b.params if b else 0), p.bytes - (b.bytes if b else 0)
         if params:
@@ -231,7 +231,8 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     dtype = model.weight_dtype or spec.weight_dtype
     attn_tp = max(model.tp // model.dp_attention, 1)  # DP attention: heads split over tp / dp_attention
     div = shard_divisors(model.tp, model.dp_attention)
-    lin = split_weights(weight_parts(spec, lay.mtp_layers, dtype), div, model.has_indexer, a)
+    # Under an all-to-all MoE the shared experts are whole on every rank and run on its own rows (``replicated``).
+    lin = split_weights(weight_parts(spec, lay.mtp_layers, dtype, model.moe_a2a), div, model.has_indexer, a)
     heads = a("num_attention_heads") / attn_tp
     pad = gpu.mla_head_pad
     padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
@@ -249,7 +250,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # a decode query in TensorRT-LLM's trtllm-gen kernel: its head tile, not FlashMLA's block (fact 29)
     decode_heads = trtllm_gen_mla_heads(heads) if model.mla_decode_trtllm_gen else padded
     mla_decode_flops_per_pair = decode_heads * per_head
-    mtp = split_weights(mtp_layer_parts(spec, dtype), div, model.has_indexer, a)
+    mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
     draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
     return RankFigures(

@@ -13,15 +13,12 @@ import numpy as np
 
 from dsakv.errors import DsakvError, check_choice
 from dsakv.planner.gpus import GpuKind, gpu_kind
+from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
 from dsakv.sim.steptime.figures import RankFigures, StepTerms, rank_figures, step_terms
 from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
-from dsakv.sim.steptime.kernels import (
-    DEEPGEMM_DENSE_EFF,
-    DEEPGEMM_GROUPED_EFF,
-    MOE_A2A,
-)
+from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF
 from dsakv.sim.steptime.sums import StepSums, batch_sums
 from dsakv.spec.layout import CacheLayout
 
