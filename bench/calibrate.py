@@ -398,6 +398,13 @@ def engine_spec_overlap(anchor: dict) -> bool:
 # piecewise CUDA graph with NSA", cadfa2d02) took them off; ``ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible``
 # still turns them off under DP attention and with an all-to-all MoE backend.
 SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
+# SGLang built the lightning indexer on every layer of a DSA model, also on the layers that reuse the previous
+# layer's top-k (GLM-5.2's IndexCache, 57 of 78), until sgl-project/sglang#30531 (8cc112d48, "[DSA] Skip indexer KV
+# cache for skip-topk layers"): ``DeepseekV2AttentionMLA.__init__`` constructed ``Indexer(...)`` (replicated
+# ``wq_b`` / ``wk`` / ``weights_proj`` / ``k_norm``) whenever the model uses DSA, and the pool gave each layer an
+# indexer cache (``get_num_indexer_layers``: "DSA models (V3.2) instantiate an Indexer on every transformer layer").
+# From it on, only the full layers and the MTP layer build either (``engine_pool_tokens``).
+SGLANG_SKIP_TOPK_INDEXER_DATE = datetime.date(2026, 8, 17)
 
 
 def engine_prefill_graph(anchor: dict) -> bool:
@@ -553,11 +560,13 @@ def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
 
     A model without the indexer (``has_indexer``: DeepSeek-R1 / V3 on the DSA preset as a proxy) caches the MLA
     latent only: the planner's bytes for the pool in pages of the main cache alone, less the same scratch pages.
-    SGLang keeps a DSA model's indexer cache on every layer (``DSATokenToKVPool`` allocates
-    ``index_k_with_scale_buffer`` for each of its ``layer_num`` layers, and ``DefaultPoolConfigurator`` counts the
-    indexer row ``num_layers`` times in the cell), also where the model computes its indexer on some layers only
-    (GLM-5.2's IndexCache: 21 full of 78): the planner's bytes for the pool, in pages of that cell. None (the
-    planner's pool) for vLLM rows of DSA models and models with the indexer on every layer already."""
+    An SGLang build before ``SGLANG_SKIP_TOPK_INDEXER_DATE`` (or naming no version) builds the lightning indexer on
+    every layer of a DSA model, also where the model computes it on some layers only (GLM-5.2's IndexCache: 21 full
+    of 78): an ``Indexer`` module, whose weights every rank holds (replicated), and its cache (``DSATokenToKVPool``
+    allocates ``index_k_with_scale_buffer`` for each of its ``layer_num`` layers, and ``DefaultPoolConfigurator``
+    counts the indexer row ``num_layers`` times in the cell): the pool of the same deployment with the indexer full
+    on every layer. None (the planner's pool) for vLLM rows of DSA models, later SGLang builds, and models with the
+    indexer on every layer already."""
     if not has_indexer(anchor):
         layout = build_setup(cfg).layout
         capacity = pool_capacity(layout, cfg.gpu)
@@ -567,13 +576,15 @@ def engine_pool_tokens(anchor: dict, cfg: SimConfig) -> int | None:
         return pages * capacity.group_page_tokens
     if policy_of(anchor) == "mixed":
         return None
+    built = sglang_build_date(anchor)
+    if built is not None and built >= SGLANG_SKIP_TOPK_INDEXER_DATE:
+        return None
     layout = build_setup(cfg).layout
     spec = layout.spec
     if spec.num_full_indexer_layers == spec.num_hidden_layers:
         return None
-    available = pool_capacity(layout, cfg.gpu).available_bytes
     every_layer = dataclasses.replace(layout, spec=spec.with_all_indexers_full())
-    return pool_capacity(every_layer, cfg.gpu, available_bytes=available).pool_tokens
+    return pool_capacity(every_layer, cfg.gpu).pool_tokens  # its weights and its cache on every layer
 
 
 def sim_config(anchor: dict) -> SimConfig:

@@ -636,19 +636,26 @@ def test_a_deepep_row_replays_expert_parallel_all_to_all(calibrate):
         calibrate.engine_moe_a2a({**row, "moe_a2a": "nccl"})
 
 
-def test_sglang_rows_pool_the_indexer_cache_of_every_layer(calibrate):
-    # SGLang's DSATokenToKVPool keeps an indexer buffer on each of its layer_num layers (and its pool configurator
-    # counts the indexer row num_layers times), so GLM-5.2's pool is the planner's bytes in pages of a cell with the
-    # indexer on all 78 layers: 78 x (1,152 + 132) B a token in bf16, where dsakv's IndexCache layout holds 21.
+def test_sglang_rows_build_the_indexer_of_every_layer_until_skip_topk_layers_went_without(calibrate):
+    # Until sgl-project/sglang#30531 (2026-08-17) SGLang built an Indexer module (replicated weights) and an indexer
+    # cache on every DSA layer: its DSATokenToKVPool keeps an indexer buffer on each of its layer_num layers (and its
+    # pool configurator counts the indexer row num_layers times), so GLM-5.2's pool is the planner's memory less the
+    # 57 skip-topk layers' indexer weights, in pages of a cell with the indexer on all 78 layers: 78 x (1,152 + 132) B
+    # a token in bf16, where dsakv's IndexCache layout holds 21.
     row = {"id": "x-sgl-dp8", "model": "glm-5.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "dp": "8"}
-    row.update(mem="0.85", engine="sglang")
+    row.update(mem="0.85", engine="sglang", version="v0.5.14")
     cfg = calibrate.sim_config(row)
     planner = calibrate.build_setup(calibrate.dataclasses.replace(cfg, pool_tokens=None))
     assert planner.layout.cell_bytes == 78 * 1_152 + 21 * 132
-    available = calibrate.pool_capacity(planner.layout, cfg.gpu).available_bytes
+    indexer = {p.name: p for p in calibrate.weight_parts(planner.layout.spec, 0, "fp8")}
+    per_layer = indexer["indexer wq_b/wk/weights_proj + k_norm"].bytes // 21  # replicated: whole on every rank
+    assert per_layer == 2_048 * 4_096 + 16 * 32 * 4 + 6_144 * 128 + 48 * 4 + 2 * 6_144 * 32 + 2 * 2 * 128
+    available = calibrate.pool_capacity(planner.layout, cfg.gpu).available_bytes - 57 * per_layer
     page = 64 * 78 * (1_152 + 132)
     assert cfg.pool_tokens == (available // page - 1) * 64 < planner.capacity.pool_tokens  # one scratch page
     assert calibrate.build_setup(cfg).num_pages == cfg.pool_tokens // 64
+    assert calibrate.sim_config({**row, "version": ""}).pool_tokens == cfg.pool_tokens  # no version: the old rule
+    assert calibrate.sim_config({**row, "version": "nightly-20260901"}).pool_tokens is None  # after #30531
     assert calibrate.sim_config({**row, "engine": "vllm"}).pool_tokens is None  # vLLM: the planner's pool
     assert calibrate.sim_config({**row, "model": "deepseek-v3.2"}).pool_tokens is None  # indexer on every layer
 
