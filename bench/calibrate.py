@@ -68,7 +68,7 @@ from pathlib import Path
 
 from dsakv.errors import DsakvError
 from dsakv.planner.budget import pool_capacity
-from dsakv.planner.deployment import GpuSetting, RankMemory
+from dsakv.planner.deployment import DEFAULT_ACTIVATION_BYTES, GpuSetting, RankMemory
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim import run
@@ -78,6 +78,7 @@ from dsakv.sim.steptime import MOE_A2A, RooflineStepTime
 from dsakv.sim.steptime.fitted import NCCL_NVLINK_BUS_EFF
 from dsakv.sim.steptime.kernels import GEMM_STREAM_EFF
 from dsakv.spec.layout import CacheLayout
+from dsakv.spec.model_spec import load_spec
 from dsakv.workloads.traces import TraceRequest
 
 # The bands of the step-time issue's "done when": TTFT, E2E latency and duration within 0.6-1.6, TPOT and every
@@ -161,6 +162,17 @@ def policy_of(anchor: dict) -> str:
 
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
+# vLLM sizes its KV cache from the peak of a profiling forward, and for a DSA model that forward reserves the shared
+# workspace of the sparse prefill at its largest (``current_workspace_manager().get_simultaneous``; a shared buffer,
+# so the larger request sizes it): the indexer's gathered keys, ``get_max_prefill_buffer_size`` = 40 x max_model_len
+# rows of one indexer K row each (128 fp8 bytes + a 4-byte scale: ``vllm/v1/attention/backends/mla/indexer.py``,
+# reserved by ``sparse_attn_indexer``'s profiling branch), sized there to fit FlashMLA-sparse's fp8-cache prefill
+# workspace of 5 x max_model_len bf16 latent rows ("(576 * 2 // 132) * 5 = 40"), which an fp8 cache reserves in the
+# same buffer (``FlashMLASparseImpl.__init__``). The 40 is there since the fp8 sparse prefill
+# (vllm-project/vllm#27532, 2025-11) and quoted at 40 in April 2026 (#41002); #55221 measures the reservation with
+# ``VLLM_DEBUG_WORKSPACE=1``: 5,036 MB at ``--max-model-len`` 1,000,000 (``engine_workspace_bytes``).
+VLLM_INDEXER_PREFILL_ROWS = 40
+VLLM_SPARSE_PREFILL_ROWS = 5
 
 
 # vLLM V1 reserves nothing for future output: its scheduler allocates KV blocks for the tokens it schedules this step
@@ -266,6 +278,24 @@ def engine_chunk_tokens(anchor: dict) -> int:
     if policy_of(anchor) == "mixed":
         return 8192
     return sglang_chunked_prefill_size(gpu_kind(anchor["gpu"]).memory_bytes / 2**20) // _int(anchor.get("dp"), 1)
+
+
+def engine_workspace_bytes(anchor: dict) -> int:
+    """What the row's engine holds outside its pool beyond the planner's activation reserve: for vLLM serving a model
+    with the lightning indexer, the sparse prefill's workspace its memory profile reserves
+    (``VLLM_INDEXER_PREFILL_ROWS`` indexer rows per token of max_model_len, or ``VLLM_SPARSE_PREFILL_ROWS`` bf16 latent
+    rows with an fp8 cache where that is larger), max_model_len being the model's ``max_position_embeddings`` (no
+    row on file sets ``--max-model-len``); 0 otherwise."""
+    if policy_of(anchor) != "mixed" or not has_indexer(anchor):
+        return 0
+    spec = load_spec(anchor["model"], None)
+    kv = engine_kv_dtype(anchor)
+    context = spec.max_position_embeddings
+    workspace = VLLM_INDEXER_PREFILL_ROWS * context * CacheLayout(spec, kv_dtype=kv).indexer_row_bytes
+    if kv != "bf16":
+        latent_bf16 = (spec.kv_lora_rank + spec.qk_rope_head_dim) * 2
+        workspace = max(workspace, VLLM_SPARSE_PREFILL_ROWS * context * latent_bf16)
+    return workspace
 
 
 def engine_mem_fraction(anchor: dict) -> float:
@@ -599,6 +629,7 @@ def sim_config(anchor: dict) -> SimConfig:
         weight_dtype=(anchor.get("weight_dtype") or None),
         max_batched_tokens=_int(anchor.get("budget"), chunk),
         moe_a2a=moe_a2a,
+        activation_bytes=DEFAULT_ACTIVATION_BYTES + engine_workspace_bytes(anchor),
     )
     victim_order, requeue = engine_preemption(anchor)
     cfg = SimConfig(

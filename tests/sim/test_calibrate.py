@@ -636,6 +636,26 @@ def test_a_deepep_row_replays_expert_parallel_all_to_all(calibrate):
         calibrate.engine_moe_a2a({**row, "moe_a2a": "nccl"})
 
 
+def test_vllm_rows_give_the_sparse_prefill_workspace_of_their_memory_profile(calibrate):
+    # vLLM's profiling forward reserves the indexer's prefill workspace, 40 x max_model_len rows of 132 B (its own
+    # comment: "40 * 163840 * 132 = 865075200 bytes" for DeepSeek-V3.2), and with an fp8 cache FlashMLA-sparse's
+    # 5 x max_model_len bf16 latent rows in the same buffer; it lands outside the pool.
+    row = {"id": "x-vllm", "model": "deepseek-v3.2", "weight_dtype": "fp8", "gpu": "H200", "gpus": "8", "dp": "1"}
+    row.update(engine="vllm")
+    assert calibrate.engine_workspace_bytes(row) == 40 * 163_840 * 132 == 865_075_200
+    assert calibrate.engine_workspace_bytes({**row, "kv": "fp8_ds_mla"}) == 5 * 163_840 * 576 * 2 == 943_718_400
+    glm = {**row, "model": "glm-5.2"}  # a 1,048,576-token context: 5.5 GB a rank
+    assert calibrate.engine_workspace_bytes(glm) == 40 * 1_048_576 * 132 == 5_536_481_280
+    assert calibrate.engine_workspace_bytes({**row, "engine": "sglang"}) == 0
+    assert calibrate.engine_workspace_bytes({**row, "id": "r1-x"}) == 0  # no indexer
+    cfg = calibrate.sim_config(glm)
+    assert cfg.gpu.activation_bytes == calibrate.DEFAULT_ACTIVATION_BYTES + 5_536_481_280
+    without = calibrate.dataclasses.replace(cfg.gpu, activation_bytes=calibrate.DEFAULT_ACTIVATION_BYTES)
+    layout = calibrate.build_setup(cfg).layout
+    gap = calibrate.pool_capacity(layout, without).available_bytes - calibrate.pool_capacity(layout, cfg.gpu).available_bytes
+    assert gap == 5_536_481_280
+
+
 def test_sglang_rows_build_the_indexer_of_every_layer_until_skip_topk_layers_went_without(calibrate):
     # Until sgl-project/sglang#30531 (2026-08-17) SGLang built an Indexer module (replicated weights) and an indexer
     # cache on every DSA layer: its DSATokenToKVPool keeps an indexer buffer on each of its layer_num layers (and its
