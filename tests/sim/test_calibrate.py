@@ -652,7 +652,10 @@ def test_vllm_rows_give_the_sparse_prefill_workspace_of_their_memory_profile(cal
     assert cfg.gpu.activation_bytes == calibrate.DEFAULT_ACTIVATION_BYTES + 5_536_481_280
     without = calibrate.dataclasses.replace(cfg.gpu, activation_bytes=calibrate.DEFAULT_ACTIVATION_BYTES)
     layout = calibrate.build_setup(cfg).layout
-    gap = calibrate.pool_capacity(layout, without).available_bytes - calibrate.pool_capacity(layout, cfg.gpu).available_bytes
+    gap = (
+        calibrate.pool_capacity(layout, without).available_bytes
+        - calibrate.pool_capacity(layout, cfg.gpu).available_bytes
+    )
     assert gap == 5_536_481_280
 
 
