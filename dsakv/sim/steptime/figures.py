@@ -124,8 +124,9 @@ def eagle_v1_host_seconds(pricing: tuple[tuple[str, float | None], ...] = ()) ->
 class LinearShare:
     """The linear layers' weights of one rank, split by the rows that go through them: ``attn`` (attention
     projections, indexer, router, norms, MTP's eh_proj, and the shared experts under an all-to-all MoE: the group's
-    own rows), ``mlp`` (dense MLP and, with the all-reduce MoE, shared experts: every DP group's rows), the routed experts (``expert_bytes``; FLOPs per token that picks its top-k),
-    and the lm_head (FLOPs per row that reaches it). Bytes per rank; FLOPs = 2 x parameters per rank."""
+    own rows), ``mlp`` (dense MLP and, with the all-reduce MoE, shared experts: every DP group's rows), the routed
+    experts (``expert_bytes``; FLOPs per token that picks its top-k), and the lm_head (FLOPs per row that reaches
+    it). Bytes per rank; FLOPs = 2 x parameters per rank."""
 
     attn_bytes: float = 0.0
     attn_flops: float = 0.0
@@ -202,7 +203,7 @@ def split_weights(parts: Sequence[WeightPart], div: dict[str, int], has_indexer:
         elif p.name == "routed experts":
             expert_bytes = per_rank_bytes
             expert_flops = 2 * per_rank_params * a("num_experts_per_tok") / max(a("n_routed_experts"), 1)
-        elif p.shard == "tp":  # dense MLP, shared experts: run on every DP group's tokens
+        elif p.shard == "tp":  # dense MLP, shared experts of the all-reduce MoE: every DP group's tokens
             mlp_bytes += per_rank_bytes
             mlp_flops += 2 * per_rank_params
         else:  # attention projections, indexer, router, norms (shared experts under all-to-all): own tokens
