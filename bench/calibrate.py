@@ -361,10 +361,12 @@ SGLANG_COMMIT_DATES = {
     "09ca4fc": datetime.date(2026, 6, 26),  # the GLM-5.2 cookbook's B200 cells ("main @ 09ca4fc")
 }
 # Model-launch images, by the date of the page that named them: the GLM-5 cookbook (sgl-project/sgl-cookbook b7feb18,
-# 2026-02-11) installs GLM-5 on Hopper from ``lmsysorg/sglang:glm5-hopper`` and benchmarks "SGLang Version: commit
-# 947927bdb"; its page of 2026-03-24 (6e1b81d) drops the image for main. No Hopper default below changes between
-# those dates (the Blackwell image's would: 2026-03-07, 2026-03-24; no row on file runs it).
-SGLANG_IMAGE_DATES = {"glm5-hopper": datetime.date(2026, 2, 11)}
+# 2026-02-11) installs GLM-5 on Hopper from ``lmsysorg/sglang:glm5-hopper`` and on Blackwell from
+# ``lmsysorg/sglang:glm5-blackwell``, and benchmarks "SGLang Version: commit 947927bdb"; its page of 2026-03-24
+# (6e1b81d) drops both images for main. No Hopper default below changes between those dates; the Blackwell cache
+# default does (2026-03-07, 2026-03-24), but the held-out GLM-5 B200 rows that run the Blackwell image are dated
+# 2026-02-13 (their report), before either change.
+SGLANG_IMAGE_DATES = {"glm5-hopper": datetime.date(2026, 2, 11), "glm5-blackwell": datetime.date(2026, 2, 11)}
 # The defaults that changed: SGLang ran EAGLE / MTP without its overlap scheduler until spec v2 became its default
 # on SGLANG_SPEC_V2_DATE (sgl-project/sglang#21062, 79dbfe450; ``ServerArgs._handle_speculative_decoding`` before it:
 # "Overlap scheduler is disabled when spec v2 is off"): the GLM-5 cookbook's commit 947927bdb (2026-02-11) predates

@@ -280,6 +280,20 @@ def test_gpustack_rows_leave_mem_and_kv_to_the_engines_defaults(calibrate, share
     assert calibrate.sim_config(vllm).kv_dtype == "bf16"
 
 
+def test_heldout_rows_record_only_the_settings_their_sources_name(calibrate, repo_dir):
+    # The held-out rows follow the anchors' rule: gpustack's DeepSeek-V3.2 page (the anchors' source too) names no
+    # memory fraction or cache format, the GLM-5 report names its image and 0.85 but no cache format; an empty cell
+    # is the engine's default at the row's build, which every row names.
+    with (repo_dir / "bench" / "calibration" / "heldout.csv").open(newline="") as f:
+        rows = {a["id"]: a for a in csv.DictReader(f)}
+    assert all(a["kv"] == "" and a["engine"] and a["version"] for a in rows.values())
+    assert all(a["mem"] == "" for a in rows.values() if "gpustack" in a["src"])
+    assert calibrate.sim_config(rows["ds-vllm-tp8-128x4"]).kv_dtype == "bf16"  # vLLM v0.13: bf16 unless told
+    assert calibrate.sim_config(rows["ds-sgl-dp8-128x4"]).kv_dtype == "bf16"  # SGLang on Hopper
+    assert calibrate.sim_config(rows["glm5-sgl-tp8-b200-c1"]).kv_dtype == "fp8_ds_mla"  # SGLang on Blackwell, 2026-02
+    assert calibrate.sim_config(rows["glm5-sgl-tp8-h200-mtp3-c1"]).kv_dtype == "bf16"
+
+
 def _write_rows(tmp_path, rows: list[dict]) -> str:
     """An anchors CSV of the tiny model's rows (``id``, ``published`` and any column overridden), each with a trace
     of four requests of 100 input and 5 output tokens."""
@@ -542,12 +556,13 @@ def test_sglang_build_dates_come_from_releases_commits_and_nightly_tags(calibrat
     assert version("lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca") == date(2026, 4, 1)
     assert version("commit 947927bdb") == date(2026, 2, 11)
     assert version("main @ 09ca4fc") == date(2026, 6, 26)
-    assert version("lmsysorg/sglang:glm5-hopper") == date(2026, 2, 11)  # the GLM-5 cookbook's image, its page's date
+    assert version("lmsysorg/sglang:glm5-hopper") == date(2026, 2, 11)  # the GLM-5 cookbook's images, its page's date
+    assert version("lmsysorg/sglang:glm5-blackwell") == date(2026, 2, 11)
     assert version("") is None
     with pytest.raises(calibrate.DsakvError, match=r"^anchor x-sgl: version = 'v0.5.11': no build date on file"):
         version("v0.5.11")
-    with pytest.raises(calibrate.DsakvError, match=r"an image of SGLANG_IMAGE_DATES \(glm5-hopper\)"):
-        version("lmsysorg/sglang:glm5-blackwell")
+    with pytest.raises(calibrate.DsakvError, match=r"an image of SGLANG_IMAGE_DATES \(glm5-hopper, glm5-blackwell\)"):
+        version("lmsysorg/sglang:glm5-nvfp4")
 
 
 def test_sglang_spec_v2_builds_replay_with_the_overlap_scheduler(calibrate):
@@ -571,6 +586,7 @@ def test_sglang_serves_a_dsa_model_on_blackwell_in_its_builds_default_cache(cali
     assert kv({**row, "version": "lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca", "dp": "8"}) == "bf16"
     assert kv({**row, "version": "commit 947927bdb", "dp": "8"}) == "fp8_ds_mla"
     assert kv({**row, "version": "commit 947927bdb"}) == "fp8_ds_mla"
+    assert kv({**row, "version": "lmsysorg/sglang:glm5-blackwell"}) == "fp8_ds_mla"  # the held-out B200 rows' image
     assert kv({**row, "version": "main @ 09ca4fc"}) == kv({**row, "version": "main @ 09ca4fc", "dp": "8"}) == "fp8"
     assert kv({**row, "version": "main @ 09ca4fc", "gpu": "H200"}) == "bf16"
     assert kv({**row, "version": "main @ 09ca4fc", "indexer": "0"}) == "bf16"
