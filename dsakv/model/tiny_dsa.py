@@ -65,6 +65,8 @@ MOE_ARCH_FIELDS = (
     "n_shared_experts",
     "num_experts_per_tok",
     "first_k_dense_replace",
+    "n_group",
+    "topk_group",
 )
 DENSE_ARCH_FIELDS = tuple(f for f in ARCH_FIELDS if f not in MOE_ARCH_FIELDS)
 

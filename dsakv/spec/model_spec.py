@@ -58,6 +58,8 @@ ARCH_FIELDS = (
     "n_shared_experts",
     "num_experts_per_tok",
     "first_k_dense_replace",
+    "n_group",  # routed-expert groups (DeepSeek-V3's group-limited routing; 1: none)
+    "topk_group",  # groups a token's experts are chosen from
 )
 
 

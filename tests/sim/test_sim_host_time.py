@@ -165,6 +165,27 @@ def test_an_eager_prefill_step_takes_at_least_its_launches(glm5, decode, prefill
     assert eager.step_seconds(prefill, decode) == cost.total_seconds
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    decode=st.lists(st.integers(1, 70_000), min_size=0, max_size=6),
+    prefill=st.lists(st.tuples(st.integers(1, 16_384), st.integers(0, 20_000)), min_size=1, max_size=2),
+)
+def test_a_deepep_eager_prefill_pays_its_launches_on_top_of_its_gpu_work(glm5, decode, prefill):
+    # Fact 35: DeepEP's normal dispatch makes the host wait for the GPU at every MoE layer (its CPU-side count
+    # poll), so an eager prefill step's launches do not hide under the GPU's work: they add to it.
+    graphs = RooflineStepTime(glm5, tp=8, ep=8, moe_a2a="deepep")
+    eager = dataclasses.replace(graphs, prefill_graph=False)
+    base, cost = graphs.cost(prefill, decode), eager.cost(prefill, decode)
+    short = all(ctx + n <= eager.rank.topk for n, ctx in prefill)
+    indexer = EAGER_INDEXER_SHORT_LAUNCHES if short else EAGER_INDEXER_LAUNCHES
+    launches = (eager.rank.layers + eager.rank.idx_layers * indexer) * EAGER_LAYER_S
+    assert cost.total_seconds == pytest.approx(base.total_seconds + launches, rel=1e-12)
+    assert cost.seconds["eager_launch"] == pytest.approx(launches, rel=1e-12)
+    assert eager.step_seconds(prefill, decode) == cost.total_seconds
+    # a decode-only step replays its graph either way
+    assert eager.step_seconds([], decode or [1]) == graphs.step_seconds([], decode or [1])
+
+
 def test_a_run_with_chunks_priced_as_arrays_keeps_the_floor_bit_for_bit(glm5):
     eager = RooflineStepTime(glm5, tp=8, prefill_graph=False)
     contexts, steps, chunks = [1000, 3000], 12, [(64, 64 * j) for j in range(12)]

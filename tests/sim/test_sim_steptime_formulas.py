@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import pytest
 
@@ -12,7 +14,8 @@ from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, trtllm_gen_mla_heads
-from dsakv.sim.steptime.kernels import GEMM_FIXED_S
+from dsakv.sim.steptime.figures import normal_dispatch_ranks
+from dsakv.sim.steptime.kernels import GEMM_FIXED_S, GEMM_STREAM_EFF
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -137,6 +140,53 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
     assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
 
 
+def _ranks_reached_by_enumeration(experts, topk, n_group, topk_group, ep):
+    # the reference: every choice of groups, then every choice of top-k experts among them, equally likely
+    per_group, per_rank = experts // n_group, experts // ep
+    total = count = 0
+    for groups in itertools.combinations(range(n_group), topk_group):
+        pool = [e for g in groups for e in range(g * per_group, (g + 1) * per_group)]
+        for chosen in itertools.combinations(pool, topk):
+            total += len({e // per_rank for e in chosen})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize(
+    "experts, topk, n_group, topk_group, ep",
+    [(8, 2, 1, 1, 4), (12, 3, 1, 1, 3), (16, 3, 4, 2, 8), (16, 4, 4, 2, 2), (24, 2, 6, 3, 2), (16, 2, 8, 4, 4)],
+)
+def test_normal_dispatch_reaches_each_rank_holding_one_of_the_tokens_experts(experts, topk, n_group, topk_group, ep):
+    # DeepEP's normal mode sends a token once per rank that holds one of its experts (is_token_in_rank)
+    got = normal_dispatch_ranks(experts, topk, n_group, topk_group, ep)
+    assert got == pytest.approx(_ranks_reached_by_enumeration(experts, topk, n_group, topk_group, ep), rel=1e-12)
+
+
+def test_deepep_prefill_dispatches_once_per_rank_and_decode_once_per_expert(glm52):
+    # Fact 35: GLM-5.2 routes 8 of 256 experts without groups; at EP 8 a token reaches 4.63 other ranks on an extend
+    # step (normal mode), 7 x 8 / 8 = 7 copies on a decode step (low-latency mode, one per expert).
+    st = RooflineStepTime(glm52, tp=8, ep=8, moe_a2a="deepep")
+    other = (8 - 1) * (1 - math.comb(256 - 32, 8) / math.comb(256, 8))
+    assert st.rank.dispatch_copies == pytest.approx(other) == pytest.approx(4.633, abs=1e-3)
+    layers, hidden, tokens = glm52.num_attention_layers, 6144, 4096
+    dense = glm52.spec.arch_value("first_k_dense_replace")
+    attn_ar = layers * tokens * hidden * 2 * 2 * 7 / 8
+    dense_ar = dense * tokens * hidden * 2 * 2 * 7 / 8
+    c = st.cost([(tokens, 0)], [])
+    per_rank = tokens / 8  # without DP attention each TP rank dispatches an eighth of the tokens
+    assert c.bytes["collectives"] == pytest.approx(
+        attn_ar + dense_ar + (layers - dense) * per_rank * other * hidden * 3
+    )
+    d = st.cost([], [4096] * 64)
+    per_expert = (layers - dense) * 64 / 8 * 8 * hidden * 3 * 7 / 8
+    assert d.bytes["collectives"] == pytest.approx(64 / tokens * (attn_ar + dense_ar) + per_expert)
+    # group-limited routing (DeepSeek-V3: 4 of 8 groups, a group a rank at EP 8) reaches fewer ranks
+    ds = RooflineStepTime(CacheLayout(ModelSpec.preset("deepseek-v3.2")), tp=8, ep=8, moe_a2a="deepep")
+    assert ds.rank.dispatch_copies == pytest.approx(7 * 4 / 8 * (1 - math.comb(128 - 32, 8) / math.comb(128, 8)))
+    with pytest.raises(DsakvError, match=r"^moe_a2a deepep: n_routed_experts = 256, n_group = 1, ep = 3: "):
+        normal_dispatch_ranks(256, 8, 1, 1, 3)
+
+
 def test_deepep_under_dp_attention_gathers_only_the_dense_layers(glm52):
     # SGLang's LayerCommunicator keeps a MoE layer's tokens scattered when an all-to-all backend is set (DeepEP
     # dispatches them); only the first_k_dense_replace dense layers gather every DP group's tokens and scatter back.
@@ -166,6 +216,21 @@ def test_deepep_runs_whole_shared_experts_on_the_rank_own_tokens(glm52):
     # without DP attention a rank's own tokens are every token: the same FLOPs, the whole weights still read
     c, d = RooflineStepTime(glm52, ep=8).cost([], [4096] * 16), RooflineStepTime(glm52, ep=8, moe_a2a="deepep")
     assert d.cost([], [4096] * 16).bytes["linear"] - c.bytes["linear"] == pytest.approx(shared.bytes * 7 / 8)
+
+
+def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
+    # Fact 35: under DeepEP SGLang runs each rank's whole experts in DeepGEMM's grouped GEMMs, whose weights stream
+    # at the rate DeepGEMM publishes for decode-size GEMMs (GEMM_STREAM_EFF); the TP MoE keeps the fitted bw_eff.
+    tp = RooflineStepTime(glm52, dp_attention=8, ep=8)
+    a2a = RooflineStepTime(glm52, dp_attention=8, ep=8, moe_a2a="deepep")
+    hbm = tp.gpu.hbm_bytes_per_s
+    assert tp.rank.expert_bw == pytest.approx(hbm * tp.bw_eff)
+    assert a2a.rank.expert_bw == pytest.approx(hbm * GEMM_STREAM_EFF) and GEMM_STREAM_EFF > a2a.bw_eff
+    for st in (tp, a2a):
+        c = st.cost([], [4096] * 16)  # 128 tokens reach the MoE: every expert byte-bound
+        assert c.seconds["moe"] == pytest.approx(c.bytes["moe"] / st.rank.expert_bw)
+        assert c.seconds["moe"] > c.flops["moe"] / st.rank.moe_rate
+    assert a2a.cost([], [4096] * 16).bytes["moe"] == pytest.approx(tp.cost([], [4096] * 16).bytes["moe"])
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

@@ -9,10 +9,12 @@ gives each formula; ``rank_figures`` computes them (the roofline reads ``model.r
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dsakv.errors import DsakvError
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
@@ -27,6 +29,7 @@ from dsakv.sim.steptime.kernels import (
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
+    GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
@@ -157,6 +160,7 @@ class RankFigures:
     linear: LinearShare
     lin_bytes: float  # attention + MLP + lm_head weight bytes read once per step
     expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
+    dispatch_copies: float  # EP ranks other than its own one token reaches in DeepEP's normal (extend) dispatch
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
     mla_decode_flops_per_pair: float  # the same for a decode query: its kernel's head tile (trtllm-gen's or FlashMLA's)
@@ -171,6 +175,7 @@ class RankFigures:
     mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
+    expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
     link_bw: float  # NVLink bytes per second x link_eff
     gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
     moe_rate: float  # the same peak x moe_eff
@@ -186,6 +191,36 @@ class RankFigures:
     mtp_cell_bytes: float  # the cache row one draft writes per decode (main + indexer)
     mtp_floor_s: float  # one layer floor + one indexer floor (with the indexer)
     draft_mla_rate: float  # bf16 peak x the draft's sparse-MLA kernel efficiency
+
+
+def normal_dispatch_ranks(experts: int, topk: int, n_group: int, topk_group: int, ep: int) -> float:
+    """The expected number of EP ranks (its own included) that hold at least one of a token's ``topk`` routed
+    experts: what DeepEP's normal dispatch sends the token to, once per rank (``Buffer.get_dispatch_layout``'s
+    ``is_token_in_rank``, deepseek-ai/DeepEP ``deep_ep/buffers/legacy.py`` at dd758ca), where the low-latency kernels
+    send one copy per expert. Routing taken uniform: ``topk_group`` of the ``n_group`` expert groups, then ``topk``
+    experts among theirs; rank r holds the r-th contiguous ``experts / ep`` (SGLang's and DeepEP's layout). A rank
+    left without one of the token's experts: C(pool - held, topk) / C(pool, topk) of the pool's choices."""
+    if experts % ep or experts % n_group or (ep % n_group and n_group % ep):
+        raise DsakvError(
+            f"moe_a2a deepep: n_routed_experts = {experts}, n_group = {n_group}, ep = {ep}: the experts must split "
+            "evenly over the EP ranks and the expert groups, and the groups and ranks must nest"
+        )
+    per_rank, per_group = experts // ep, experts // n_group
+    pool = topk_group * per_group
+    missed = math.comb(pool, topk)
+
+    def reached(held: int) -> float:  # a rank holding ``held`` of the pool's experts gets at least one of the token's
+        return 1.0 - math.comb(pool - held, topk) / missed
+
+    if ep % n_group == 0:  # a rank's experts lie in one group: in the pool when that group is chosen
+        touched = topk_group / n_group * reached(per_rank)
+    else:  # a rank holds n_group / ep whole groups, j of them chosen (hypergeometric)
+        own = n_group // ep
+        touched = sum(
+            math.comb(own, j) * math.comb(n_group - own, topk_group - j) * reached(j * per_group)
+            for j in range(min(own, topk_group) + 1)
+        ) / math.comb(n_group, topk_group)
+    return ep * touched
 
 
 def split_weights(parts: Sequence[WeightPart], div: dict[str, int], has_indexer: bool, a) -> LinearShare:
@@ -243,6 +278,15 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     layers = spec.num_hidden_layers + lay.mtp_layers
     idx_key_bytes = lay.indexer_row_bytes / lay.index_kpool
     bw = gpu.hbm_bytes_per_s * model.bw_eff
+    # Under DeepEP each rank holds whole experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked
+    # layout on low-latency decode steps: ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate
+    # DeepGEMM's decode-size GEMMs publish (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff.
+    expert_bw = gpu.hbm_bytes_per_s * GEMM_STREAM_EFF if model.moe_a2a == "deepep" else bw
+    # DeepEP's normal mode (extend steps) sends a token once to each other rank holding one of its experts (fact 35)
+    dispatch_copies = 0.0
+    if model.moe_a2a == "deepep" and experts:
+        ranks = normal_dispatch_ranks(experts, topk_experts, a("n_group") or 1, a("topk_group") or 1, model.ep)
+        dispatch_copies = ranks * (model.ep - 1) / model.ep
     lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
     lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
@@ -268,6 +312,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         linear=lin,
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
+        dispatch_copies=dispatch_copies,
         mla_flops_per_pair=mla_flops_per_pair,
         mla_decode_flops_per_pair=mla_decode_flops_per_pair,
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one
@@ -281,6 +326,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
         mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,
         bw=bw,
+        expert_bw=expert_bw,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,
         moe_rate=lin_peak * model.moe_eff,

@@ -56,7 +56,10 @@ class RooflineStepTime:
     tokens: the sum over the groups when the caller passes it (``dp_tokens``: ``dsakv.sim.cluster`` steps every
     group), else the simulated group's batch scaled by the group count (balanced round-robin groups). ``ep`` ranks
     hold the routed experts; with ``moe_a2a = "deepep"`` the MoE exchanges tokens all-to-all (fp8 dispatch,
-    bf16 combine) instead of all-reducing. ``num_speculative_tokens`` draft tokens per decode are verified each step
+    bf16 combine) instead of all-reducing, the experts' weights stream at DeepGEMM's published decode-GEMM rate
+    (``kernels.GEMM_STREAM_EFF``, not ``bw_eff``) and an eager prefill's launch work adds to its GPU work (DeepEP's
+    normal dispatch makes the host wait for the GPU at every MoE layer; docs/steptime.md, fact 35).
+    ``num_speculative_tokens`` draft tokens per decode are verified each step
     (``1 + num_speculative_tokens`` query rows) and cost ``num_speculative_tokens`` forwards of the MTP layer: the
     decoder's MTP cache layer (the draft extend) and ``num_speculative_tokens - 1`` draft passes;
     ``tokens_per_decode`` is the expected yield, for reports (``mtp_accept``: one probability or one per draft
@@ -256,7 +259,7 @@ class RooflineStepTime:
         bw = r.bw
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
-        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / bw)
+        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / r.expert_bw)
         mla_s = larger(mla_compute_s, mla_bytes / bw)
         idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
         write_s = write_bytes / bw
@@ -280,7 +283,10 @@ class RooflineStepTime:
             total = total + spec_host_s
         eager_s = 0.0
         if pf_tokens and not self.prefill_graph:  # an eager forward: no sooner than its kernels are launched
-            eager_s = larger(0.0, self._eager_launch_seconds(s) - total)
+            launch_s = self._eager_launch_seconds(s)
+            # DeepEP's normal dispatch (SGLang's on extend steps) makes the host wait for the GPU at every MoE layer:
+            # its launches are priced in series with the GPU's work, not hidden under it (fact 35)
+            eager_s = launch_s if self.moe_a2a == "deepep" else larger(0.0, launch_s - total)
             total = total + eager_s
         if not breakdown:
             return total
@@ -400,10 +406,13 @@ class RooflineStepTime:
         elif d > 1:  # extend (SUM_LEN padding): the gather is an all-reduce of a zero-filled buffer, the scatter a copy
             nbytes += layers * moe_tokens * hid2 * 2 * (d - 1) / d
             count += layers
-        if deepep:  # MoE layers, per rank: its tokens, top-k copies, fp8 out, bf16 back
+        if deepep:  # MoE layers, per rank: its tokens, fp8 out, bf16 back to and from the other EP ranks
             rank_tokens = tokens / attn_tp
             ep = self.ep
-            nbytes += moe_layers * rank_tokens * r.topk_experts * r.hidden * (1 + 2) * (ep - 1) / ep
+            # normal mode (extend steps): once per rank holding one of the token's experts; low-latency mode
+            # (decode): one copy per expert (fact 35)
+            copies = r.dispatch_copies if extend else r.topk_experts * (ep - 1) / ep
+            nbytes += moe_layers * rank_tokens * copies * r.hidden * (1 + 2)
             count += 2 * moe_layers
             if d == 1 and dense_layers:  # the dense MLP's output all-reduce over the TP ranks
                 nbytes += dense_layers * moe_tokens * hid2 * 2 * (tp - 1) / tp
@@ -433,7 +442,7 @@ class RooflineStepTime:
         lin_flops = n_dec * r.mtp.attn_flops + rows * r.mtp.mlp_flops + n_dec * r.linear.lm_head_flops_per_row
         linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
-        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / bw)
+        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / r.expert_bw)
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
         mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
