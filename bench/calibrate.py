@@ -346,12 +346,14 @@ def engine_max_running(anchor: dict) -> int:
 # When SGLang builds on file were cut, for the engine defaults that changed between them (each found in SGLang's
 # history: the commit's date, or the day the install docs first named the release). A release is dated no later
 # than it was in use: v0.5.9 by the install page's switch to it (1b76eb936, 2026-03-04), v0.5.14 by its ROCm image
-# (lmsysorg/sglang-rocm:v0.5.14-rocm720-mi35x-20260710; the docs moved on to v0.5.15 on 2026-07-13, 805385414).
+# (lmsysorg/sglang-rocm:v0.5.14-rocm720-mi35x-20260710; the docs moved on to v0.5.15 on 2026-07-13, 805385414),
+# v0.5.13.post1 by the first page to name it (7bd1a9d16, 2026-06-15; its ROCm image is tagged 20260618).
 SGLANG_RELEASE_DATES = {
     "0.5.6": datetime.date(2025, 12, 2),  # 7ae368efd "bump SGLang version to 0.5.6"
     "0.5.6.post1": datetime.date(2025, 12, 9),  # 9a327bdfc
     "0.5.6.post2": datetime.date(2025, 12, 11),  # 5c8bd8b51
     "0.5.9": datetime.date(2026, 3, 4),
+    "0.5.13.post1": datetime.date(2026, 6, 15),
     "0.5.14": datetime.date(2026, 7, 10),
 }
 SGLANG_COMMIT_DATES = {
@@ -428,7 +430,8 @@ def engine_spec_overlap(anchor: dict) -> bool:
 # SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and
 # GlmMoeDsaForCausalLM in ``piecewise_cuda_graph_disabled_model_archs`` until sgl-project/sglang#23351 ("Support
 # piecewise CUDA graph with NSA", cadfa2d02) took them off; ``ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible``
-# still turns them off under DP attention and with an all-to-all MoE backend.
+# still turns them off under DP attention and with an all-to-all MoE backend, and on every non-CUDA GPU: ROCm's HIP
+# included, from the default's first commit ("6. Non-CUDA hardware (AMD, NPU, etc.)") to the rule list of June 2026.
 SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
 # SGLang built the lightning indexer on every layer of a DSA model, also on the layers that reuse the previous
 # layer's top-k (GLM-5.2's IndexCache, 57 of 78), until sgl-project/sglang#30531 (8cc112d48, "[DSA] Skip indexer KV
@@ -444,11 +447,14 @@ def engine_prefill_graph(anchor: dict) -> bool:
     piecewise graphs do; SGLang runs a DSA model's prefill eagerly (``kernels.EAGER_LAYER_S``) in builds before
     ``SGLANG_DSA_PREFILL_GRAPH_DATE`` (or naming no version), and after it under DP attention or DeepEP; every other
     SGLang row on file (DeepSeek-R1 / V3) predates those graphs or cannot be dated against their 2026-03-02 default,
-    and keeps eager prefill. (A piecewise graph covers prefill steps of up to 2,048 tokens for an MLA model; above
-    that SGLang runs eagerly, where the eager floor no longer binds.)"""
+    and keeps eager prefill. On an AMD GPU (a CDNA kind: ROCm's HIP) SGLang never replays prefill graphs. (A
+    piecewise graph covers prefill steps of up to 2,048 tokens for an MLA model; above that SGLang runs eagerly, where
+    the eager floor no longer binds.)"""
     if policy_of(anchor) == "mixed":
         return True
     if not has_indexer(anchor) or _int(anchor.get("dp"), 1) > 1 or engine_moe_a2a(anchor)[0] != "none":
+        return False
+    if gpu_kind(anchor["gpu"]).arch.startswith("cdna"):
         return False
     built = sglang_build_date(anchor)
     return built is not None and built >= SGLANG_DSA_PREFILL_GRAPH_DATE

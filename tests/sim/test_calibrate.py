@@ -292,6 +292,22 @@ def test_heldout_rows_record_only_the_settings_their_sources_name(calibrate, rep
     assert calibrate.sim_config(rows["ds-sgl-dp8-128x4"]).kv_dtype == "bf16"  # SGLang on Hopper
     assert calibrate.sim_config(rows["glm5-sgl-tp8-b200-c1"]).kv_dtype == "fp8_ds_mla"  # SGLang on Blackwell, 2026-02
     assert calibrate.sim_config(rows["glm5-sgl-tp8-h200-mtp3-c1"]).kv_dtype == "bf16"
+    assert calibrate.sim_config(rows["glm52-sgl-mi355x-tp8-8k1k-c64"]).kv_dtype == "bf16"  # gfx950 reports SM 9.5
+
+
+def test_sglang_on_an_amd_gpu_runs_prefill_eagerly(calibrate, repo_dir):
+    # ServerArgs turns piecewise prefill graphs off on every non-CUDA GPU (HIP included), from their default
+    # (c64274c74) on; the same TP8 row on an H200 of the same build replays them (no DP attention, no DeepEP).
+    with (repo_dir / "bench" / "calibration" / "heldout.csv").open(newline="") as f:
+        amd = [a for a in csv.DictReader(f) if a["gpu"] == "MI355X"]
+    assert len(amd) == 5
+    for row in amd:
+        cfg = calibrate.sim_config(row)
+        assert cfg.prefill_graph is False and cfg.num_speculative_tokens == 0, row["id"]
+        assert calibrate.sim_config({**row, "gpu": "H200"}).prefill_graph is True, row["id"]
+    chunks = {a["id"]: calibrate.engine_chunk_tokens(a) for a in amd}
+    assert chunks["glm52-sgl-mi355x-tp8-8k1k-c1"] == 131072
+    assert chunks["glm52-sgl-mi355x-tp8-8k1k-c1024"] == 16384  # 288 GB: SGLang's default above 160 GiB
 
 
 def _write_rows(tmp_path, rows: list[dict]) -> str:
@@ -553,6 +569,7 @@ def test_sglang_build_dates_come_from_releases_commits_and_nightly_tags(calibrat
     assert version("0.5.9") == version("lmsysorg/sglang:v0.5.9-cu130") == date(2026, 3, 4)
     assert version("v0.5.14 @ 49e384ce") == version("v0.5.14") == date(2026, 7, 10)
     assert version("lmsysorg/sglang:v0.5.6-cu129-amd64") == date(2025, 12, 2)
+    assert version("lmsysorg/sglang-rocm:v0.5.13.post1-rocm720-mi35x-20260618") == date(2026, 6, 15)  # docs, 7bd1a9d16
     assert version("lmsysorg/sglang:nightly-dev-cu13-20260401-b6fe0cca") == date(2026, 4, 1)
     assert version("commit 947927bdb") == date(2026, 2, 11)
     assert version("main @ 09ca4fc") == date(2026, 6, 26)
