@@ -430,8 +430,9 @@ def engine_spec_overlap(anchor: dict) -> bool:
 # SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and
 # GlmMoeDsaForCausalLM in ``piecewise_cuda_graph_disabled_model_archs`` until sgl-project/sglang#23351 ("Support
 # piecewise CUDA graph with NSA", cadfa2d02) took them off; ``ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible``
-# still turns them off under DP attention and with an all-to-all MoE backend, and on every non-CUDA GPU: ROCm's HIP
-# included, from the default's first commit ("6. Non-CUDA hardware (AMD, NPU, etc.)") to the rule list of June 2026.
+# still turns them off under DP attention and with an all-to-all MoE backend, and on every non-CUDA GPU, ROCm's HIP
+# included: rule 6 of the default's own commit ("Non-CUDA hardware (AMD, NPU, etc.)"), the same rule at f7632ef86
+# (2026-06-18, the MI355X cells' image date) and at 06ad7b2b0 ("non-CUDA hardware (HIP/NPU/CPU/MPS/XPU)").
 SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
 # SGLang built the lightning indexer on every layer of a DSA model, also on the layers that reuse the previous
 # layer's top-k (GLM-5.2's IndexCache, 57 of 78), until sgl-project/sglang#30531 (8cc112d48, "[DSA] Skip indexer KV
