@@ -293,6 +293,17 @@ def test_heldout_rows_record_only_the_settings_their_sources_name(calibrate, rep
     assert calibrate.sim_config(rows["glm5-sgl-tp8-b200-c1"]).kv_dtype == "fp8_ds_mla"  # SGLang on Blackwell, 2026-02
     assert calibrate.sim_config(rows["glm5-sgl-tp8-h200-mtp3-c1"]).kv_dtype == "bf16"
     assert calibrate.sim_config(rows["glm52-sgl-mi355x-tp8-8k1k-c64"]).kv_dtype == "bf16"  # gfx950 reports SM 9.5
+    # the DeepSeek-V3.2 cookbook's B200 runs (SGLang 0.5.6): FlashMLA's fp8 rows, EAGLE V1 (before spec v2), eager
+    # prefill (before piecewise graphs); the ShareGPT run's lengths drawn around the printed means
+    mtp, dp8 = (
+        calibrate.sim_config(rows["dsexp-sgl-b200-tp8-mtp3-c1"]),
+        calibrate.sim_config(rows["dsexp-sgl-b200-dp8-c100"]),
+    )
+    assert mtp.kv_dtype == dp8.kv_dtype == "fp8_ds_mla"
+    assert not mtp.spec_overlap and not mtp.prefill_graph and not dp8.prefill_graph
+    assert calibrate.engine_chunk_tokens(rows["dsexp-sgl-b200-dp8-c100"]) == 16384 // 8
+    assert calibrate.range_ratio_of(rows["dsexp-sgl-b200-dp8-c100"]) == 0.0
+    assert calibrate.range_ratio_of(rows["dsexp-sgl-b200-tp8-mtp3-c1"]) == 1.0
 
 
 def test_sglang_on_an_amd_gpu_runs_prefill_eagerly(calibrate, repo_dir):
