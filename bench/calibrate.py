@@ -555,6 +555,32 @@ def engine_moe_a2a(anchor: dict) -> tuple[str, int]:
     return a2a, (_int(anchor["gpus"]) if a2a == "deepep" else 1)
 
 
+# The environment variables a row's source sets that change what the replay prices (``env`` column, ``NAME=VALUE``
+# separated by spaces): vLLM's switches for DeepGEMM's grouped MoE GEMMs, 1 by default (``vllm/envs.py``); either at
+# 0 keeps the routed experts in Triton's fused MoE (``SimConfig.moe_deep_gemm``, docs/steptime.md fact 36).
+ENGINE_ENV = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
+
+
+def engine_env(anchor: dict) -> dict[str, str]:
+    """The row's ``env`` column as a dict; a name outside ``ENGINE_ENV`` or a value other than 0 / 1 is an error."""
+    env = {}
+    for item in (anchor.get("env") or "").split():
+        name, sep, value = item.partition("=")
+        if not sep or name not in ENGINE_ENV or value not in ("0", "1"):
+            raise DsakvError(
+                f"anchor {anchor['id']}: env = {item!r}: must be NAME=0 or NAME=1 with NAME one of {', '.join(ENGINE_ENV)}"
+            )
+        env[name] = value
+    return env
+
+
+def engine_moe_deep_gemm(anchor: dict) -> bool:
+    """Whether the row's engine may run the routed experts in DeepGEMM's grouped GEMMs (``SimConfig.moe_deep_gemm``):
+    vLLM unless its source sets ``VLLM_USE_DEEP_GEMM=0`` or ``VLLM_MOE_USE_DEEP_GEMM=0`` (the step time applies
+    it to vLLM rows on Hopper only: ``kernels.vllm_deep_gemm_moe_min_tokens``)."""
+    return all(value == "1" for value in engine_env(anchor).values())
+
+
 def accept_of(anchor: dict) -> float | tuple[float, ...]:
     """The row's ``accept``: one acceptance probability for every draft position, or one per position separated by
     spaces (``1 1 0.5 0 0``: SGLang's ``SGLANG_SIMULATE_ACC_LEN`` = 3.5 on 5 draft steps, half the steps accepting
@@ -651,6 +677,7 @@ def sim_config(anchor: dict) -> SimConfig:
         spec_overlap=engine_spec_overlap(anchor),
         prefill_graph=engine_prefill_graph(anchor),
         dense_short_prefill=engine_dense_short_prefill(anchor),
+        moe_deep_gemm=engine_moe_deep_gemm(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

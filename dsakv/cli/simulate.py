@@ -144,6 +144,13 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         help="keep a prefill whose sequences hold at most top-k keys in the sparse kernels instead of dense MHA, as "
         "SGLang did for GLM-5 on Blackwell from 2026-02-10 to 2026-06-03 (step time, docs/steptime.md fact 24)",
     )
+    m.add_argument(
+        "--no-moe-deep-gemm",
+        action="store_true",
+        help="keep the routed experts in the engine's default fused MoE at every step size, as vLLM with "
+        "VLLM_MOE_USE_DEEP_GEMM=0 does (by default vLLM on Hopper runs them in DeepGEMM's grouped GEMMs from 128 "
+        "tokens a step; step time, docs/steptime.md fact 36)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -424,6 +431,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         spec_overlap=not args.no_spec_overlap,
         prefill_graph=not args.no_prefill_graph,
         dense_short_prefill=not args.no_dense_short_prefill,
+        moe_deep_gemm=not args.no_moe_deep_gemm,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

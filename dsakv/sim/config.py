@@ -39,6 +39,7 @@ from dsakv.sim.steptime import (
     sglang_dense_short_prefill,
     sglang_prefill_in_decode_kernel,
     sglang_trtllm_gen_decode,
+    vllm_deep_gemm_moe_min_tokens,
     vllm_mixed_batch,
     vllm_padded_topk,
     vllm_prefill_kernel_all,
@@ -77,7 +78,9 @@ class SimConfig:
     does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
-    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03).
+    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: False keeps the
+    routed experts in the engine's default MoE kernel at every step size, where vLLM runs DeepGEMM's grouped GEMMs
+    from 128 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
     ``ep``: expert parallelism (step time only; the MoE's collectives are the deployment's ``gpu.moe_a2a``, which
     also sets where the shared experts' weights live). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
@@ -122,6 +125,7 @@ class SimConfig:
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
+    moe_deep_gemm: bool = True  # False: vLLM's VLLM_MOE_USE_DEEP_GEMM=0 (Triton's fused MoE at every step size)
     indexer_pattern: str | None = (
         None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
     )
@@ -186,7 +190,8 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
-        for name in ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill"):
+        bools = ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill")
+        for name in (*bools, "moe_deep_gemm"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
@@ -389,6 +394,9 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_padded_topk=vllm_padded_topk(policy),
             mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
             mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
+            moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(
+                arch, policy, setting.weight_dtype or spec.weight_dtype, cfg.moe_deep_gemm
+            ),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
     chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)

@@ -15,7 +15,12 @@ from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, trtllm_gen_mla_heads
 from dsakv.sim.steptime.figures import normal_dispatch_ranks
-from dsakv.sim.steptime.kernels import GEMM_FIXED_S, GEMM_STREAM_EFF
+from dsakv.sim.steptime.kernels import (
+    DEEPGEMM_MOE_M_ALIGNMENT,
+    GEMM_FIXED_S,
+    GEMM_STREAM_EFF,
+    vllm_deep_gemm_moe_min_tokens,
+)
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
@@ -231,6 +236,50 @@ def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
         assert c.seconds["moe"] == pytest.approx(c.bytes["moe"] / st.rank.expert_bw)
         assert c.seconds["moe"] > c.flops["moe"] / st.rank.moe_rate
     assert a2a.cost([], [4096] * 16).bytes["moe"] == pytest.approx(tp.cost([], [4096] * 16).bytes["moe"])
+
+
+def test_vllm_runs_the_experts_in_deepgemm_from_128_tokens_a_step(glm52):
+    # Fact 36: vLLM's TritonOrDeepGemmExperts takes DeepGEMM's grouped GEMMs once the step brings DeepGEMM's M
+    # alignment (128) of tokens, Triton's fused MoE below; SGLang's automatic runner only under DeepEP.
+    assert DEEPGEMM_MOE_M_ALIGNMENT == 128
+    assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 128
+    for args in (
+        ("hopper", "prefill_first", "fp8", True),  # SGLang: Triton under the all-reduce
+        ("hopper", "mixed", "fp8", False),  # VLLM_MOE_USE_DEEP_GEMM=0
+        ("hopper", "mixed", "bf16", True),  # DeepGEMM's grouped GEMMs take fp8 block weights
+        ("blackwell", "mixed", "fp8", True),  # vLLM's Blackwell MoE choices: not modelled
+    ):
+        assert vllm_deep_gemm_moe_min_tokens(*args) == 0, args
+    vllm = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=128)
+    base = RooflineStepTime(glm52, weight_dtype="fp8")
+    hbm = vllm.gpu.hbm_bytes_per_s
+    assert vllm.rank.deep_gemm_bw == pytest.approx(hbm * GEMM_STREAM_EFF)
+    below, at = vllm.cost([], [4096] * 127), vllm.cost([], [4096] * 128)  # 127 / 128 tokens reach the MoE
+    assert below.seconds["moe"] == pytest.approx(below.bytes["moe"] / (hbm * vllm.bw_eff))
+    assert at.seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * GEMM_STREAM_EFF))
+    assert at.seconds["moe"] > at.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
+    assert base.cost([], [4096] * 128).seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * base.bw_eff))
+    # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count
+    k3 = dict(weight_dtype="fp8", num_speculative_tokens=3)
+    on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=128, **k3), RooflineStepTime(glm52, **k3)
+    assert on.cost([], [4096] * 16).seconds["mtp_draft"] == pytest.approx(
+        off.cost([], [4096] * 16).seconds["mtp_draft"]
+    )
+    assert on.cost([], [4096] * 128).seconds["mtp_draft"] < off.cost([], [4096] * 128).seconds["mtp_draft"]
+    for bad in (-1, True, 1.5):
+        with pytest.raises(DsakvError, match=r"^step time moe_deep_gemm_min_tokens = .*: must be an integer >= 0"):
+            RooflineStepTime(glm52, moe_deep_gemm_min_tokens=bad)
+
+
+def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
+    hopper = GpuSetting(gpu="H200", num_gpus=8, weight_dtype="fp8")
+    vllm = SimConfig(model="glm-5", gpu=hopper, schedule_policy="mixed")
+    assert build_setup(vllm).step_time.moe_deep_gemm_min_tokens == 128
+    assert build_setup(dataclasses.replace(vllm, moe_deep_gemm=False)).step_time.moe_deep_gemm_min_tokens == 0
+    sglang = SimConfig(model="glm-5", gpu=hopper, schedule_policy="prefill_first")
+    assert build_setup(sglang).step_time.moe_deep_gemm_min_tokens == 0
+    with pytest.raises(DsakvError, match=r"^moe_deep_gemm = 0: must be True or False$"):
+        SimConfig(moe_deep_gemm=0)
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

@@ -176,6 +176,7 @@ class RankFigures:
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
+    deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE at >= its M alignment)
     link_bw: float  # NVLink bytes per second x link_eff
     gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
     moe_rate: float  # the same peak x moe_eff
@@ -280,8 +281,10 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     bw = gpu.hbm_bytes_per_s * model.bw_eff
     # Under DeepEP each rank holds whole experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked
     # layout on low-latency decode steps: ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate
-    # DeepGEMM's decode-size GEMMs publish (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff.
-    expert_bw = gpu.hbm_bytes_per_s * GEMM_STREAM_EFF if model.moe_a2a == "deepep" else bw
+    # DeepGEMM's decode-size GEMMs publish (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff,
+    # except in vLLM's steps of DeepGEMM's M alignment or more (``RooflineStepTime._expert_bw``, fact 36).
+    deep_gemm_bw = gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
+    expert_bw = deep_gemm_bw if model.moe_a2a == "deepep" else bw
     # DeepEP's normal mode (extend steps) sends a token once to each other rank holding one of its experts (fact 35)
     dispatch_copies = 0.0
     if model.moe_a2a == "deepep" and experts:
@@ -327,6 +330,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,
         bw=bw,
         expert_bw=expert_bw,
+        deep_gemm_bw=deep_gemm_bw,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,
         moe_rate=lin_peak * model.moe_eff,

@@ -200,6 +200,25 @@ def trtllm_gen_mla_heads(heads: float) -> int:
     return -(-heads // TRTLLM_GEN_MLA_HEAD_TILE) * TRTLLM_GEN_MLA_HEAD_TILE
 
 
+# DeepGEMM's M alignment for its contiguous grouped layout (``get_mk_alignment_for_contiguous_layout()[0]``, BLOCK_M):
+# vLLM's ``TritonOrDeepGemmExperts`` runs a step's routed experts in DeepGEMM's grouped GEMMs only when the step
+# brings at least this many tokens (``deep_gemm_moe._valid_deep_gemm_shape``: ``align <= M``), Triton's fused MoE below.
+DEEPGEMM_MOE_M_ALIGNMENT = 128
+
+
+def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype: str, moe_deep_gemm: bool) -> int:
+    """The step's MoE tokens at or above which the engine runs the routed experts in DeepGEMM's grouped GEMMs, their
+    weights streaming at DeepGEMM's rate (``GEMM_STREAM_EFF``); 0: never (Triton's fused MoE, the fitted ``bw_eff``).
+    vLLM (the ``mixed`` policy) on Hopper with fp8 block-quantised experts: ``Fp8MoEMethod`` allows DeepGEMM when
+    ``VLLM_USE_DEEP_GEMM`` and ``VLLM_MOE_USE_DEEP_GEMM`` (both default 1; ``moe_deep_gemm`` False stands for
+    ``VLLM_MOE_USE_DEEP_GEMM=0``) and ``TritonOrDeepGemmExperts`` takes it from ``DEEPGEMM_MOE_M_ALIGNMENT`` tokens on.
+    SGLang's automatic MoE runner uses DeepGEMM only under an all-to-all backend (``is_deepgemm_moe_runner_backend_
+    enabled`` at 06ad7b2b0: DeepEP, Mooncake, NIXL), which the step time prices by ``moe_a2a``. Blackwell (vLLM's
+    FlashInfer / CUTLASS MoE choices) is not modelled: no vLLM Blackwell row is on file. docs/steptime.md, fact 36."""
+    on = schedule_policy == "mixed" and arch == "hopper" and weight_dtype == "fp8" and moe_deep_gemm
+    return DEEPGEMM_MOE_M_ALIGNMENT if on else 0
+
+
 def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
     """Whether the engine's sparse-MLA decode runs TensorRT-LLM's trtllm-gen kernel: SGLang (the ``prefill_first``
     stand-in) on Blackwell with a bf16 cache (its DSA default decode backend ``trtllm`` for bf16 on SM >= 10 since

@@ -119,6 +119,9 @@ class RooflineStepTime:
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
     mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
+    # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 128,
+    # fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always do, ``moe_a2a``)
+    moe_deep_gemm_min_tokens: int = 0
     has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
@@ -154,6 +157,9 @@ class RooflineStepTime:
                 f"step time mla_decode_trtllm_gen: TensorRT-LLM's trtllm-gen kernels run on Blackwell only; "
                 f"gpu {self.gpu.name} is {self.gpu.arch}"
             )
+        v = self.moe_deep_gemm_min_tokens
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise DsakvError(f"step time moe_deep_gemm_min_tokens = {v!r}: must be an integer >= 0 (0: never)")
         if self.moe_a2a == "deepep" and self.ep < 2:
             raise DsakvError("moe_a2a = 'deepep': needs ep >= 2 (the experts split over ranks)")
         for name in ("gemm_eff", "moe_eff", "mla_prefill_eff", "mla_decode_eff", "indexer_eff", "bw_eff", "link_eff"):
@@ -259,7 +265,7 @@ class RooflineStepTime:
         bw = r.bw
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
-        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / r.expert_bw)
+        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / self._expert_bw(moe_tokens))
         mla_s = larger(mla_compute_s, mla_bytes / bw)
         idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
         write_s = write_bytes / bw
@@ -422,6 +428,14 @@ class RooflineStepTime:
             count += layers
         return nbytes, count
 
+    def _expert_bw(self, moe_tokens: int) -> float:
+        """The rate a step's routed experts stream at with ``moe_tokens`` through the MoE: DeepGEMM's
+        (``rank.deep_gemm_bw``) once the engine runs them in its grouped GEMMs (``moe_deep_gemm_min_tokens``, fact
+        36), else ``rank.expert_bw`` (DeepGEMM's under DeepEP, the fitted bw otherwise)."""
+        if self.moe_deep_gemm_min_tokens and moe_tokens >= self.moe_deep_gemm_min_tokens:
+            return self.rank.deep_gemm_bw
+        return self.rank.expert_bw
+
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
         """The draft steps: ``num_speculative_tokens - 1`` passes of the MTP layer over the decodes (SGLang's EAGLE
         ``draft_forward`` stops before its last step; vLLM's proposer runs k - 1 more after its first); the k-th
@@ -442,7 +456,7 @@ class RooflineStepTime:
         lin_flops = n_dec * r.mtp.attn_flops + rows * r.mtp.mlp_flops + n_dec * r.linear.lm_head_flops_per_row
         linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
-        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / r.expert_bw)
+        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / self._expert_bw(rows))
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
         mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
@@ -474,7 +488,7 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "mla_decode_trtllm_gen", "has_indexer",
+            "mla_decode_trtllm_gen", "moe_deep_gemm_min_tokens", "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
