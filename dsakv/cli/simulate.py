@@ -148,7 +148,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "--no-moe-deep-gemm",
         action="store_true",
         help="keep the routed experts in the engine's default fused MoE at every step size, as vLLM with "
-        "VLLM_MOE_USE_DEEP_GEMM=0 does (by default vLLM on Hopper runs them in DeepGEMM's grouped GEMMs from 128 "
+        "VLLM_MOE_USE_DEEP_GEMM=0 does (by default vLLM on Hopper runs them in DeepGEMM's grouped GEMMs from 121 "
         "tokens a step; step time, docs/steptime.md fact 36)",
     )
 

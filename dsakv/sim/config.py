@@ -80,7 +80,7 @@ class SimConfig:
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
     on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: False keeps the
     routed experts in the engine's default MoE kernel at every step size, where vLLM runs DeepGEMM's grouped GEMMs
-    from 128 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
+    from 121 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
     ``ep``: expert parallelism (step time only; the MoE's collectives are the deployment's ``gpu.moe_a2a``, which
     also sets where the shared experts' weights live). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts

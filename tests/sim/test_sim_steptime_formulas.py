@@ -19,7 +19,9 @@ from dsakv.sim.steptime.kernels import (
     DEEPGEMM_MOE_M_ALIGNMENT,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
+    vllm_cudagraph_capture_sizes,
     vllm_deep_gemm_moe_min_tokens,
+    vllm_padded_min_tokens,
 )
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
@@ -238,11 +240,15 @@ def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
     assert a2a.cost([], [4096] * 16).bytes["moe"] == pytest.approx(tp.cost([], [4096] * 16).bytes["moe"])
 
 
-def test_vllm_runs_the_experts_in_deepgemm_from_128_tokens_a_step(glm52):
+def test_vllm_runs_the_experts_in_deepgemm_from_121_tokens_a_step(glm52):
     # Fact 36: vLLM's TritonOrDeepGemmExperts takes DeepGEMM's grouped GEMMs once the step brings DeepGEMM's M
-    # alignment (128) of tokens, Triton's fused MoE below; SGLang's automatic runner only under DeepEP.
+    # alignment (128) of rows, Triton's fused MoE below; SGLang's automatic runner only under DeepEP.
     assert DEEPGEMM_MOE_M_ALIGNMENT == 128
-    assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 128
+    # a step of up to 512 tokens runs padded to vLLM's next CUDA-graph capture size: 120 stays 120, 121 becomes 128
+    sizes = vllm_cudagraph_capture_sizes()
+    assert sizes[:4] == [1, 2, 4, 8] and 120 in sizes and 128 in sizes and not set(range(121, 128)) & set(sizes)
+    assert sizes[-1] == 512 and vllm_padded_min_tokens(128) == 121 and vllm_padded_min_tokens(1) == 1
+    assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 121
     for args in (
         ("hopper", "prefill_first", "fp8", True),  # SGLang: Triton under the all-reduce
         ("hopper", "mixed", "fp8", False),  # VLLM_MOE_USE_DEEP_GEMM=0
@@ -250,18 +256,18 @@ def test_vllm_runs_the_experts_in_deepgemm_from_128_tokens_a_step(glm52):
         ("blackwell", "mixed", "fp8", True),  # vLLM's Blackwell MoE choices: not modelled
     ):
         assert vllm_deep_gemm_moe_min_tokens(*args) == 0, args
-    vllm = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=128)
+    vllm = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=121)
     base = RooflineStepTime(glm52, weight_dtype="fp8")
     hbm = vllm.gpu.hbm_bytes_per_s
     assert vllm.rank.deep_gemm_bw == pytest.approx(hbm * GEMM_STREAM_EFF)
-    below, at = vllm.cost([], [4096] * 127), vllm.cost([], [4096] * 128)  # 127 / 128 tokens reach the MoE
+    below, at = vllm.cost([], [4096] * 120), vllm.cost([], [4096] * 121)  # 120 / 121 tokens reach the MoE
     assert below.seconds["moe"] == pytest.approx(below.bytes["moe"] / (hbm * vllm.bw_eff))
     assert at.seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * GEMM_STREAM_EFF))
     assert at.seconds["moe"] > at.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
-    assert base.cost([], [4096] * 128).seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * base.bw_eff))
+    assert base.cost([], [4096] * 121).seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * base.bw_eff))
     # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count
     k3 = dict(weight_dtype="fp8", num_speculative_tokens=3)
-    on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=128, **k3), RooflineStepTime(glm52, **k3)
+    on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=121, **k3), RooflineStepTime(glm52, **k3)
     assert on.cost([], [4096] * 16).seconds["mtp_draft"] == pytest.approx(
         off.cost([], [4096] * 16).seconds["mtp_draft"]
     )
@@ -274,7 +280,7 @@ def test_vllm_runs_the_experts_in_deepgemm_from_128_tokens_a_step(glm52):
 def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
     hopper = GpuSetting(gpu="H200", num_gpus=8, weight_dtype="fp8")
     vllm = SimConfig(model="glm-5", gpu=hopper, schedule_policy="mixed")
-    assert build_setup(vllm).step_time.moe_deep_gemm_min_tokens == 128
+    assert build_setup(vllm).step_time.moe_deep_gemm_min_tokens == 121
     assert build_setup(dataclasses.replace(vllm, moe_deep_gemm=False)).step_time.moe_deep_gemm_min_tokens == 0
     sglang = SimConfig(model="glm-5", gpu=hopper, schedule_policy="prefill_first")
     assert build_setup(sglang).step_time.moe_deep_gemm_min_tokens == 0

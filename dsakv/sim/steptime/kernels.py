@@ -204,6 +204,23 @@ def trtllm_gen_mla_heads(heads: float) -> int:
 # vLLM's ``TritonOrDeepGemmExperts`` runs a step's routed experts in DeepGEMM's grouped GEMMs only when the step
 # brings at least this many tokens (``deep_gemm_moe._valid_deep_gemm_shape``: ``align <= M``), Triton's fused MoE below.
 DEEPGEMM_MOE_M_ALIGNMENT = 128
+# vLLM's largest default CUDA-graph capture size (``max_cudagraph_capture_size``: min(max_num_seqs x 2, 512); the
+# default max_num_seqs is 1,024 on GPUs of >= 70 GiB).
+VLLM_MAX_CUDAGRAPH_CAPTURE_SIZE = 512
+
+
+def vllm_cudagraph_capture_sizes(largest: int = VLLM_MAX_CUDAGRAPH_CAPTURE_SIZE) -> list[int]:
+    """vLLM's default CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``): [1, 2, 4], then every 8 below
+    256, then every 16 up to ``largest``. A step of up to ``largest`` tokens runs padded to the next of them."""
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
+
+
+def vllm_padded_min_tokens(m: int) -> int:
+    """The fewest tokens a vLLM step can hold for its layers to see at least ``m`` rows: one more than the largest
+    capture size below ``m`` (a step of up to the largest capture size runs padded to the next size; above it the
+    step's own count, which is then above ``m``). 121 for DeepGEMM's 128: 120 tokens pad to 120, 121 to 128."""
+    below = [size for size in vllm_cudagraph_capture_sizes() if size < m]
+    return (max(below) + 1) if below else 1
 
 
 def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype: str, moe_deep_gemm: bool) -> int:
@@ -211,12 +228,13 @@ def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype:
     weights streaming at DeepGEMM's rate (``GEMM_STREAM_EFF``); 0: never (Triton's fused MoE, the fitted ``bw_eff``).
     vLLM (the ``mixed`` policy) on Hopper with fp8 block-quantised experts: ``Fp8MoEMethod`` allows DeepGEMM when
     ``VLLM_USE_DEEP_GEMM`` and ``VLLM_MOE_USE_DEEP_GEMM`` (both default 1; ``moe_deep_gemm`` False stands for
-    ``VLLM_MOE_USE_DEEP_GEMM=0``) and ``TritonOrDeepGemmExperts`` takes it from ``DEEPGEMM_MOE_M_ALIGNMENT`` tokens on.
+    ``VLLM_MOE_USE_DEEP_GEMM=0``) and ``TritonOrDeepGemmExperts`` takes it from ``DEEPGEMM_MOE_M_ALIGNMENT`` rows on,
+    which a step reaches from 121 tokens: its CUDA graph pads it to the next capture size (``vllm_padded_min_tokens``).
     SGLang's automatic MoE runner uses DeepGEMM only under an all-to-all backend (``is_deepgemm_moe_runner_backend_
     enabled`` at 06ad7b2b0: DeepEP, Mooncake, NIXL), which the step time prices by ``moe_a2a``. Blackwell (vLLM's
     FlashInfer / CUTLASS MoE choices) is not modelled: no vLLM Blackwell row is on file. docs/steptime.md, fact 36."""
     on = schedule_policy == "mixed" and arch == "hopper" and weight_dtype == "fp8" and moe_deep_gemm
-    return DEEPGEMM_MOE_M_ALIGNMENT if on else 0
+    return vllm_padded_min_tokens(DEEPGEMM_MOE_M_ALIGNMENT) if on else 0
 
 
 def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:

@@ -119,7 +119,7 @@ class RooflineStepTime:
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
     mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
-    # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 128,
+    # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 121,
     # fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always do, ``moe_a2a``)
     moe_deep_gemm_min_tokens: int = 0
     has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
