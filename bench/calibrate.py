@@ -561,6 +561,27 @@ def engine_moe_a2a(anchor: dict) -> tuple[str, int]:
 ENGINE_ENV = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
 
 
+# The benchmark clients a row's ``client`` column may name: empty, a serving client (``vllm bench serve``,
+# ``sglang.bench_serving``, guidellm, aiperf) that sends each request to the OpenAI or ``/generate`` endpoint with its
+# text, through the server's front-end (``FRONTEND_S`` and the measured tokenizer queue); ``one_batch``,
+# ``sglang.bench_one_batch_server``, which posts one ``/generate`` request carrying every prompt's token ids
+# (``input_ids``: no tokenization, one HTTP request), replayed with no front-end.
+CLIENTS = ("", "one_batch")
+
+
+def engine_frontend(anchor: dict) -> tuple[float, float, float]:
+    """(``frontend_s``, ``frontend_request_s``, ``frontend_token_s``) for the row's ``client``: the serving clients'
+    front-end, or none for ``one_batch``; another value is an error naming the choices."""
+    client = (anchor.get("client") or "").strip().lower()
+    if client not in CLIENTS:
+        raise DsakvError(
+            f"anchor {anchor['id']}: client = {client!r}: must be empty or one of {', '.join(CLIENTS[1:])}"
+        )
+    if client == "one_batch":
+        return 0.0, 0.0, 0.0
+    return FRONTEND_S, FRONTEND_REQUEST_S, FRONTEND_TOKEN_S
+
+
 def engine_env(anchor: dict) -> dict[str, str]:
     """The row's ``env`` column as a dict; a name outside ``ENGINE_ENV`` or a value other than 0 / 1 is an error."""
     env = {}
@@ -667,6 +688,7 @@ def sim_config(anchor: dict) -> SimConfig:
         activation_bytes=DEFAULT_ACTIVATION_BYTES + engine_workspace_bytes(anchor),
     )
     victim_order, requeue = engine_preemption(anchor)
+    frontend_s, frontend_request_s, frontend_token_s = engine_frontend(anchor)
     cfg = SimConfig(
         model=anchor["model"],
         gpu=setting,
@@ -689,9 +711,9 @@ def sim_config(anchor: dict) -> SimConfig:
         schedule_policy=policy_of(anchor),
         max_concurrency=_int(anchor.get("conc")),
         ep=ep,
-        frontend_s=FRONTEND_S,
-        frontend_request_s=FRONTEND_REQUEST_S,
-        frontend_token_s=FRONTEND_TOKEN_S,
+        frontend_s=frontend_s,
+        frontend_request_s=frontend_request_s,
+        frontend_token_s=frontend_token_s,
     )
     pool = engine_pool_tokens(anchor, cfg)
     return cfg if pool is None else dataclasses.replace(cfg, pool_tokens=pool)
@@ -723,6 +745,12 @@ METRICS = {
             "e2e_per_token_ms", False, "E2E latency / output tokens, per request (guidellm 'time per output token')"
         ),
         Metric("duration_s", False, "first client send -> last finish ('Benchmark duration')"),
+        Metric(
+            "batch_itl_ms",
+            False,
+            "(last finish - last first token) / output tokens: sglang.bench_one_batch_server's ITL, 1000 x batch / "
+            "output throughput, for one batch of requests of equal lengths",
+        ),
         Metric("req_s", True, "finished requests / duration ('Request throughput')"),
         Metric("out_tok_s", True, "output tokens / duration, whole instance ('Output token throughput')"),
         Metric("out_tok_s_gpu", True, "out_tok_s / GPUs of the instance ('Output tput/GPU')"),
@@ -732,7 +760,7 @@ METRICS = {
         Metric("total_tok_s_gpu", True, "total_tok_s / GPUs of the instance ('Total tput/GPU')"),
     )
 }
-STATS = ("mean", "p50", "p90", "p95", "p99")
+STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 
 
 def _stat(values: list[float], how: str) -> float:
@@ -740,6 +768,8 @@ def _stat(values: list[float], how: str) -> float:
     sglang.bench_serving) of a non-empty list."""
     if how == "mean":
         return statistics.fmean(values)
+    if how == "max":
+        return max(values)
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(how[1:]) - 1]
@@ -796,8 +826,10 @@ def _figures(result, cfg: SimConfig) -> dict:
         "e2e_ms": [1000 * (r.finish_s - r.arrival_s) for r in done],
         "e2e_per_token_ms": [1000 * (r.finish_s - r.arrival_s) / r.output_tokens for r in done if r.output_tokens],
     }
+    last_first_token = max(r.arrival_s + r.ttft_s for r in done)
     whole = {
         "duration_s": duration,
+        "batch_itl_ms": 1000 * (max(r.finish_s for r in done) - last_first_token) / max(r.output_tokens for r in done),
         "req_s": len(done) / duration,
         "out_tok_s": out_tok_s,
         "out_tok_s_gpu": out_tok_s / gpus,

@@ -430,6 +430,34 @@ def test_metrics_count_what_their_sources_count(tmp_path, calibrate, capsys):
     assert all(calibrate.METRICS[m].rate for m in names) and not calibrate.METRICS["tpot_ms"].rate
 
 
+def test_a_one_batch_run_is_read_as_bench_one_batch_server_reads_it(tmp_path, calibrate, capsys):
+    # sglang.bench_one_batch_server posts one batch: its TTFT is the batch's last first token (the statistic max), its
+    # ITL the time from there to the last finish over the output length, its latency the duration.
+    published = {"ttft_ms": [1.0, "max"], "batch_itl_ms": 1.0, "duration_s": 1.0, "tpot_ms": [1.0, "mean"]}
+    row = {"id": "tiny-sgl", "conc": "", "published": published}  # the four requests sent at once, as one batch
+    calibrate.main(["--anchors", _write_rows(tmp_path, [row]), "--json"])
+    ours = {r["metric"]: r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert ours["batch_itl_ms"] == pytest.approx((1000 * ours["duration_s"] - ours["ttft_ms"]) / 5)  # all sent at 0
+    assert calibrate._stat([3.0, 9.0, 1.0], "max") == 9.0 and not calibrate.METRICS["batch_itl_ms"].rate
+
+
+def test_the_one_batch_client_has_no_front_end(calibrate, repo_dir):
+    # bench_one_batch_server sends every prompt's token ids in one /generate request: no tokenization, no queue of
+    # HTTP requests at the server's front-end; the serving clients' rows keep it.
+    serving = (calibrate.FRONTEND_S, calibrate.FRONTEND_REQUEST_S, calibrate.FRONTEND_TOKEN_S)
+    assert calibrate.engine_frontend({"id": "x"}) == serving and serving[0] > 0
+    assert calibrate.engine_frontend({"id": "x", "client": "one_batch"}) == (0.0, 0.0, 0.0)
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x: client = 'bench': must be empty or one of one_batch$"):
+        calibrate.engine_frontend({"id": "x", "client": "bench"})
+    rows = [a for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / "heldout.csv") if a["client"]]
+    assert [a["id"] for a in rows] == [f"ds-sgl-b200-dp8-4k512-b{n}" for n in (1, 8, 16, 64)]
+    for a in rows:
+        cfg = calibrate.sim_config(a)
+        assert (cfg.frontend_s, cfg.frontend_request_s, cfg.frontend_token_s) == (0.0, 0.0, 0.0)
+        assert cfg.kv_dtype == "fp8_ds_mla" and not cfg.prefill_graph  # Blackwell's default, 2026-01; eager prefill
+        assert calibrate.engine_chunk_tokens(a) == 16384 // 8
+
+
 def test_percentiles_interpolate_between_ranks_as_the_benchmark_clients_do(calibrate):
     np = pytest.importorskip("numpy")
     values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0]
