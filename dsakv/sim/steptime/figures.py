@@ -261,6 +261,28 @@ def mtp_layer_parts(spec, dtype: str, moe_a2a: str = "none") -> list[WeightPart]
     return out
 
 
+def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, float]:
+    """(DeepGEMM's expert rate, the rate the routed experts stream at by default, the other ranks a prefill token is
+    dispatched to) for ``model``'s MoE exchange; ``bw`` is the fitted HBM rate. Under DeepEP each rank holds whole
+    experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked layout on low-latency decode steps:
+    ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate DeepGEMM's decode-size GEMMs publish
+    (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff, except in vLLM's steps of DeepGEMM's M
+    alignment or more (``RooflineStepTime._expert_bw``, fact 36). DeepEP's normal mode (extend steps) sends a token
+    once to each other rank holding one of its experts (fact 35)."""
+    a = model.layout.spec.arch_value
+    experts = a("n_routed_experts")
+    deep_gemm_bw = model.gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
+    if model.moe_a2a != "deepep":
+        return deep_gemm_bw, bw, 0.0
+    dispatch_copies = 0.0
+    if experts:
+        ranks = normal_dispatch_ranks(
+            experts, a("num_experts_per_tok"), a("n_group") or 1, a("topk_group") or 1, model.ep
+        )
+        dispatch_copies = ranks * (model.ep - 1) / model.ep
+    return deep_gemm_bw, deep_gemm_bw, dispatch_copies
+
+
 def rank_figures(model: RooflineStepTime) -> RankFigures:
     """``model``'s per-rank figures (docs/steptime.md gives each formula)."""
     spec, lay, gpu = model.layout.spec, model.layout, model.gpu
@@ -279,17 +301,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     layers = spec.num_hidden_layers + lay.mtp_layers
     idx_key_bytes = lay.indexer_row_bytes / lay.index_kpool
     bw = gpu.hbm_bytes_per_s * model.bw_eff
-    # Under DeepEP each rank holds whole experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked
-    # layout on low-latency decode steps: ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate
-    # DeepGEMM's decode-size GEMMs publish (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff,
-    # except in vLLM's steps of DeepGEMM's M alignment or more (``RooflineStepTime._expert_bw``, fact 36).
-    deep_gemm_bw = gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
-    expert_bw = deep_gemm_bw if model.moe_a2a == "deepep" else bw
-    # DeepEP's normal mode (extend steps) sends a token once to each other rank holding one of its experts (fact 35)
-    dispatch_copies = 0.0
-    if model.moe_a2a == "deepep" and experts:
-        ranks = normal_dispatch_ranks(experts, topk_experts, a("n_group") or 1, a("topk_group") or 1, model.ep)
-        dispatch_copies = ranks * (model.ep - 1) / model.ep
+    deep_gemm_bw, expert_bw, dispatch_copies = _moe_exchange(model, bw)
     lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
     lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
