@@ -16,6 +16,7 @@ driver-reported total and keeps the marketing figure only as a label.
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
 | B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (HGX B300: "288 GB HBM3e per GPU", acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
+| GB300  | 288GB HBM3e per GPU | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (GB300 NVL72: "288 GB HBM3e per GPU", 20.7 TB over 72 GPUs) |
 | MI300X | 192GB HBM3          | 205,822,885,888 B                 | ``rocm-smi --showmeminfo vram``: "VRAM Total Memory (B): 205822885888" |
 | MI355X | 288GB HBM3E         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (theregister.com/2025/06/12/amd_mi355x: "288 GB of HBM3E, and 8 TBps") |
 
@@ -23,18 +24,20 @@ Pass ``--gpu-memory BYTES`` for any other device or a different driver reservati
 
 Host link (the host tier's copies, ``dsakv.sim.transfers``): PCIe Gen5 x16 on every kind but the GB200, at
 55 GB/s per direction (63 GB/s raw: 32 GT/s x 16 lanes, 128b/130b; pinned ``cudaMemcpyAsync`` reaches about
-55); GB200: NVLink-C2C, 900 GB/s bidirectional from one Grace CPU to its two B200s (GB200 NVL72 datasheet),
-so 225 GB/s per GPU per direction. GPUs per node (sharing one host's memory): 8 on HGX/OAM boards, 4 in a
-GB200 NVL72 compute tray (2 Grace + 4 B200).
+55); GB200 and GB300: NVLink-C2C, 900 GB/s bidirectional from one Grace CPU to its two GPUs (GB200 NVL72
+datasheet; the GB300 board keeps the 1 Grace : 2 GPU pairing), so 225 GB/s per GPU per direction. GPUs per node
+(sharing one host's memory): 8 on HGX/OAM boards, 4 in a GB200 / GB300 NVL72 compute tray (2 Grace + 4 GPUs).
 
 Speed. Dense peak throughput (vendor datasheets, no sparsity), HBM bandwidth, the per-GPU one-direction
 NVLink / Infinity Fabric bandwidth and its small-message latency, and the head count the sparse-MLA kernels
 pad a rank's query heads to (FlashMLA: 64 on Hopper, 128 on Blackwell); ``docs/steptime.md`` lists them
-with the efficiencies applied. AMD: SGLang's NSA backend on MI355X runs TileLang / Triton sparse-MLA kernels at
-the rank's own head count (h_q = 16 at TP8), measured at 1.09-1.41 ms for 1,024 queries x top-k 2,048
-(github.com/vivienfanghuagood/sglang README_PR.md), i.e. 52-67 TFLOP/s, 2-3% of the bf16 peak; the catalogue
-keeps Hopper's 64-head padding at FlashMLA's efficiency for the AMD rows, which prices their sparse MLA ~3x
-too cheap (docs/steptime.md, known gaps).
+with the efficiencies applied. AMD: SGLang's DSA backend on ROCm runs TileLang sparse-MLA kernels whose head tile is
+max(next power of two of the rank's heads, 16) (``padded_H`` in its ``tilelang_kernel.py``). The one published
+rate of such a kernel, 1.41 ms for 1,024 queries x 16 heads x top-k 2,048 on an MI355 (52 TFLOP/s; a fork's
+README_PR.md, github.com/vivienfanghuagood/sglang, late 2025), is the single-kernel TileLang path that SGLang
+replaced on ROCm by split-K partial + combine kernels (sgl-project/sglang#18488, 2026-02-10, decode on MI355;
+#19945, 2026-03-24, every call on MI300 / MI355): it prices no build on file. The catalogue keeps Hopper's 64-head
+padding at FlashMLA's efficiency for the AMD rows (docs/steptime.md, known gaps).
 
 | kind   | bf16 / fp8 dense TFLOP/s | HBM TB/s | link (one direction) | source |
 |--------|--------------------------|----------|----------------------|--------|
@@ -46,6 +49,7 @@ too cheap (docs/steptime.md, known gaps).
 | B200   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | NVIDIA HGX B200 datasheet (dense) |
 | B300   | 2250 / 4500              | 8.0      | NVLink 5, 900 GB/s   | HGX B300 per GPU (glennklockwood.com/garden/processors/B300: BF16 2250 / FP8 4500 dense, 8 TB/s; NVLink 5 1.8 TB/s bidirectional, acecloud.ai/blog/nvidia-hgx-b300) |
 | GB200  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | NVIDIA GB200 NVL72 datasheet, per GPU, dense |
+| GB300  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | GB300 NVL72 per GPU, dense (verda.com/blog/gb300-nvl72-architecture: FP8 5 PFLOPS, BF16 2.5 PFLOPS without sparsity, 8 TB/s, NVLink 5 900 GB/s one direction; the rack's 360 PFLOPS dense FP8 / 72) |
 | MI300X | 1307.4 / 2614.9          | 5.3      | Infinity Fabric, 448 GB/s | AMD Instinct MI300X datasheet; computed: 304 CUs x 4,096 FP8 FLOP per CU per clock x 2.1 GHz |
 | MI355X | 2516.6 / 5033.2          | 8.0      | Infinity Fabric, 537.6 GB/s | computed: 256 CUs x 8,192 FP8 FLOP per CU per clock (CDNA 4, doubled from the MI300X's 4,096; ISSCC 2026 as reported by world-today-news.com/?p=7253162) x 2.4 GHz = 5033.2 TFLOP/s, bf16 half; 8 TB/s (theregister.com, above); links: 7 x 153.6 GB/s bidirectional / 2 |
 """
@@ -104,7 +108,7 @@ class GpuKind:
     )
     host_link: str = "PCIe Gen5 x16"  # the device <-> host-memory link the host tier's copies cross
     host_link_bytes_per_s: float = PCIE5_X16_BYTES_PER_S  # one direction, per GPU
-    gpus_per_node: int = 8  # GPUs sharing one host's memory (an HGX board; a GB200 compute tray has 4)
+    gpus_per_node: int = 8  # GPUs sharing one host's memory (an HGX board; a GB200 / GB300 compute tray has 4)
     arch: str = "hopper"  # kernel generation: which published kernel rates apply (hopper, blackwell, cdna3, cdna4)
     kernel_node_s: float = H200_GRAPH_KERNEL_NODE_S  # one kernel of a replayed CUDA graph (Hopper's measured figure)
 
@@ -146,6 +150,11 @@ GPU_KINDS: dict[str, GpuKind] = {
         GpuKind(
             "GB200", 186_000_000_000, "186GB HBM3e", "GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
+            "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
+        ),
+        GpuKind(
+            "GB300", 288_000_000_000, "288GB HBM3e", "marketed 288 GB (no driver report on file)",
+            2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "GB300 NVL72 per GPU, dense (rack: 360 PFLOPS fp8 / 72)",
             "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
         ),
         GpuKind(

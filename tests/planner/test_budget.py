@@ -145,6 +145,17 @@ def test_gpu_kinds_use_driver_reported_bytes():
         gpu_kind("A100")
 
 
+def test_gb300_is_a_blackwell_ultra_in_a_four_gpu_grace_tray():
+    gb300, gb200, b300 = gpu_kind("gb300"), gpu_kind("GB200"), gpu_kind("B300")
+    assert gb300.memory_bytes == b300.memory_bytes == 288_000_000_000  # 288 GB HBM3e per GPU, marketed
+    assert gb300.fp8_flops == 360e15 / 72 == 2 * gb300.bf16_flops  # the NVL72 rack's dense fp8, per GPU
+    assert gb300.hbm_bytes_per_s == 8e12 and gb300.arch == "blackwell" and gb300.mla_head_pad == 128
+    # one Grace CPU feeds two GPUs over NVLink-C2C, four GPUs to a compute tray, as on the GB200
+    assert (gb300.host_link, gb300.host_link_bytes_per_s, gb300.gpus_per_node) == (
+        gb200.host_link, gb200.host_link_bytes_per_s, gb200.gpus_per_node,
+    ) == ("NVLink-C2C", 225e9, 4)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -696,20 +696,27 @@ def test_the_accept_draw_column_says_whether_a_batch_shares_one_draw(calibrate, 
         calibrate.accept_shared({"id": "x", "accept_draw": "step"})
     rows = calibrate.read_anchors(repo_dir / "bench" / "calibration" / "check.csv")
     pinned = {a["id"] for a in rows if "SGLANG_SIMULATE_ACC_LEN" in a["note"]}
-    assert len(pinned) == 8 and pinned == {a["id"] for a in rows if calibrate.sim_config(a).mtp_accept_shared}
+    assert len(pinned) == 12 and pinned == {a["id"] for a in rows if calibrate.sim_config(a).mtp_accept_shared}
 
 
 def test_the_glm52_cookbook_rows_replay_with_their_builds_defaults(calibrate, repo_dir):
-    # The SGLang GLM-5.2 cookbook's H200 (v0.5.14) and B200 (main @ 09ca4fc) cells: spec v2, the Blackwell cache,
-    # the server-wide --max-running-requests 256 per DP worker, the acceptance the cookbook pins.
+    # The SGLang GLM-5.2 cookbook's H200 (v0.5.14), B200 and GB300 (main @ 09ca4fc) cells: spec v2, the Blackwell
+    # cache, the server-wide --max-running-requests 256 per DP worker, the acceptance the cookbook pins.
     rows = [a for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / "check.csv")]
-    cells = {a["id"]: calibrate.sim_config(a) for a in rows if a["id"].startswith(("glm52-sgl-h200", "glm52-sgl-b200"))}
-    assert len(cells) == 10
+    prefixes = ("glm52-sgl-h200", "glm52-sgl-b200", "glm52-sgl-gb300")
+    cells = {a["id"]: calibrate.sim_config(a) for a in rows if a["id"].startswith(prefixes)}
+    assert len(cells) == 15
     for rid, cfg in cells.items():
-        assert cfg.kv_dtype == ("fp8" if "-b200-" in rid else "bf16"), rid
+        assert cfg.kv_dtype == ("bf16" if "-h200-" in rid else "fp8"), rid
         assert cfg.spec_overlap and cfg.schedule_policy == "prefill_first"
-        assert cfg.prefill_graph is ("-tp8-" in rid), rid  # piecewise prefill graphs, but not under DP attention
-        assert cfg.max_running == (48 if "-tp8-" in rid else 32), rid
+        assert cfg.prefill_graph is ("-tp" in rid), rid  # piecewise prefill graphs, but not under DP attention
+        if rid != "glm52-sgl-gb300-dp4-8k1k-c1024":  # benchmarked without --max-running-requests
+            assert cfg.max_running == (48 if "-tp" in rid else 256 // cfg.gpu.dp_attention), rid
+    gb300 = {rid: cfg.gpu for rid, cfg in cells.items() if "-gb300-" in rid}
+    assert {(g.gpu, g.num_gpus, g.dp_attention, g.moe_a2a) for g in gb300.values()} == {
+        ("GB300", 4, 1, "none"), ("GB300", 4, 4, "deepep"),
+    }  # fmt: skip
+    assert cells["glm52-sgl-gb300-dp4-mtp1-8k1k-c64"].chunk_tokens == 8192  # 32,768 over 4 DP workers
     assert cells["glm52-sgl-h200-tp8-mtp5-8k1k-c1"].mtp_accept == (1.0, 1.0, 0.5, 0.0, 0.0)
     assert cells["glm52-sgl-b200-dp8-mtp1-8k1k-c64"].chunk_tokens == 4096
     assert cells["glm52-sgl-b200-dp8-8k1k-c1024"].chunk_tokens == 2048  # 16,384 / 8 above 160 GiB

@@ -91,7 +91,7 @@ def test_every_gpu_kind_has_memory_and_speeds(name):
 
 
 def test_unknown_gpu_has_one_wording_in_the_planner_and_the_step_time():
-    wording = "gpu = 'A100': must be one of H100, H800, H200, H20, H20-3e, B200, B300, GB200, MI300X, MI355X"
+    wording = "gpu = 'A100': must be one of H100, H800, H200, H20, H20-3e, B200, B300, GB200, GB300, MI300X, MI355X"
     with pytest.raises(DsakvError) as planner_error:
         GpuSetting(gpu="A100")
     # A memory figure lets the planner run, but the roofline still needs the kind's speeds.
