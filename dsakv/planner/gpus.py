@@ -22,7 +22,7 @@ driver-reported total and keeps the marketing figure only as a label.
 
 Pass ``--gpu-memory BYTES`` for any other device or a different driver reservation.
 
-Host link (the host tier's copies, ``dsakv.sim.transfers``): PCIe Gen5 x16 on every kind but the GB200, at
+Host link (the host tier's copies, ``dsakv.sim.transfers``): PCIe Gen5 x16 on every kind but the GB200 / GB300, at
 55 GB/s per direction (63 GB/s raw: 32 GT/s x 16 lanes, 128b/130b; pinned ``cudaMemcpyAsync`` reaches about
 55); GB200 and GB300: NVLink-C2C, 900 GB/s bidirectional from one Grace CPU to its two GPUs (GB200 NVL72
 datasheet; the GB300 board keeps the 1 Grace : 2 GPU pairing), so 225 GB/s per GPU per direction. GPUs per node
@@ -36,7 +36,8 @@ max(next power of two of the rank's heads, 16) (``padded_H`` in its ``tilelang_k
 rate of such a kernel, 1.41 ms for 1,024 queries x 16 heads x top-k 2,048 on an MI355 (52 TFLOP/s; a fork's
 README_PR.md, github.com/vivienfanghuagood/sglang, late 2025), is the single-kernel TileLang path that SGLang
 replaced on ROCm by split-K partial + combine kernels (sgl-project/sglang#18488, 2026-02-10, decode on MI355;
-#19945, 2026-03-24, every call on MI300 / MI355): it prices no build on file. The catalogue keeps Hopper's 64-head
+#19945, 2026-03-24, MI300 too; at 7bd1a9d16, 0.5.13.post1, every ``tilelang_sparse_fwd`` call on ROCm, prefill
+included, takes them): it prices no build on file. The catalogue keeps Hopper's 64-head
 padding at FlashMLA's efficiency for the AMD rows (docs/steptime.md, known gaps).
 
 | kind   | bf16 / fp8 dense TFLOP/s | HBM TB/s | link (one direction) | source |
