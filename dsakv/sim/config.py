@@ -190,8 +190,10 @@ class SimConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
-        bools = ("mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill")
-        for name in (*bools, "moe_deep_gemm"):
+        for name in (
+            "mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill",
+            "moe_deep_gemm",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
         if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
