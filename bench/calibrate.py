@@ -353,6 +353,9 @@ SGLANG_RELEASE_DATES = {
     "0.5.6.post1": datetime.date(2025, 12, 9),  # 9a327bdfc
     "0.5.6.post2": datetime.date(2025, 12, 11),  # 5c8bd8b51
     "0.5.9": datetime.date(2026, 3, 4),
+    # no later than in use: the docs' image table of a3291b565 (2026-04-20) names ``lmsysorg/sglang:v0.5.10.post1``
+    # (after 0.5.9; only the fit file's DeepSeek-V3 rows run it, and no rule here turns on a date in between)
+    "0.5.10.post1": datetime.date(2026, 4, 20),
     "0.5.13.post1": datetime.date(2026, 6, 15),
     "0.5.14": datetime.date(2026, 7, 10),
 }
@@ -595,6 +598,34 @@ def engine_env(anchor: dict) -> dict[str, str]:
     return env
 
 
+# SGLang's automatic MoE runner on Blackwell (SM100 / SM103) takes TensorRT-LLM's fused MoE (``flashinfer_trtllm``)
+# for a DeepSeek-family model's fp8 experts without an all-to-all (``kernels.sglang_trtllm_moe``, fact 37) from these
+# builds on, by model: DeepSeek-V3 / R1 (dense MLA) from sgl-project/sglang#11816 (f80371ff8, 2025-10-23);
+# DeepSeek-V3.2, which SGLang loads as ``DeepseekV3ForCausalLM`` (its config rewritten by ``_load_deepseek_v32_model``
+# since #11061, efbc687c2, until #24295 registered the name), once #13687 (618ca2380, 2025-11-23) moved the choice out
+# of the branch for models without DSA; GLM-5.x (``GlmMoeDsaForCausalLM``) from its support, #18521 (398b81f78,
+# 2026-02-10).
+SGLANG_TRTLLM_MOE_SINCE = {
+    "dense-mla": datetime.date(2025, 10, 23),
+    "deepseek-v3.2": datetime.date(2025, 11, 23),
+    "glm-5": datetime.date(2026, 2, 10),
+}
+
+
+def engine_moe_trtllm(anchor: dict) -> bool:
+    """Whether the row's engine may run the routed experts in TensorRT-LLM's fused MoE (``SimConfig.moe_trtllm``; the
+    step time applies it to SGLang rows on Blackwell with fp8 experts and no all-to-all only): an SGLang build on or
+    after ``SGLANG_TRTLLM_MOE_SINCE`` for the row's model (a build naming no version predates it)."""
+    if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "blackwell":
+        return True
+    if not has_indexer(anchor):
+        family = "dense-mla"
+    else:
+        family = "glm-5" if anchor["model"].lower().startswith("glm-5") else "deepseek-v3.2"
+    built = sglang_build_date(anchor)
+    return built is not None and built >= SGLANG_TRTLLM_MOE_SINCE[family]
+
+
 def engine_moe_deep_gemm(anchor: dict) -> bool:
     """Whether the row's engine may run the routed experts in DeepGEMM's grouped GEMMs (``SimConfig.moe_deep_gemm``):
     vLLM unless its source sets ``VLLM_USE_DEEP_GEMM=0`` or ``VLLM_MOE_USE_DEEP_GEMM=0`` (the step time applies
@@ -700,6 +731,7 @@ def sim_config(anchor: dict) -> SimConfig:
         prefill_graph=engine_prefill_graph(anchor),
         dense_short_prefill=engine_dense_short_prefill(anchor),
         moe_deep_gemm=engine_moe_deep_gemm(anchor),
+        moe_trtllm=engine_moe_trtllm(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

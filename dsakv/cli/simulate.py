@@ -151,6 +151,13 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "VLLM_MOE_USE_DEEP_GEMM=0 does (by default vLLM on Hopper runs them in DeepGEMM's grouped GEMMs from 121 "
         "tokens a step; step time, docs/steptime.md fact 36)",
     )
+    m.add_argument(
+        "--no-moe-trtllm",
+        action="store_true",
+        help="keep the routed experts out of TensorRT-LLM's fused MoE, as SGLang with another --moe-runner-backend "
+        "than flashinfer_trtllm does (by default SGLang on Blackwell runs fp8 experts in it when there is no "
+        "all-to-all; step time, docs/steptime.md fact 37)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -432,6 +439,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         prefill_graph=not args.no_prefill_graph,
         dense_short_prefill=not args.no_dense_short_prefill,
         moe_deep_gemm=not args.no_moe_deep_gemm,
+        moe_trtllm=not args.no_moe_trtllm,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

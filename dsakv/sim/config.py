@@ -39,6 +39,7 @@ from dsakv.sim.steptime import (
     sglang_dense_short_prefill,
     sglang_prefill_in_decode_kernel,
     sglang_trtllm_gen_decode,
+    sglang_trtllm_moe,
     vllm_deep_gemm_moe_min_tokens,
     vllm_mixed_batch,
     vllm_padded_topk,
@@ -81,6 +82,9 @@ class SimConfig:
     on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: False keeps the
     routed experts in the engine's default MoE kernel at every step size, where vLLM runs DeepGEMM's grouped GEMMs
     from 121 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
+    ``moe_trtllm``: False keeps the routed experts out of TensorRT-LLM's fused MoE, where SGLang on Blackwell runs
+    a DeepSeek-family model's fp8 experts in it without an all-to-all (``kernels.sglang_trtllm_moe``; another
+    ``--moe-runner-backend``, or a build before SGLang chose it).
     ``ep``: expert parallelism (step time only; the MoE's collectives are the deployment's ``gpu.moe_a2a``, which
     also sets where the shared experts' weights live). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
@@ -126,6 +130,7 @@ class SimConfig:
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
     moe_deep_gemm: bool = True  # False: vLLM's VLLM_MOE_USE_DEEP_GEMM=0 (Triton's fused MoE at every step size)
+    moe_trtllm: bool = True  # False: SGLang on Blackwell with another --moe-runner-backend than flashinfer_trtllm
     indexer_pattern: str | None = (
         None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
     )
@@ -192,7 +197,7 @@ class SimConfig:
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         for name in (
             "mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill",
-            "moe_deep_gemm",
+            "moe_deep_gemm", "moe_trtllm",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
@@ -398,6 +403,9 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
             moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(
                 arch, policy, setting.weight_dtype or spec.weight_dtype, cfg.moe_deep_gemm
+            ),
+            moe_trtllm=sglang_trtllm_moe(
+                arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.moe_trtllm
             ),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)

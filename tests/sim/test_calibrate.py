@@ -324,6 +324,32 @@ def test_the_env_column_turns_vllms_deepgemm_experts_off(calibrate, repo_dir):
     assert step(rows["glm52-sgl-h200-tp8-mtp5-8k1k-c1"]).moe_deep_gemm_min_tokens == 0
 
 
+def test_sglang_rows_on_blackwell_run_trtllms_fused_moe_from_its_build_by_model(calibrate, repo_dir):
+    # Fact 37: SGLang's automatic MoE runner on Blackwell is flashinfer_trtllm for fp8 experts without an all-to-all,
+    # from 2025-10-23 for DeepSeek-V3 / R1, 2025-11-23 for DeepSeek-V3.2 (loaded as DeepseekV3ForCausalLM), 2026-02-10
+    # for GLM-5.x; a row of an earlier build (or naming none) keeps the fitted rate.
+    row = {"id": "x", "model": "deepseek-v3.2", "gpu": "B200", "engine": "sglang"}
+    assert calibrate.engine_moe_trtllm({**row, "version": "0.5.6"}) is True  # 2025-12-02
+    assert calibrate.engine_moe_trtllm({**row, "version": "lmsysorg/sglang:nightly-dev-20251120-abc"}) is False
+    assert calibrate.engine_moe_trtllm({**row, "version": "lmsysorg/sglang:nightly-dev-20251120-abc", "indexer": "0"})
+    assert calibrate.engine_moe_trtllm({**row, "version": ""}) is False
+    glm = {**row, "model": "glm-5"}
+    assert calibrate.engine_moe_trtllm({**glm, "version": "lmsysorg/sglang:nightly-dev-20260209-abc"}) is False
+    assert calibrate.engine_moe_trtllm({**glm, "version": "commit 947927bdb"}) is True
+    assert calibrate.engine_moe_trtllm({**row, "gpu": "H200", "version": ""}) is True  # the step time's rule says no
+    step = lambda a: calibrate.build_setup(calibrate.sim_config(a)).step_time  # noqa: E731
+    rows = {a["id"]: a for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / "check.csv")}
+    assert step(rows["glm52-sgl-b200-tp8-mtp5-8k1k-c16"]).moe_trtllm is True
+    assert step(rows["glm52-sgl-gb300-tp4-mtp5-8k1k-c16"]).moe_trtllm is True
+    assert step(rows["glm52-sgl-b200-dp8-mtp1-8k1k-c64"]).moe_trtllm is False  # DeepEP: DeepGEMM's experts
+    assert step(rows["glm52-sgl-h200-tp8-mtp5-8k1k-c16"]).moe_trtllm is False
+    # every SGLang Blackwell row on file without an all-to-all is dated after its model's start: all take it
+    for name in ("fit", "check", "heldout"):
+        for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / f"{name}.csv"):
+            if calibrate.policy_of(a) == "prefill_first" and calibrate.gpu_kind(a["gpu"]).arch == "blackwell":
+                assert calibrate.engine_moe_trtllm(a) is True, a["id"]
+
+
 def test_sglang_on_an_amd_gpu_runs_prefill_eagerly(calibrate, repo_dir):
     # ServerArgs turns piecewise prefill graphs off on every non-CUDA GPU (HIP included), from their default
     # (c64274c74) on; the same TP8 row on an H200 of the same build replays them (no DP attention, no DeepEP).

@@ -13,12 +13,14 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, trtllm_gen_mla_heads
+from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, sglang_trtllm_moe, trtllm_gen_mla_heads
 from dsakv.sim.steptime.figures import normal_dispatch_ranks
 from dsakv.sim.steptime.kernels import (
     DEEPGEMM_MOE_M_ALIGNMENT,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
+    TRTLLM_MOE_B300_MXFP8_MS,
+    TRTLLM_MOE_STREAM_EFF,
     vllm_cudagraph_capture_sizes,
     vllm_deep_gemm_moe_min_tokens,
     vllm_padded_min_tokens,
@@ -286,6 +288,61 @@ def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
     assert build_setup(sglang).step_time.moe_deep_gemm_min_tokens == 0
     with pytest.raises(DsakvError, match=r"^moe_deep_gemm = 0: must be True or False$"):
         SimConfig(moe_deep_gemm=0)
+
+
+def test_trtllms_fused_moe_rate_is_the_least_squares_slope_of_flashinfers_b300_table():
+    # Fact 37: flashinfer-ai/flashinfer#5301's TRTLLM MXFP8 latencies (B300, DeepSeek's MoE, 32 local experts of 256,
+    # top-8) against the bytes of the experts the tokens touch (uniform routing), fitted here independently of
+    # kernels.fixed_and_seconds_per_byte with the normal equations.
+    expert_bytes = 3 * 7168 * 2048 * (1 + 1 / 32)  # gate / up and down, fp8, one UE8M0 scale per 32 weights
+    pts = [(32 * (1 - (1 - 8 / 256) ** n) * expert_bytes, ms / 1e3) for n, ms in TRTLLM_MOE_B300_MXFP8_MS]
+    sx, sy = sum(b for b, _ in pts), sum(t for _, t in pts)
+    sxx, sxy = sum(b * b for b, _ in pts), sum(b * t for b, t in pts)
+    slope = (len(pts) * sxy - sx * sy) / (len(pts) * sxx - sx * sx)
+    assert TRTLLM_MOE_STREAM_EFF == pytest.approx(1 / slope / gpu_kind("B300").hbm_bytes_per_s)
+    assert round(TRTLLM_MOE_STREAM_EFF, 3) == 0.878  # docs/steptime.md's value: beside DeepGEMM's 0.836 on H800
+    assert [n for n, _ in TRTLLM_MOE_B300_MXFP8_MS] == [2**i for i in range(10)]
+
+
+def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
+    # Fact 37: SGLang's automatic MoE runner is flashinfer_trtllm for a DeepSeek-family model's fp8 experts on
+    # SM100 / SM103 without an all-to-all; its experts stream at TRTLLM_MOE_STREAM_EFF at every step size.
+    assert sglang_trtllm_moe("blackwell", "prefill_first", "fp8", "none", True)
+    for args in (
+        ("hopper", "prefill_first", "fp8", "none", True),  # Triton's fused MoE on Hopper
+        ("blackwell", "mixed", "fp8", "none", True),  # vLLM's Blackwell MoE choices: not modelled
+        ("blackwell", "prefill_first", "bf16", "none", True),  # the rule is for fp8 checkpoints
+        ("blackwell", "prefill_first", "fp8", "deepep", True),  # DeepEP's experts run DeepGEMM (fact 35)
+        ("blackwell", "prefill_first", "fp8", "none", False),  # another --moe-runner-backend, an earlier build
+    ):
+        assert not sglang_trtllm_moe(*args), args
+    b200 = gpu_kind("B200")
+    trt = RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8", moe_trtllm=True)
+    base = RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8")
+    hbm = b200.hbm_bytes_per_s
+    assert trt.rank.trtllm_moe_bw == pytest.approx(hbm * TRTLLM_MOE_STREAM_EFF)
+    for decodes in (1, 16, 96):  # every step size, not from an alignment on
+        on, off = trt.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
+        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
+        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * TRTLLM_MOE_STREAM_EFF))
+        assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
+    # the draft passes' MoE (the MTP layer's) runs the same backend (SGLang's speculative runner defaults to it)
+    k3 = dict(gpu=b200, weight_dtype="fp8", num_speculative_tokens=3)
+    draft = lambda m: m.cost([], [4096] * 16).seconds["mtp_draft"]  # noqa: E731
+    assert draft(RooflineStepTime(glm52, moe_trtllm=True, **k3)) < draft(RooflineStepTime(glm52, **k3))
+    with pytest.raises(DsakvError, match=r"^step time moe_trtllm: TensorRT-LLM's fused MoE runs on Blackwell .* H200"):
+        RooflineStepTime(glm52, moe_trtllm=True)
+    with pytest.raises(DsakvError, match=r"^step time moe_trtllm: .*moe_a2a is 'deepep'$"):
+        RooflineStepTime(glm52, gpu=b200, tp=8, ep=8, moe_a2a="deepep", moe_trtllm=True)
+    with pytest.raises(DsakvError, match=r"^step time moe_trtllm = 1: must be True or False$"):
+        RooflineStepTime(glm52, gpu=b200, moe_trtllm=1)
+    blackwell = GpuSetting(gpu="B200", num_gpus=8, weight_dtype="fp8")
+    sglang = SimConfig(model="glm-5", gpu=blackwell, schedule_policy="prefill_first")
+    assert build_setup(sglang).step_time.moe_trtllm is True
+    assert build_setup(dataclasses.replace(sglang, moe_trtllm=False)).step_time.moe_trtllm is False
+    assert build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time.moe_trtllm is False
+    with pytest.raises(DsakvError, match=r"^moe_trtllm = 0: must be True or False$"):
+        SimConfig(moe_trtllm=0)
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

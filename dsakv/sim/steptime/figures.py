@@ -33,6 +33,7 @@ from dsakv.sim.steptime.kernels import (
     INDEXER_KERNEL_CHAIN,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
+    TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
     flashmla_efficiency,
     trtllm_gen_mla_heads,
@@ -177,6 +178,7 @@ class RankFigures:
     bw: float  # HBM bytes per second x bw_eff
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
     deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE at >= its M alignment)
+    trtllm_moe_bw: float  # HBM x TRTLLM_MOE_STREAM_EFF: TensorRT-LLM's fused MoE (SGLang on Blackwell, fact 37)
     link_bw: float  # NVLink bytes per second x link_eff
     gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
     moe_rate: float  # the same peak x moe_eff
@@ -343,6 +345,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         bw=bw,
         expert_bw=expert_bw,
         deep_gemm_bw=deep_gemm_bw,
+        trtllm_moe_bw=gpu.hbm_bytes_per_s * TRTLLM_MOE_STREAM_EFF,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,
         moe_rate=lin_peak * model.moe_eff,

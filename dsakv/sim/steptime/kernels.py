@@ -70,17 +70,63 @@ DEEPGEMM_DECODE_GEMMS = (
 H800_HBM_BYTES_PER_S = H800.hbm_bytes_per_s
 
 
+def fixed_and_seconds_per_byte(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares line ``seconds = fixed + bytes x slope`` through ``points`` of (bytes, seconds): (fixed,
+    slope), closed form (no fitting library)."""
+    count = len(points)
+    mean_b, mean_t = sum(b for b, _ in points) / count, sum(t for _, t in points) / count
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    return mean_t - slope * mean_b, slope
+
+
 def gemm_fixed_and_stream() -> tuple[float, float]:
     """(seconds a GEMM costs beyond its bytes, fraction of HBM peak its bytes stream at): the least-squares line
-    ``time = fixed + bytes / rate`` through ``DEEPGEMM_DECODE_GEMMS`` (closed form, no fitting library)."""
+    ``time = fixed + bytes / rate`` through ``DEEPGEMM_DECODE_GEMMS``."""
     pts = [(n * k + m * k + 2 * m * n, 2 * m * n * k / (tf * 1e12)) for m, n, k, tf in DEEPGEMM_DECODE_GEMMS]
-    count = len(pts)
-    mean_b, mean_t = sum(b for b, _ in pts) / count, sum(t for _, t in pts) / count
-    slope = sum((b - mean_b) * (t - mean_t) for b, t in pts) / sum((b - mean_b) ** 2 for b, _ in pts)
-    return mean_t - slope * mean_b, 1 / slope / H800_HBM_BYTES_PER_S
+    fixed, slope = fixed_and_seconds_per_byte(pts)
+    return fixed, 1 / slope / H800_HBM_BYTES_PER_S
 
 
 GEMM_FIXED_S, GEMM_STREAM_EFF = gemm_fixed_and_stream()
+
+# TensorRT-LLM's fused fp8 MoE (FlashInfer's ``trtllm_fp8_block_scale_moe``: routing, the gate / up and down grouped
+# GEMMs and the finalize in trtllm-gen kernels), the kernel SGLang runs a DeepSeek-family model's routed experts in on
+# Blackwell without an all-to-all (``sglang_trtllm_moe``). Its measured latency on one B300 SXM6 (SM103, 148 SMs):
+# DeepSeek's MoE (hidden 7168, expert intermediate 2048, 256 experts, top-8 of 4 of 8 groups) with the 32 experts of
+# one EP 8 rank, MXFP8 weights and activations (one UE8M0 scale per 32 elements along K), routing from logits,
+# activation quantisation and finalize timed, cold L2, the median of 100 iterations (flashinfer-ai/flashinfer#5301,
+# 2026-09-17, ``benchmarks/bench_moe_deepseek.py``, the "TRTLLM MXFP8" column of one of its repeats; the others
+# agree within 0.3 % from 128 tokens up and 10 % below): (tokens, ms). The same kernel runs
+# DeepSeek's 128 x 128 block scales (``Fp8QuantizationType.DeepSeekFp8``); the weights' bytes are the same but for
+# the scales.
+TRTLLM_MOE_B300_MXFP8_MS = (
+    (1, 0.037345), (2, 0.054448), (4, 0.081488), (8, 0.099169), (16, 0.119904), (32, 0.171458), (64, 0.226609),
+    (128, 0.235218), (256, 0.251202), (512, 0.260034),
+)  # fmt: skip
+TRTLLM_MOE_BENCH_SHAPE = {
+    "hidden": 7168, "intermediate": 2048, "experts": 256, "local_experts": 32, "topk": 8, "scale_block": 32,
+}  # fmt: skip
+B300_HBM_BYTES_PER_S = GPU_KINDS["B300"].hbm_bytes_per_s
+
+
+def trtllm_moe_fixed_and_stream() -> tuple[float, float]:
+    """(seconds the benchmarked MoE costs beyond its weights' bytes, fraction of HBM peak those bytes stream at): the
+    least-squares line through ``TRTLLM_MOE_B300_MXFP8_MS``, each row's bytes the local experts its tokens touch
+    under uniform routing (the roofline's own rule: each token picks a given expert with probability top-k /
+    experts) times one expert's gate / up and down weights with their scales. The slope gives the rate;
+    the fixed part (routing, quantisation, finalize, the launches; cold L2) is the layer floor's business
+    (``LAYER_KERNEL_CHAIN``) and is not priced from here."""
+    sh = TRTLLM_MOE_BENCH_SHAPE
+    expert_bytes = 3 * sh["hidden"] * sh["intermediate"] * (1 + 1 / sh["scale_block"])
+    miss = 1 - sh["topk"] / sh["experts"]
+    pts = [
+        (sh["local_experts"] * (1 - miss**tokens) * expert_bytes, ms / 1e3) for tokens, ms in TRTLLM_MOE_B300_MXFP8_MS
+    ]
+    fixed, slope = fixed_and_seconds_per_byte(pts)
+    return fixed, 1 / slope / B300_HBM_BYTES_PER_S
+
+
+TRTLLM_MOE_STREAM_EFF = trtllm_moe_fixed_and_stream()[1]
 
 # The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
 # collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
@@ -235,6 +281,24 @@ def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype:
     FlashInfer / CUTLASS MoE choices) is not modelled: no vLLM Blackwell row is on file. docs/steptime.md, fact 36."""
     on = schedule_policy == "mixed" and arch == "hopper" and weight_dtype == "fp8" and moe_deep_gemm
     return vllm_padded_min_tokens(DEEPGEMM_MOE_M_ALIGNMENT) if on else 0
+
+
+def sglang_trtllm_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2a: str, moe_trtllm: bool) -> bool:
+    """Whether the engine runs the routed experts in TensorRT-LLM's fused fp8 MoE, their weights streaming at
+    ``TRTLLM_MOE_STREAM_EFF`` at every step size: SGLang (the ``prefill_first`` stand-in) on Blackwell with fp8
+    experts and no all-to-all, its automatic MoE runner then ``flashinfer_trtllm`` for the DeepSeek family
+    (``_deepseek_moe_quant_resolution`` in ``arg_groups/overrides.py`` at 06ad7b2b0: ``moe_a2a_backend == "none"``,
+    ``moe_runner_backend == "auto"``, quantization fp8; on SM100 / SM103), the draft model's MoE the same
+    (``_speculative_moe_runner_default``). Under DeepEP the experts run DeepGEMM (``moe_a2a``). ``moe_trtllm`` False
+    stands for another ``--moe-runner-backend`` or a build before the rule (``bench/calibrate.py``
+    ``engine_moe_trtllm`` dates it by model). docs/steptime.md, fact 37."""
+    return (
+        moe_trtllm
+        and schedule_policy == "prefill_first"
+        and arch == "blackwell"
+        and weight_dtype == "fp8"
+        and moe_a2a == "none"
+    )
 
 
 def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
