@@ -471,13 +471,19 @@ def engine_prefill_graph(anchor: dict) -> bool:
 SGLANG_GLM_BLACKWELL_SPARSE_PREFILL = (datetime.date(2026, 2, 10), datetime.date(2026, 6, 3))
 
 
+def is_glm5(anchor: dict) -> bool:
+    """Whether the row serves a GLM-5.x model (the ``glm-5*`` presets, ``GlmMoeDsaForCausalLM``), whose SGLang rules
+    differ from DeepSeek's by build."""
+    return anchor["model"].lower().startswith("glm-5")
+
+
 def engine_dense_short_prefill(anchor: dict) -> bool:
     """Whether the row's engine may run a prefill within top-k keys as dense MHA (``SimConfig.dense_short_prefill``):
     the step time's rule (``kernels.sglang_dense_short_prefill``) except for a GLM-5.x row (the ``glm-5*`` presets,
     ``GlmMoeDsaForCausalLM``) on Blackwell in an SGLang build of ``SGLANG_GLM_BLACKWELL_SPARSE_PREFILL``."""
     if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "blackwell" or not has_indexer(anchor):
         return True
-    if not anchor["model"].lower().startswith("glm-5"):
+    if not is_glm5(anchor):
         return True
     built = sglang_build_date(anchor)
     since, until = SGLANG_GLM_BLACKWELL_SPARSE_PREFILL
@@ -621,7 +627,7 @@ def engine_moe_trtllm(anchor: dict) -> bool:
     if not has_indexer(anchor):
         family = "dense-mla"
     else:
-        family = "glm-5" if anchor["model"].lower().startswith("glm-5") else "deepseek-v3.2"
+        family = "glm-5" if is_glm5(anchor) else "deepseek-v3.2"
     built = sglang_build_date(anchor)
     return built is not None and built >= SGLANG_TRTLLM_MOE_SINCE[family]
 

@@ -95,8 +95,9 @@ GEMM_FIXED_S, GEMM_STREAM_EFF = gemm_fixed_and_stream()
 # DeepSeek's MoE (hidden 7168, expert intermediate 2048, 256 experts, top-8 of 4 of 8 groups) with the 32 experts of
 # one EP 8 rank, MXFP8 weights and activations (one UE8M0 scale per 32 elements along K), routing from logits,
 # activation quantisation and finalize timed, cold L2, the median of 100 iterations (flashinfer-ai/flashinfer#5301,
-# 2026-09-17, ``benchmarks/bench_moe_deepseek.py``, the "TRTLLM MXFP8" column of one of its repeats; the others
-# agree within 0.3 % from 128 tokens up and 10 % below): (tokens, ms). The same kernel runs
+# 2026-09-17, ``benchmarks/bench_moe_deepseek.py``, the "TRTLLM MXFP8" column of one of its repeats; a second
+# repeat's 1-512 rows agree within 0.3 % from 128 tokens up and 3 % below, a third's 1-token row is 9.5 % above):
+# (tokens, ms). The same kernel runs
 # DeepSeek's 128 x 128 block scales (``Fp8QuantizationType.DeepSeekFp8``); the weights' bytes are the same but for
 # the scales.
 TRTLLM_MOE_B300_MXFP8_MS = (
