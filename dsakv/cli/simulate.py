@@ -158,6 +158,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "than flashinfer_trtllm does (by default SGLang on Blackwell runs fp8 experts in it when there is no "
         "all-to-all; step time, docs/steptime.md fact 37)",
     )
+    m.add_argument(
+        "--no-moe-aiter",
+        action="store_true",
+        help="keep the routed experts out of AITER's fused MoE, as SGLang with SGLANG_USE_AITER=0 does (by default "
+        "SGLang on CDNA 4 runs fp8 experts in it when there is no all-to-all; step time, docs/steptime.md fact 38)",
+    )
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -440,6 +446,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         dense_short_prefill=not args.no_dense_short_prefill,
         moe_deep_gemm=not args.no_moe_deep_gemm,
         moe_trtllm=not args.no_moe_trtllm,
+        moe_aiter=not args.no_moe_aiter,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

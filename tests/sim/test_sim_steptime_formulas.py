@@ -13,9 +13,18 @@ from dsakv.planner.deployment import GpuSetting
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
-from dsakv.sim.steptime import RooflineStepTime, sglang_trtllm_gen_decode, sglang_trtllm_moe, trtllm_gen_mla_heads
+from dsakv.sim.steptime import (
+    RooflineStepTime,
+    sglang_aiter_moe,
+    sglang_trtllm_gen_decode,
+    sglang_trtllm_moe,
+    trtllm_gen_mla_heads,
+)
 from dsakv.sim.steptime.figures import normal_dispatch_ranks
 from dsakv.sim.steptime.kernels import (
+    AITER_FMOE_MI355X_GLM5_TP8_US,
+    AITER_MOE_COMPUTE_EFF,
+    AITER_MOE_STREAM_EFF,
     DEEPGEMM_MOE_M_ALIGNMENT,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
@@ -343,6 +352,91 @@ def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
     assert build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time.moe_trtllm is False
     with pytest.raises(DsakvError, match=r"^moe_trtllm = 0: must be True or False$"):
         SimConfig(moe_trtllm=0)
+
+
+def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:
+    sx, sy = sum(x for x, _ in pts), sum(y for _, y in pts)
+    sxx, sxy = sum(x * x for x, _ in pts), sum(x * y for x, y in pts)
+    return (len(pts) * sxy - sx * sy) / (len(pts) * sxx - sx * sx)
+
+
+def _aiter_rates(rows, hidden: int, intermediate: int) -> tuple[float, float]:
+    """(stream, compute) fractions of MI355X's peaks from one of AITER's tuned fused-MoE tables: 256 routed experts
+    at top-8 plus the shared expert fused in, fp8 weights with one fp32 scale per 128 x 128 block."""
+    mi355x = gpu_kind("MI355X")
+    per_expert = 3 * hidden * intermediate + 4 * 3 * math.ceil(intermediate / 128) * math.ceil(hidden / 128)
+    stream = [((256 * (1 - (1 - 8 / 256) ** n) + 1) * per_expert, us / 1e6) for n, us in rows if n <= 512]
+    compute = [(n * 9 * 3 * 2 * hidden * intermediate, us / 1e6) for n, us in rows if n >= 4096]
+    return (
+        1 / _normal_equations_slope(stream) / mi355x.hbm_bytes_per_s,
+        1 / _normal_equations_slope(compute) / mi355x.fp8_flops,
+    )
+
+
+def test_aiters_fused_moe_rates_are_the_least_squares_slopes_of_its_mi355x_table():
+    # Fact 38: AITER's tuned GLM-5 table on MI355X (hidden 6144, expert intermediate 256 = 2048 / TP 8), refitted
+    # here with the normal equations: the stream rate from the bytes of the experts 1-512 tokens touch, the compute
+    # rate from 4,096 tokens on.
+    assert (AITER_MOE_STREAM_EFF, AITER_MOE_COMPUTE_EFF) == pytest.approx(
+        _aiter_rates(AITER_FMOE_MI355X_GLM5_TP8_US, 6144, 256)
+    )
+    assert (round(AITER_MOE_STREAM_EFF, 3), round(AITER_MOE_COMPUTE_EFF, 3)) == (0.721, 0.153)  # docs' values
+    assert [n for n, _ in AITER_FMOE_MI355X_GLM5_TP8_US] == [2**i for i in range(16)]
+    # The same file's DeepSeek-V3 table at TP 4 (hidden 7168, intermediate 512; ROCm/aiter
+    # aiter/configs/model_configs/a8w8_blockscale_tuned_fmoe_ds_v3.csv, cu_num 256, rows added by #3024) gives
+    # rates within 3 % and 5 %: one kernel family's rates, not one shape's.
+    ds_v3_tp4 = (
+        (1, 56.8428), (2, 62.7228), (4, 78.6512), (8, 128.1741), (16, 211.2661), (32, 328.3517), (64, 418.7021),
+        (128, 471.9978), (256, 515.699), (512, 540.5007), (1024, 673.6803), (2048, 873.5909), (4096, 1294.01),
+        (8192, 2305.846),
+    )  # fmt: skip
+    stream, compute = _aiter_rates(ds_v3_tp4, 7168, 512)
+    assert stream == pytest.approx(AITER_MOE_STREAM_EFF, rel=0.03)
+    assert compute == pytest.approx(AITER_MOE_COMPUTE_EFF, rel=0.05)
+
+
+def test_sglang_runs_fp8_experts_on_cdna4_in_aiters_fused_moe(glm52):
+    # Fact 38: SGLang's ROCm image runs the routed experts in AITER's fused MoE; on MI355X (CDNA 4) they stream at
+    # AITER_MOE_STREAM_EFF and compute at AITER_MOE_COMPUTE_EFF of the fp8 peak, at every step size.
+    assert sglang_aiter_moe("cdna4", "prefill_first", "fp8", "none", True)
+    for args in (
+        ("cdna3", "prefill_first", "fp8", "none", True),  # MI300X / MI325X: no measured row in AITER's table
+        ("cdna4", "mixed", "fp8", "none", True),  # vLLM on ROCm: not modelled
+        ("cdna4", "prefill_first", "bf16", "none", True),  # the table is the fp8 block-scale kernel's
+        ("cdna4", "prefill_first", "fp8", "deepep", True),  # an all-to-all backend
+        ("cdna4", "prefill_first", "fp8", "none", False),  # SGLANG_USE_AITER=0, or a build before the table
+        ("hopper", "prefill_first", "fp8", "none", True),
+    ):
+        assert not sglang_aiter_moe(*args), args
+    mi355x = gpu_kind("MI355X")
+    aiter = RooflineStepTime(glm52, gpu=mi355x, weight_dtype="fp8", moe_aiter=True)
+    base = RooflineStepTime(glm52, gpu=mi355x, weight_dtype="fp8")
+    hbm = mi355x.hbm_bytes_per_s
+    assert aiter.rank.aiter_moe_bw == pytest.approx(hbm * AITER_MOE_STREAM_EFF)
+    assert aiter.rank.moe_rate == pytest.approx(mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF)
+    for decodes in (1, 16, 96):
+        on, off = aiter.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
+        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
+        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * AITER_MOE_STREAM_EFF))
+        assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
+    # an 8,192-token prefill chunk is compute-bound: its FLOPs at AITER's measured rate, 2.9x DeepGEMM's price (0.44 / 0.153)
+    on, off = aiter.cost([(8192, 0)], []), base.cost([(8192, 0)], [])
+    assert on.flops["moe"] == pytest.approx(off.flops["moe"])
+    assert on.seconds["moe"] == pytest.approx(on.flops["moe"] / (mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF))
+    assert on.seconds["moe"] > 2.5 * off.seconds["moe"]
+    with pytest.raises(DsakvError, match=r"^step time moe_aiter: AITER's fused MoE rates .* H200 is hopper"):
+        RooflineStepTime(glm52, moe_aiter=True)
+    with pytest.raises(DsakvError, match=r"^step time moe_aiter: .*moe_a2a is 'deepep'$"):
+        RooflineStepTime(glm52, gpu=mi355x, tp=8, ep=8, moe_a2a="deepep", moe_aiter=True)
+    with pytest.raises(DsakvError, match=r"^step time moe_aiter = 1: must be True or False$"):
+        RooflineStepTime(glm52, gpu=mi355x, moe_aiter=1)
+    cdna4 = GpuSetting(gpu="MI355X", num_gpus=8, weight_dtype="fp8")
+    sglang = SimConfig(model="glm-5", gpu=cdna4, schedule_policy="prefill_first")
+    assert build_setup(sglang).step_time.moe_aiter is True
+    assert build_setup(dataclasses.replace(sglang, moe_aiter=False)).step_time.moe_aiter is False
+    assert build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time.moe_aiter is False
+    with pytest.raises(DsakvError, match=r"^moe_aiter = 0: must be True or False$"):
+        SimConfig(moe_aiter=0)
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

@@ -18,6 +18,8 @@ from dsakv.errors import DsakvError
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
+    AITER_MOE_COMPUTE_EFF,
+    AITER_MOE_STREAM_EFF,
     BATCH1_LAYER_S,
     EAGER_INDEXER_LAUNCHES,
     EAGER_INDEXER_SHORT_LAUNCHES,
@@ -179,9 +181,10 @@ class RankFigures:
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
     deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE at >= its M alignment)
     trtllm_moe_bw: float  # HBM x TRTLLM_MOE_STREAM_EFF: TensorRT-LLM's fused MoE (SGLang on Blackwell, fact 37)
+    aiter_moe_bw: float  # HBM x AITER_MOE_STREAM_EFF: AITER's fused MoE (SGLang on CDNA 4, fact 38)
     link_bw: float  # NVLink bytes per second x link_eff
     gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
-    moe_rate: float  # the same peak x moe_eff
+    moe_rate: float  # the same peak x moe_eff; under moe_aiter the fp8 peak x AITER_MOE_COMPUTE_EFF (fact 38)
     idx_rate: float  # fp8 peak x indexer_eff
     mha_rate: float  # bf16 peak x FA3's measured efficiency
     lin_bytes_s: float  # lin_bytes / bw
@@ -347,9 +350,10 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         expert_bw=expert_bw,
         deep_gemm_bw=deep_gemm_bw,
         trtllm_moe_bw=gpu.hbm_bytes_per_s * TRTLLM_MOE_STREAM_EFF,
+        aiter_moe_bw=gpu.hbm_bytes_per_s * AITER_MOE_STREAM_EFF,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=lin_peak * model.gemm_eff,
-        moe_rate=lin_peak * model.moe_eff,
+        moe_rate=gpu.fp8_flops * AITER_MOE_COMPUTE_EFF if model.moe_aiter else lin_peak * model.moe_eff,
         idx_rate=gpu.fp8_flops * model.indexer_eff,
         mha_rate=gpu.bf16_flops * FA3_MHA_EFF,
         lin_bytes_s=lin_bytes / bw,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from dsakv.planner.gpus import GPU_KINDS, TERA
+from dsakv.planner.weights import matrix_bytes
 from dsakv.spec.layout import CacheLayout
 
 # vLLM's FlashMLA-sparse backend runs prefill tokens through the fp8 decode kernel ("mixed batch" mode) when a
@@ -128,6 +129,68 @@ def trtllm_moe_fixed_and_stream() -> tuple[float, float]:
 
 
 TRTLLM_MOE_STREAM_EFF = trtllm_moe_fixed_and_stream()[1]
+
+# AITER's fused fp8 MoE (``aiter.fused_moe``: fp8 experts with 128 x 128 weight-block scales, activations quantised
+# per 1 x 128), the kernel SGLang runs a DeepSeek-family model's routed experts in on ROCm: its ROCm image sets
+# ``SGLANG_USE_AITER=1`` (``docker/rocm.Dockerfile``) and the fp8 MoE method then runs the ``aiter`` MoE runner
+# (``layers/quantization/fp8.py``, both at 0cb618343, 2026-06-16). AITER's tuner stores, per token count, the kernel
+# it picked and that kernel's measured time (column ``us``), and AITER merges every ``model_configs/*tuned_fmoe*.csv``
+# into its lookup by default (``aiter/jit/core.py``, ``get_config_file``). GLM-5's table on MI355X (``cu_num`` 256:
+# 256 CUs, gfx950): hidden 6144, expert intermediate 256 (2,048 over TP 8), 257 experts at top-9 (the 256 routed at
+# top-8 and the shared expert fused in as one more, always chosen), fp8 e4m3 weights and activations
+# (ROCm/aiter ``aiter/configs/model_configs/a8w8_blockscale_tuned_fmoe_glm5.csv``, last changed 0f6aede14c,
+# 2026-04-13, #2719, and so in 7d604afe5f, the AITER commit that SGLang's ROCm image of 2026-06-16 builds):
+# (tokens, us).
+AITER_FMOE_MI355X_GLM5_TP8_US = (
+    (1, 30.2567), (2, 41.8507), (4, 56.1829), (8, 68.9083), (16, 92.8796), (32, 139.7967), (64, 188.0575),
+    (128, 213.5816), (256, 244.5057), (512, 260.859), (1024, 333.3869), (2048, 386.3245), (4096, 581.2317),
+    (8192, 1089.5555), (16384, 1941.8567), (32768, 3768.5665),
+)  # fmt: skip
+AITER_FMOE_BENCH_SHAPE = {"hidden": 6144, "intermediate": 256, "experts": 256, "fused_shared": 1, "topk": 8}
+MI355X = GPU_KINDS["MI355X"]
+# The rows each rate is read from. The stream rate: 1 to 512 tokens, the range fitted on TensorRT-LLM's table
+# (above), where the bytes grow with the experts touched (all 257 from 128 tokens on). The compute rate: from 4,096
+# tokens on, where each doubling of the tokens nearly doubles the time (x 1.87, 1.78, 1.94): the kernel is
+# compute-bound there; below it the bytes and the fixed part weigh (2,048 -> 4,096: x 1.50).
+AITER_MOE_STREAM_MAX_TOKENS = 512
+AITER_MOE_COMPUTE_MIN_TOKENS = 4096
+
+
+def aiter_moe_expert_bytes() -> int:
+    """One expert's bytes in the benchmarked shape: gate, up and down projections in fp8 with their 128 x 128 block
+    scales (``planner.weights.matrix_bytes``)."""
+    sh = AITER_FMOE_BENCH_SHAPE
+    h, i = sh["hidden"], sh["intermediate"]
+    return 2 * matrix_bytes(i, h, "fp8") + matrix_bytes(h, i, "fp8")
+
+
+def aiter_moe_stream_and_compute() -> tuple[float, float]:
+    """(fraction of MI355X's HBM peak AITER's fused MoE streams its experts at, fraction of its fp8 peak it computes
+    at): the least-squares slopes through ``AITER_FMOE_MI355X_GLM5_TP8_US``. Stream: each row's bytes are the experts
+    its tokens touch under uniform routing (the roofline's rule) plus the fused shared expert, up to
+    ``AITER_MOE_STREAM_MAX_TOKENS``. Compute: each row's FLOPs are its tokens x (top-k + the shared expert) x the
+    three projections, from ``AITER_MOE_COMPUTE_MIN_TOKENS``. The fixed parts (routing, sorting, quantisation, the
+    launches) are the layer floor's business and are not priced from here."""
+    sh = AITER_FMOE_BENCH_SHAPE
+    miss = 1 - sh["topk"] / sh["experts"]
+    expert_bytes = aiter_moe_expert_bytes()
+    stream = [
+        ((sh["experts"] * (1 - miss**tokens) + sh["fused_shared"]) * expert_bytes, us / 1e6)
+        for tokens, us in AITER_FMOE_MI355X_GLM5_TP8_US
+        if tokens <= AITER_MOE_STREAM_MAX_TOKENS
+    ]
+    flops_per_token = (sh["topk"] + sh["fused_shared"]) * 3 * 2 * sh["hidden"] * sh["intermediate"]
+    compute = [
+        (tokens * flops_per_token, us / 1e6)
+        for tokens, us in AITER_FMOE_MI355X_GLM5_TP8_US
+        if tokens >= AITER_MOE_COMPUTE_MIN_TOKENS
+    ]
+    seconds_per_byte = fixed_and_seconds_per_byte(stream)[1]
+    seconds_per_flop = fixed_and_seconds_per_byte(compute)[1]
+    return 1 / seconds_per_byte / MI355X.hbm_bytes_per_s, 1 / seconds_per_flop / MI355X.fp8_flops
+
+
+AITER_MOE_STREAM_EFF, AITER_MOE_COMPUTE_EFF = aiter_moe_stream_and_compute()
 
 # The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
 # collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
@@ -297,6 +360,21 @@ def sglang_trtllm_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2
         moe_trtllm
         and schedule_policy == "prefill_first"
         and arch == "blackwell"
+        and weight_dtype == "fp8"
+        and moe_a2a == "none"
+    )
+
+
+def sglang_aiter_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2a: str, moe_aiter: bool) -> bool:
+    """Whether the engine runs the routed experts in AITER's fused fp8 MoE, their weights streaming at
+    ``AITER_MOE_STREAM_EFF`` of HBM and their FLOPs at ``AITER_MOE_COMPUTE_EFF`` of the fp8 peak: SGLang (the
+    ``prefill_first`` stand-in) on CDNA 4 (MI355X, whose table AITER publishes) with fp8 experts and no all-to-all.
+    CDNA 3 (MI300X / MI325X, 304 CUs) is left out: GLM-5's table holds no measured time for it (its rows there read
+    0.0). ``moe_aiter`` False stands for another MoE runner (``SGLANG_USE_AITER=0``). docs/steptime.md, fact 38."""
+    return (
+        moe_aiter
+        and schedule_policy == "prefill_first"
+        and arch == "cdna4"
         and weight_dtype == "fp8"
         and moe_a2a == "none"
     )
