@@ -299,6 +299,30 @@ def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
         SimConfig(moe_deep_gemm=0)
 
 
+def _check_moe_runner_switch(layout, flag: str, gpu_name: str, wrong_gpu: str) -> None:
+    """What SGLang's MoE-runner switches (``moe_trtllm``, ``moe_aiter``) share: the draft passes' MoE (the MTP layer's)
+    runs the same backend (SGLang's speculative runner defaults to it), the step time refuses the switch on another GPU
+    generation, under an all-to-all and as a non-bool, and ``build_setup`` sets it for SGLang (not vLLM) unless
+    ``SimConfig`` turns it off."""
+    gpu = gpu_kind(gpu_name)
+    k3 = dict(gpu=gpu, weight_dtype="fp8", num_speculative_tokens=3)
+    draft = lambda m: m.cost([], [4096] * 16).seconds["mtp_draft"]  # noqa: E731
+    assert draft(RooflineStepTime(layout, **{flag: True}, **k3)) < draft(RooflineStepTime(layout, **k3))
+    with pytest.raises(DsakvError, match=rf"^step time {flag}: {wrong_gpu}"):
+        RooflineStepTime(layout, **{flag: True})
+    with pytest.raises(DsakvError, match=rf"^step time {flag}: .*moe_a2a is 'deepep'$"):
+        RooflineStepTime(layout, gpu=gpu, tp=8, ep=8, moe_a2a="deepep", **{flag: True})
+    with pytest.raises(DsakvError, match=rf"^step time {flag} = 1: must be True or False$"):
+        RooflineStepTime(layout, gpu=gpu, **{flag: 1})
+    setting = GpuSetting(gpu=gpu_name, num_gpus=8, weight_dtype="fp8")
+    sglang = SimConfig(model="glm-5", gpu=setting, schedule_policy="prefill_first")
+    assert getattr(build_setup(sglang).step_time, flag) is True
+    assert getattr(build_setup(dataclasses.replace(sglang, **{flag: False})).step_time, flag) is False
+    assert getattr(build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time, flag) is False
+    with pytest.raises(DsakvError, match=rf"^{flag} = 0: must be True or False$"):
+        SimConfig(**{flag: 0})
+
+
 def test_trtllms_fused_moe_rate_is_the_least_squares_slope_of_flashinfers_b300_table():
     # Fact 37: flashinfer-ai/flashinfer#5301's TRTLLM MXFP8 latencies (B300, DeepSeek's MoE, 32 local experts of 256,
     # top-8) against the bytes of the experts the tokens touch (uniform routing), fitted here independently of
@@ -335,23 +359,7 @@ def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
         assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
         assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * TRTLLM_MOE_STREAM_EFF))
         assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
-    # the draft passes' MoE (the MTP layer's) runs the same backend (SGLang's speculative runner defaults to it)
-    k3 = dict(gpu=b200, weight_dtype="fp8", num_speculative_tokens=3)
-    draft = lambda m: m.cost([], [4096] * 16).seconds["mtp_draft"]  # noqa: E731
-    assert draft(RooflineStepTime(glm52, moe_trtllm=True, **k3)) < draft(RooflineStepTime(glm52, **k3))
-    with pytest.raises(DsakvError, match=r"^step time moe_trtllm: TensorRT-LLM's fused MoE runs on Blackwell .* H200"):
-        RooflineStepTime(glm52, moe_trtllm=True)
-    with pytest.raises(DsakvError, match=r"^step time moe_trtllm: .*moe_a2a is 'deepep'$"):
-        RooflineStepTime(glm52, gpu=b200, tp=8, ep=8, moe_a2a="deepep", moe_trtllm=True)
-    with pytest.raises(DsakvError, match=r"^step time moe_trtllm = 1: must be True or False$"):
-        RooflineStepTime(glm52, gpu=b200, moe_trtllm=1)
-    blackwell = GpuSetting(gpu="B200", num_gpus=8, weight_dtype="fp8")
-    sglang = SimConfig(model="glm-5", gpu=blackwell, schedule_policy="prefill_first")
-    assert build_setup(sglang).step_time.moe_trtllm is True
-    assert build_setup(dataclasses.replace(sglang, moe_trtllm=False)).step_time.moe_trtllm is False
-    assert build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time.moe_trtllm is False
-    with pytest.raises(DsakvError, match=r"^moe_trtllm = 0: must be True or False$"):
-        SimConfig(moe_trtllm=0)
+    _check_moe_runner_switch(glm52, "moe_trtllm", "B200", r"TensorRT-LLM's fused MoE runs on Blackwell .* H200")
 
 
 def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:
@@ -424,19 +432,7 @@ def test_sglang_runs_fp8_experts_on_cdna4_in_aiters_fused_moe(glm52):
     assert on.flops["moe"] == pytest.approx(off.flops["moe"])
     assert on.seconds["moe"] == pytest.approx(on.flops["moe"] / (mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF))
     assert on.seconds["moe"] > 2.5 * off.seconds["moe"]
-    with pytest.raises(DsakvError, match=r"^step time moe_aiter: AITER's fused MoE rates .* H200 is hopper"):
-        RooflineStepTime(glm52, moe_aiter=True)
-    with pytest.raises(DsakvError, match=r"^step time moe_aiter: .*moe_a2a is 'deepep'$"):
-        RooflineStepTime(glm52, gpu=mi355x, tp=8, ep=8, moe_a2a="deepep", moe_aiter=True)
-    with pytest.raises(DsakvError, match=r"^step time moe_aiter = 1: must be True or False$"):
-        RooflineStepTime(glm52, gpu=mi355x, moe_aiter=1)
-    cdna4 = GpuSetting(gpu="MI355X", num_gpus=8, weight_dtype="fp8")
-    sglang = SimConfig(model="glm-5", gpu=cdna4, schedule_policy="prefill_first")
-    assert build_setup(sglang).step_time.moe_aiter is True
-    assert build_setup(dataclasses.replace(sglang, moe_aiter=False)).step_time.moe_aiter is False
-    assert build_setup(dataclasses.replace(sglang, schedule_policy="mixed")).step_time.moe_aiter is False
-    with pytest.raises(DsakvError, match=r"^moe_aiter = 0: must be True or False$"):
-        SimConfig(moe_aiter=0)
+    _check_moe_runner_switch(glm52, "moe_aiter", "MI355X", r"AITER's fused MoE rates .* H200 is hopper")
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):
