@@ -272,8 +272,8 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked layout on low-latency decode steps:
     ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate DeepGEMM's decode-size GEMMs publish
     (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff, except in vLLM's steps of DeepGEMM's M
-    alignment or more (fact 36) and in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37;
-    ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a token
+    alignment or more (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and in its AITER fused
+    MoE on CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a token
     once to each other rank holding one of its experts (fact 35)."""
     a = model.layout.spec.arch_value
     experts = a("n_routed_experts")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 # Every byte a step reads or writes from HBM (weights, cache rows, indexer keys, activations) is priced at this
 # fraction of the datasheet bandwidth, but the routed experts' weights where an engine runs them in a kernel with a
-# published rate (DeepGEMM's grouped GEMMs, TensorRT-LLM's fused MoE: ``kernels``, facts 35-37). Bound: DeepGEMM's
+# published rate (DeepGEMM's grouped GEMMs, TensorRT-LLM's and AITER's fused MoE: ``kernels``, facts 35-38). Bound: DeepGEMM's
 # decode-size GEMMs stream at 0.84 (``kernels.GEMM_STREAM_EFF``);
 # the fit also carries what a step reads below streaming rate (expert weights of few tokens, paged cache rows).
 BW_EFF = 0.6
