@@ -632,20 +632,21 @@ def engine_moe_trtllm(anchor: dict) -> bool:
     return built is not None and built >= SGLANG_TRTLLM_MOE_SINCE[family]
 
 
-# SGLang's ROCm image runs the routed experts in AITER's fused MoE (``SGLANG_USE_AITER=1``; ``kernels.sglang_aiter_moe``,
-# fact 38) at the rates of AITER's tuned GLM-5 table on MI355X, which AITER holds since ROCm/aiter#2658 (9cc2b8ae4e,
-# 2026-04-10; last changed by #2719, 2026-04-13): a build cut before it ran kernels with no published time.
-AITER_GLM5_FMOE_TABLE_SINCE = datetime.date(2026, 4, 13)
+# SGLang's ROCm image runs AITER's kernels (``SGLANG_USE_AITER=1``; ``kernels.sglang_aiter``, facts 38-39) at the
+# rates of AITER's tuned GLM-5 tables on MI355X: its fp8 GEMMs' since ROCm/aiter#2518 (35eea80490, 2026-03-29), its
+# fused MoE's since #2658 (9cc2b8ae4e, 2026-04-10; last changed by #2719, 2026-04-13). A build cut before both ran
+# kernels with no published time.
+AITER_GLM5_TABLES_SINCE = datetime.date(2026, 4, 13)
 
 
-def engine_moe_aiter(anchor: dict) -> bool:
-    """Whether the row's engine may run the routed experts in AITER's fused MoE at its published rates
-    (``SimConfig.moe_aiter``; the step time applies it to SGLang rows on CDNA 4 with fp8 experts and no all-to-all
-    only): an SGLang build on or after ``AITER_GLM5_FMOE_TABLE_SINCE`` (a build naming no version predates it)."""
+def engine_aiter(anchor: dict) -> bool:
+    """Whether the row's engine may run AITER's kernels at their published rates (``SimConfig.aiter``; the step time
+    applies it to SGLang rows on CDNA 4 with an fp8 checkpoint and no all-to-all only): an SGLang build on or after
+    ``AITER_GLM5_TABLES_SINCE`` (a build naming no version predates it)."""
     if policy_of(anchor) == "mixed" or gpu_kind(anchor["gpu"]).arch != "cdna4":
         return True
     built = sglang_build_date(anchor)
-    return built is not None and built >= AITER_GLM5_FMOE_TABLE_SINCE
+    return built is not None and built >= AITER_GLM5_TABLES_SINCE
 
 
 def engine_moe_deep_gemm(anchor: dict) -> bool:
@@ -754,7 +755,7 @@ def sim_config(anchor: dict) -> SimConfig:
         dense_short_prefill=engine_dense_short_prefill(anchor),
         moe_deep_gemm=engine_moe_deep_gemm(anchor),
         moe_trtllm=engine_moe_trtllm(anchor),
-        moe_aiter=engine_moe_aiter(anchor),
+        aiter=engine_aiter(anchor),
         chunk_tokens=chunk,
         max_running=engine_max_running(anchor),
         new_token_ratio=engine_new_token_ratio(anchor),

@@ -159,10 +159,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "all-to-all; step time, docs/steptime.md fact 37)",
     )
     m.add_argument(
-        "--no-moe-aiter",
+        "--no-aiter",
         action="store_true",
-        help="keep the routed experts out of AITER's fused MoE, as SGLang with SGLANG_USE_AITER=0 does (by default "
-        "SGLang on CDNA 4 runs fp8 experts in it when there is no all-to-all; step time, docs/steptime.md fact 38)",
+        help="price SGLang on CDNA 4 without AITER's kernels, as SGLANG_USE_AITER=0 runs it (by default an fp8 "
+        "checkpoint's experts run AITER's fused MoE and its linear layers AITER's fp8 GEMMs when there is no "
+        "all-to-all; step time, docs/steptime.md facts 38-39)",
     )
 
 
@@ -446,7 +447,7 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         dense_short_prefill=not args.no_dense_short_prefill,
         moe_deep_gemm=not args.no_moe_deep_gemm,
         moe_trtllm=not args.no_moe_trtllm,
-        moe_aiter=not args.no_moe_aiter,
+        aiter=not args.no_aiter,
         store_bytes=_store_bytes(args),
         router=routers[0],
         # one run's processes; a sweep's (or a router comparison's) --workers are its points' (run_sweep)

@@ -36,7 +36,7 @@ from dsakv.sim.steptime import (
     ConstantStepTime,
     RooflineStepTime,
     check_accept,
-    sglang_aiter_moe,
+    sglang_aiter,
     sglang_dense_short_prefill,
     sglang_prefill_in_decode_kernel,
     sglang_trtllm_gen_decode,
@@ -85,9 +85,9 @@ class SimConfig:
     from 121 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
     ``moe_trtllm``: False keeps the routed experts out of TensorRT-LLM's fused MoE, where SGLang on Blackwell runs
     a DeepSeek-family model's fp8 experts in it without an all-to-all (``kernels.sglang_trtllm_moe``; another
-    ``--moe-runner-backend``, or a build before SGLang chose it). ``moe_aiter``: False keeps them out of AITER's
-    fused MoE, where SGLang on CDNA 4 runs fp8 experts in it without an all-to-all (``kernels.sglang_aiter_moe``;
-    ``SGLANG_USE_AITER=0``).
+    ``--moe-runner-backend``, or a build before SGLang chose it). ``aiter``: False prices SGLang on CDNA 4 without AITER's
+    kernels, where it runs an fp8 checkpoint's experts in AITER's fused MoE and its linear layers in AITER's fp8
+    GEMMs without an all-to-all (``kernels.sglang_aiter``; ``SGLANG_USE_AITER=0``).
     ``ep``: expert parallelism (step time only; the MoE's collectives are the deployment's ``gpu.moe_a2a``, which
     also sets where the shared experts' weights live). ``schedule_policy``: the scheduler's
     (mixed, vLLM-like; prefill_first, SGLang-like). ``max_concurrency``: closed-loop replay, request k starts
@@ -134,7 +134,7 @@ class SimConfig:
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
     moe_deep_gemm: bool = True  # False: vLLM's VLLM_MOE_USE_DEEP_GEMM=0 (Triton's fused MoE at every step size)
     moe_trtllm: bool = True  # False: SGLang on Blackwell with another --moe-runner-backend than flashinfer_trtllm
-    moe_aiter: bool = True  # False: SGLang on CDNA 4 without AITER's fused MoE (SGLANG_USE_AITER=0)
+    aiter: bool = True  # False: SGLang on CDNA 4 without AITER's kernels (SGLANG_USE_AITER=0)
     indexer_pattern: str | None = (
         None  # the indexer schedule (None: as configured); the step time's has_indexer is another thing
     )
@@ -201,7 +201,7 @@ class SimConfig:
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         for name in (
             "mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill",
-            "moe_deep_gemm", "moe_trtllm", "moe_aiter",
+            "moe_deep_gemm", "moe_trtllm", "aiter",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
@@ -411,9 +411,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             moe_trtllm=sglang_trtllm_moe(
                 arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.moe_trtllm
             ),
-            moe_aiter=sglang_aiter_moe(
-                arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.moe_aiter
-            ),
+            aiter=sglang_aiter(arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.aiter),
         )
     step_time = apply_step_settings(step_time, cfg.step_settings)
     chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)

@@ -63,8 +63,8 @@ def test_engine_flags_reach_the_step_time_and_the_scheduler(capsys, trace):
     assert _step_time(_run(capsys, trace, *b200, "--no-moe-trtllm"))["moe_trtllm"] is False
     # SGLang on CDNA 4 runs fp8 experts in AITER's fused MoE (fact 38) unless told otherwise
     mi355x = ["--schedule-policy", "prefill_first", "--gpu", "MI355X", "--weight-dtype", "fp8"]
-    assert _step_time(sgl)["moe_aiter"] is False and _step_time(_run(capsys, trace, *mi355x))["moe_aiter"] is True
-    assert _step_time(_run(capsys, trace, *mi355x, "--no-moe-aiter"))["moe_aiter"] is False
+    assert _step_time(sgl)["aiter"] is False and _step_time(_run(capsys, trace, *mi355x))["aiter"] is True
+    assert _step_time(_run(capsys, trace, *mi355x, "--no-aiter"))["aiter"] is False
 
 
 def test_weight_dtype_reaches_the_step_time(capsys, trace):

@@ -354,16 +354,16 @@ def test_sglang_rows_on_cdna4_run_aiters_fused_moe_from_its_table(calibrate, rep
     # Fact 38: SGLang's ROCm image runs fp8 experts in AITER's fused MoE, at the rates of AITER's tuned GLM-5 table on
     # MI355X, which AITER holds from 2026-04-13 on; a build before it (or naming none) keeps the fitted rate.
     row = {"id": "x", "model": "glm-5.2", "gpu": "MI355X", "engine": "sglang"}
-    assert calibrate.engine_moe_aiter({**row, "version": "lmsysorg/sglang-rocm:v0.5.13.post1-rocm720-mi35x-20260618"})
-    assert calibrate.engine_moe_aiter({**row, "version": "lmsysorg/sglang:nightly-dev-20260412-abc"}) is False
-    assert calibrate.engine_moe_aiter({**row, "version": "lmsysorg/sglang:nightly-dev-20260413-abc"}) is True
-    assert calibrate.engine_moe_aiter({**row, "version": ""}) is False
-    assert calibrate.engine_moe_aiter({**row, "gpu": "H200", "version": ""}) is True  # the step time's rule says no
+    assert calibrate.engine_aiter({**row, "version": "lmsysorg/sglang-rocm:v0.5.13.post1-rocm720-mi35x-20260618"})
+    assert calibrate.engine_aiter({**row, "version": "lmsysorg/sglang:nightly-dev-20260412-abc"}) is False
+    assert calibrate.engine_aiter({**row, "version": "lmsysorg/sglang:nightly-dev-20260413-abc"}) is True
+    assert calibrate.engine_aiter({**row, "version": ""}) is False
+    assert calibrate.engine_aiter({**row, "gpu": "H200", "version": ""}) is True  # the step time's rule says no
     with (repo_dir / "bench" / "calibration" / "heldout.csv").open(newline="") as f:
         amd = [a for a in csv.DictReader(f) if a["gpu"] == "MI355X"]
     assert len(amd) == 5
     for a in amd:
-        assert calibrate.build_setup(calibrate.sim_config(a)).step_time.moe_aiter is True, a["id"]
+        assert calibrate.build_setup(calibrate.sim_config(a)).step_time.aiter is True, a["id"]
 
 
 def test_sglang_on_an_amd_gpu_runs_prefill_eagerly(calibrate, repo_dir):

@@ -15,7 +15,7 @@ from dsakv.planner.weights import weight_parts
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import (
     RooflineStepTime,
-    sglang_aiter_moe,
+    sglang_aiter,
     sglang_trtllm_gen_decode,
     sglang_trtllm_moe,
     trtllm_gen_mla_heads,
@@ -23,13 +23,20 @@ from dsakv.sim.steptime import (
 from dsakv.sim.steptime.figures import normal_dispatch_ranks
 from dsakv.sim.steptime.kernels import (
     AITER_FMOE_MI355X_GLM5_TP8_US,
+    AITER_GEMM_DENSE_EFF,
+    AITER_GEMM_FIXED_S,
+    AITER_GEMM_MI355X_GLM5_TP8_US,
+    AITER_GEMM_STREAM_EFF,
     AITER_MOE_COMPUTE_EFF,
     AITER_MOE_STREAM_EFF,
     DEEPGEMM_MOE_M_ALIGNMENT,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
+    INDEXER_KERNEL_CHAIN,
+    LAYER_KERNEL_CHAIN,
     TRTLLM_MOE_B300_MXFP8_MS,
     TRTLLM_MOE_STREAM_EFF,
+    chain_fixed_seconds,
     vllm_cudagraph_capture_sizes,
     vllm_deep_gemm_moe_min_tokens,
     vllm_padded_min_tokens,
@@ -299,15 +306,15 @@ def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
         SimConfig(moe_deep_gemm=0)
 
 
-def _check_moe_runner_switch(layout, flag: str, gpu_name: str, wrong_gpu: str) -> None:
-    """What SGLang's MoE-runner switches (``moe_trtllm``, ``moe_aiter``) share: the draft passes' MoE (the MTP layer's)
-    runs the same backend (SGLang's speculative runner defaults to it), the step time refuses the switch on another GPU
-    generation, under an all-to-all and as a non-bool, and ``build_setup`` sets it for SGLang (not vLLM) unless
+def _check_engine_kernel_switch(layout, flag: str, gpu_name: str, wrong_gpu: str) -> None:
+    """What SGLang's kernel switches (``moe_trtllm``, ``aiter``) share: the draft passes (the MTP layer's forwards)
+    run the same kernels (SGLang's speculative runner defaults to them), the step time refuses the switch on another
+    GPU generation, under an all-to-all and as a non-bool, and ``build_setup`` sets it for SGLang (not vLLM) unless
     ``SimConfig`` turns it off."""
     gpu = gpu_kind(gpu_name)
     k3 = dict(gpu=gpu, weight_dtype="fp8", num_speculative_tokens=3)
     draft = lambda m: m.cost([], [4096] * 16).seconds["mtp_draft"]  # noqa: E731
-    assert draft(RooflineStepTime(layout, **{flag: True}, **k3)) < draft(RooflineStepTime(layout, **k3))
+    assert draft(RooflineStepTime(layout, **{flag: True}, **k3)) != draft(RooflineStepTime(layout, **k3))
     with pytest.raises(DsakvError, match=rf"^step time {flag}: {wrong_gpu}"):
         RooflineStepTime(layout, **{flag: True})
     with pytest.raises(DsakvError, match=rf"^step time {flag}: .*moe_a2a is 'deepep'$"):
@@ -359,7 +366,7 @@ def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
         assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
         assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * TRTLLM_MOE_STREAM_EFF))
         assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
-    _check_moe_runner_switch(glm52, "moe_trtllm", "B200", r"TensorRT-LLM's fused MoE runs on Blackwell .* H200")
+    _check_engine_kernel_switch(glm52, "moe_trtllm", "B200", r"TensorRT-LLM's fused MoE runs on Blackwell .* H200")
 
 
 def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:
@@ -403,21 +410,38 @@ def test_aiters_fused_moe_rates_are_the_least_squares_slopes_of_its_mi355x_table
     assert compute == pytest.approx(AITER_MOE_COMPUTE_EFF, rel=0.05)
 
 
-def test_sglang_runs_fp8_experts_on_cdna4_in_aiters_fused_moe(glm52):
+def test_aiters_fp8_gemm_rates_come_from_its_mi355x_glm5_table():
+    # Fact 39: AITER's tuned GLM-5 GEMM table on MI355X, refitted here: the decode rows (M 1-64) with the normal
+    # equations against DeepGEMM's byte count (weight N x K, input M x K, bf16 output 2 M N); the M = 4,096 rows'
+    # geometric-mean rate over the fp8 peak.
+    mi355x = gpu_kind("MI355X")
+    rows = [(m, n, k, us) for (n, k), shape in AITER_GEMM_MI355X_GLM5_TP8_US.items() for m, us in shape]
+    pts = [(n * k + m * k + 2 * m * n, us / 1e6) for m, n, k, us in rows if m <= 64]
+    slope = _normal_equations_slope(pts)
+    fixed = sum(t for _, t in pts) / len(pts) - slope * sum(b for b, _ in pts) / len(pts)
+    assert (AITER_GEMM_FIXED_S, AITER_GEMM_STREAM_EFF) == pytest.approx((fixed, 1 / slope / mi355x.hbm_bytes_per_s))
+    rates = [2 * m * n * k / (us / 1e6) for m, n, k, us in rows if m == 4096]
+    assert AITER_GEMM_DENSE_EFF == pytest.approx(math.exp(sum(map(math.log, rates)) / len(rates)) / mi355x.fp8_flops)
+    assert (round(AITER_GEMM_FIXED_S * 1e6, 2), round(AITER_GEMM_STREAM_EFF, 3)) == (5.26, 0.223)  # docs' values
+    assert round(AITER_GEMM_DENSE_EFF, 3) == 0.192
+    assert len(rates) == len(AITER_GEMM_MI355X_GLM5_TP8_US) == 5 and len(pts) == 39
+
+
+def test_sglang_runs_an_fp8_checkpoint_on_cdna4_in_aiters_kernels(glm52):
     # Fact 38: SGLang's ROCm image runs the routed experts in AITER's fused MoE; on MI355X (CDNA 4) they stream at
     # AITER_MOE_STREAM_EFF and compute at AITER_MOE_COMPUTE_EFF of the fp8 peak, at every step size.
-    assert sglang_aiter_moe("cdna4", "prefill_first", "fp8", "none", True)
+    assert sglang_aiter("cdna4", "prefill_first", "fp8", "none", True)
     for args in (
-        ("cdna3", "prefill_first", "fp8", "none", True),  # MI300X / MI325X: no measured row in AITER's table
+        ("cdna3", "prefill_first", "fp8", "none", True),  # MI300X / MI325X: no measured row in AITER's tables
         ("cdna4", "mixed", "fp8", "none", True),  # vLLM on ROCm: not modelled
-        ("cdna4", "prefill_first", "bf16", "none", True),  # the table is the fp8 block-scale kernel's
+        ("cdna4", "prefill_first", "bf16", "none", True),  # the tables are the fp8 block-scale kernels'
         ("cdna4", "prefill_first", "fp8", "deepep", True),  # an all-to-all backend
-        ("cdna4", "prefill_first", "fp8", "none", False),  # SGLANG_USE_AITER=0, or a build before the table
+        ("cdna4", "prefill_first", "fp8", "none", False),  # SGLANG_USE_AITER=0, or a build before the tables
         ("hopper", "prefill_first", "fp8", "none", True),
     ):
-        assert not sglang_aiter_moe(*args), args
+        assert not sglang_aiter(*args), args
     mi355x = gpu_kind("MI355X")
-    aiter = RooflineStepTime(glm52, gpu=mi355x, weight_dtype="fp8", moe_aiter=True)
+    aiter = RooflineStepTime(glm52, gpu=mi355x, weight_dtype="fp8", aiter=True)
     base = RooflineStepTime(glm52, gpu=mi355x, weight_dtype="fp8")
     hbm = mi355x.hbm_bytes_per_s
     assert aiter.rank.aiter_moe_bw == pytest.approx(hbm * AITER_MOE_STREAM_EFF)
@@ -432,7 +456,20 @@ def test_sglang_runs_fp8_experts_on_cdna4_in_aiters_fused_moe(glm52):
     assert on.flops["moe"] == pytest.approx(off.flops["moe"])
     assert on.seconds["moe"] == pytest.approx(on.flops["moe"] / (mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF))
     assert on.seconds["moe"] > 2.5 * off.seconds["moe"]
-    _check_moe_runner_switch(glm52, "moe_aiter", "MI355X", r"AITER's fused MoE rates .* H200 is hopper")
+    # fact 39: its linear layers in AITER's fp8 GEMMs: their bytes at AITER_GEMM_STREAM_EFF of HBM, their FLOPs at
+    # AITER_GEMM_DENSE_EFF of the fp8 peak, and each GEMM of the kernel chains at AITER_GEMM_FIXED_S
+    assert aiter.rank.lin_bytes_s == pytest.approx(aiter.rank.lin_bytes / (hbm * AITER_GEMM_STREAM_EFF))
+    assert base.rank.lin_bytes_s == pytest.approx(base.rank.lin_bytes / (hbm * base.bw_eff))
+    assert aiter.rank.gemm_rate == pytest.approx(mi355x.fp8_flops * AITER_GEMM_DENSE_EFF)
+    node = mi355x.kernel_node_s
+    for chain, name in ((LAYER_KERNEL_CHAIN, "layer_floor_s"), (INDEXER_KERNEL_CHAIN, "indexer_floor_s")):
+        assert getattr(aiter.terms, name) == pytest.approx(chain_fixed_seconds(chain, node, AITER_GEMM_FIXED_S))
+        assert getattr(base.terms, name) == pytest.approx(chain_fixed_seconds(chain, node))
+    assert aiter.terms.layer_floor_s > base.terms.layer_floor_s  # 5.3 us a GEMM against DeepGEMM's 2.6
+    on, off = aiter.cost([], [4096] * 16), base.cost([], [4096] * 16)
+    assert on.seconds["linear"] == pytest.approx(aiter.rank.lin_bytes_s)  # a decode step's weights bind
+    assert on.seconds["linear"] > 2.5 * off.seconds["linear"]  # 0.60 / 0.223 of the fitted rate's time
+    _check_engine_kernel_switch(glm52, "aiter", "MI355X", r"AITER's kernel rates .* H200 is hopper")
 
 
 def test_every_layer_pays_the_launch_floor_and_every_indexer_layer_its_kernel_chain(glm52):

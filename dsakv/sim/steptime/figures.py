@@ -18,6 +18,9 @@ from dsakv.errors import DsakvError
 from dsakv.planner.gpus import gpu_kind
 from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
+    AITER_GEMM_DENSE_EFF,
+    AITER_GEMM_FIXED_S,
+    AITER_GEMM_STREAM_EFF,
     AITER_MOE_COMPUTE_EFF,
     AITER_MOE_STREAM_EFF,
     BATCH1_LAYER_S,
@@ -31,6 +34,7 @@ from dsakv.sim.steptime.kernels import (
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
+    GEMM_FIXED_S,
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
     LAYER_KERNEL_CHAIN,
@@ -75,20 +79,21 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     """``model``'s ``StepTerms``: its own value where it names one (not None), else the derived one."""
     gpu = model.gpu
     node = gpu.kernel_node_s
+    gemm_fixed = AITER_GEMM_FIXED_S if model.aiter else GEMM_FIXED_S  # each GEMM of the chains (fact 39)
 
     def given(value: float | None, derived: float) -> float:
         return derived if value is None else value
 
-    floor = given(model.layer_floor_s, chain_fixed_seconds(LAYER_KERNEL_CHAIN, node))
+    floor = given(model.layer_floor_s, chain_fixed_seconds(LAYER_KERNEL_CHAIN, node, gemm_fixed))
     gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
-    overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node) + gather)
+    overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node, gemm_fixed) + gather)
     batch1 = BATCH1_LAYER_S - floor  # fact 14: Kimi-K2's batch-1 layer beyond this model's floor
     eager = 0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S)
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
         mla_decode_eff=given(model.mla_decode_eff, flashmla_efficiency(FLASHMLA_SPARSE_DECODE, gpu.arch)),
         layer_floor_s=floor,
-        indexer_floor_s=given(model.indexer_floor_s, chain_fixed_seconds(INDEXER_KERNEL_CHAIN, node)),
+        indexer_floor_s=given(model.indexer_floor_s, chain_fixed_seconds(INDEXER_KERNEL_CHAIN, node, gemm_fixed)),
         overhead_s=overhead,
         layer_min_s=given(model.layer_min_s, max(batch1, 0.0)),
         spec_host_s=0.0 if model.spec_overlap else given(model.spec_host_s, eagle_v1_host_seconds(_pricing(model))),
@@ -183,17 +188,17 @@ class RankFigures:
     trtllm_moe_bw: float  # HBM x TRTLLM_MOE_STREAM_EFF: TensorRT-LLM's fused MoE (SGLang on Blackwell, fact 37)
     aiter_moe_bw: float  # HBM x AITER_MOE_STREAM_EFF: AITER's fused MoE (SGLang on CDNA 4, fact 38)
     link_bw: float  # NVLink bytes per second x link_eff
-    gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff
-    moe_rate: float  # the same peak x moe_eff; under moe_aiter the fp8 peak x AITER_MOE_COMPUTE_EFF (fact 38)
+    gemm_rate: float  # linear-layer peak (fp8 or bf16 weights) x gemm_eff; under aiter fp8 x AITER_GEMM_DENSE_EFF
+    moe_rate: float  # the same peak x moe_eff; under aiter the fp8 peak x AITER_MOE_COMPUTE_EFF (fact 38)
     idx_rate: float  # fp8 peak x indexer_eff
     mha_rate: float  # bf16 peak x FA3's measured efficiency
-    lin_bytes_s: float  # lin_bytes / bw
+    lin_bytes_s: float  # lin_bytes / bw (under aiter over HBM x AITER_GEMM_STREAM_EFF, fact 39)
     # -- seconds per step (the floors)
     floor_s: float  # layers x layer floor + idx_layers x indexer floor
     layer_min_s: float  # layers x the per-layer minimum
     # -- one MTP layer (the draft passes)
     mtp: LinearShare  # its weights (one MTP layer's parts); lm_head not repeated (in ``linear``)
-    mtp_lin_bytes_s: float  # its attention + MLP bytes + the lm_head's, over bw
+    mtp_lin_bytes_s: float  # its attention + MLP bytes + the lm_head's, over bw (AITER's GEMM rate under aiter)
     mtp_cell_bytes: float  # the cache row one draft writes per decode (main + indexer)
     mtp_floor_s: float  # one layer floor + one indexer floor (with the indexer)
     draft_mla_rate: float  # bf16 peak x the draft's sparse-MLA kernel efficiency
@@ -310,6 +315,10 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     deep_gemm_bw, expert_bw, dispatch_copies = _moe_exchange(model, bw)
     lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
     lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
+    # the linear layers' weights: at the fitted HBM rate, or at AITER's GEMMs' (fact 39; its bf16 lm_head and router
+    # taken at the same rate)
+    lin_bw = gpu.hbm_bytes_per_s * AITER_GEMM_STREAM_EFF if model.aiter else bw
+    gemm_rate = gpu.fp8_flops * AITER_GEMM_DENSE_EFF if model.aiter else lin_peak * model.gemm_eff
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
     per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
     mla_flops_per_pair = padded * per_head
@@ -352,15 +361,15 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         trtllm_moe_bw=gpu.hbm_bytes_per_s * TRTLLM_MOE_STREAM_EFF,
         aiter_moe_bw=gpu.hbm_bytes_per_s * AITER_MOE_STREAM_EFF,
         link_bw=gpu.link_bytes_per_s * model.link_eff,
-        gemm_rate=lin_peak * model.gemm_eff,
-        moe_rate=gpu.fp8_flops * AITER_MOE_COMPUTE_EFF if model.moe_aiter else lin_peak * model.moe_eff,
+        gemm_rate=gemm_rate,
+        moe_rate=gpu.fp8_flops * AITER_MOE_COMPUTE_EFF if model.aiter else lin_peak * model.moe_eff,
         idx_rate=gpu.fp8_flops * model.indexer_eff,
         mha_rate=gpu.bf16_flops * FA3_MHA_EFF,
-        lin_bytes_s=lin_bytes / bw,
+        lin_bytes_s=lin_bytes / lin_bw,
         floor_s=layers * terms.layer_floor_s + idx_layers * terms.indexer_floor_s,
         layer_min_s=layers * terms.layer_min_s,
         mtp=mtp,
-        mtp_lin_bytes_s=(mtp.attn_bytes + mtp.mlp_bytes + lin.lm_head_bytes) / bw,
+        mtp_lin_bytes_s=(mtp.attn_bytes + mtp.mlp_bytes + lin.lm_head_bytes) / lin_bw,
         mtp_cell_bytes=lay.main_row_bytes + (idx_key_bytes if idx_layers else 0.0),
         mtp_floor_s=terms.layer_floor_s + (terms.indexer_floor_s if idx_layers else 0.0),
         draft_mla_rate=gpu.bf16_flops * draft_eff,

@@ -192,6 +192,72 @@ def aiter_moe_stream_and_compute() -> tuple[float, float]:
 
 AITER_MOE_STREAM_EFF, AITER_MOE_COMPUTE_EFF = aiter_moe_stream_and_compute()
 
+# AITER's fp8 block-scale GEMM with pre-shuffled weights (``gemm_a8w8_blockscale_bpreshuffle``, CK kernels), what
+# SGLang runs an fp8 checkpoint's linear layers in on gfx950 with ROCm >= 7.2 (``_use_aiter_bpreshuffle_gfx95``,
+# ``aiter_w8a8_block_fp8_linear``; AITER's Triton GEMMs only for the DeepSeek shapes that
+# ``use_aiter_triton_gemm_w8a8_tuned_gfx950`` lists, none of GLM-5's; ``layers/quantization/fp8_utils.py`` at
+# 0cb618343). Its tuned table for GLM-5 on MI355X holds the measured time of the kernel picked per M for GLM-5's
+# TP 8 shapes (N x K): 128 x 6144 (the indexer's ``wk``), 2624 x 6144 (``q_a`` and ``kv_a`` fused), 3072 x 6144 and
+# 6144 x 1536 (the dense MLP's gate / up and down), 3584 x 512 (``kv_b``) (ROCm/aiter
+# ``aiter/configs/model_configs/glm5_a8w8_blockscale_bpreshuffle_tuned_gemm.csv`` as of 7d604afe5f, the AITER commit
+# SGLang's ROCm image of 2026-06-16 builds; added by #2518, 2026-03-29): its decode rows (M 1 to 64) and M = 4,096,
+# (M, us) per (N, K).
+AITER_GEMM_MI355X_GLM5_TP8_US = {
+    (128, 6144): (
+        (1, 10.229), (2, 10.0576), (4, 10.1416), (8, 10.5937), (16, 10.2885), (32, 9.8484), (48, 9.7423),
+        (64, 10.3252), (4096, 16.2952),
+    ),
+    (2624, 6144): (
+        (1, 17.0117), (2, 16.8584), (4, 17.3416), (8, 17.3829), (16, 15.5025), (32, 15.5856), (48, 15.1016),
+        (64, 15.0601), (4096, 83.0256),
+    ),
+    (3072, 6144): (
+        (1, 16.977), (2, 17.362), (4, 17.4624), (8, 17.2502), (16, 15.612), (32, 15.6472), (48, 15.5615),
+        (64, 15.5445), (4096, 100.7871),
+    ),
+    (3584, 512): (
+        (1, 3.2478), (2, 3.0064), (4, 3.3027), (8, 3.5929), (16, 3.3578), (32, 3.4342), (48, 3.8924), (64, 3.3788),
+        (4096, 21.0249),
+    ),
+    (6144, 1536): (
+        (2, 6.7452), (4, 6.5478), (8, 6.5386), (16, 6.5494), (32, 6.4059), (48, 6.6653), (64, 6.7173),
+        (4096, 62.9487),
+    ),
+}  # fmt: skip
+AITER_GEMM_DECODE_MAX_M = 64  # the table's decode rows; M = 4,096 is its prefill-size row, as DeepGEMM's dense set
+AITER_GEMM_DENSE_M = 4096
+
+
+def aiter_gemm_fixed_and_stream() -> tuple[float, float]:
+    """(seconds an AITER fp8 GEMM costs beyond its bytes, fraction of MI355X's HBM peak its bytes stream at): the
+    least-squares line ``time = fixed + bytes / rate`` through the decode rows of ``AITER_GEMM_MI355X_GLM5_TP8_US``,
+    bytes counted as for DeepGEMM's (``gemm_fixed_and_stream``: the fp8 weight N x K, the fp8 input M x K, the bf16
+    output 2 M N)."""
+    pts = [
+        (n * k + m * k + 2 * m * n, us / 1e6)
+        for (n, k), rows in AITER_GEMM_MI355X_GLM5_TP8_US.items()
+        for m, us in rows
+        if m <= AITER_GEMM_DECODE_MAX_M
+    ]
+    fixed, slope = fixed_and_seconds_per_byte(pts)
+    return fixed, 1 / slope / MI355X.hbm_bytes_per_s
+
+
+def aiter_gemm_dense_eff() -> float:
+    """AITER's fp8 GEMMs at prefill size: the geometric mean of the table's M = 4,096 rates over MI355X's fp8 peak,
+    as ``DEEPGEMM_DENSE_EFF`` is DeepGEMM's at M = 4,096 over H800's."""
+    rates = [
+        2 * m * n * k / (us / 1e6)
+        for (n, k), rows in AITER_GEMM_MI355X_GLM5_TP8_US.items()
+        for m, us in rows
+        if m == AITER_GEMM_DENSE_M
+    ]
+    return math.prod(rates) ** (1 / len(rates)) / MI355X.fp8_flops
+
+
+AITER_GEMM_FIXED_S, AITER_GEMM_STREAM_EFF = aiter_gemm_fixed_and_stream()
+AITER_GEMM_DENSE_EFF = aiter_gemm_dense_eff()
+
 # The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
 # collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
 # (it pays ``GEMM_FIXED_S`` on top of its kernel node). The layer floor is their fixed cost: every kernel one graph
@@ -237,9 +303,12 @@ INDEXER_SHORT_PREFILL_KERNEL_CHAIN = (
 STEP_KERNEL_CHAIN = (("embedding", False), ("final RMSNorm", False), ("lm_head", True), ("sampling", False))
 
 
-def chain_fixed_seconds(chain: tuple[tuple[str, bool], ...], kernel_node_s: float) -> float:
-    """The fixed cost of a kernel chain: one graph node per kernel, plus ``GEMM_FIXED_S`` per GEMM."""
-    return len(chain) * kernel_node_s + sum(gemm for _, gemm in chain) * GEMM_FIXED_S
+def chain_fixed_seconds(
+    chain: tuple[tuple[str, bool], ...], kernel_node_s: float, gemm_fixed_s: float = GEMM_FIXED_S
+) -> float:
+    """The fixed cost of a kernel chain: one graph node per kernel, plus ``gemm_fixed_s`` per GEMM (DeepGEMM's
+    ``GEMM_FIXED_S``; AITER's ``AITER_GEMM_FIXED_S`` where the engine runs AITER's kernels)."""
+    return len(chain) * kernel_node_s + sum(gemm for _, gemm in chain) * gemm_fixed_s
 
 
 # The shortest a layer's step takes at batch 1, from one published batch-1 decode of a DeepSeek-architecture model
@@ -365,18 +434,15 @@ def sglang_trtllm_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2
     )
 
 
-def sglang_aiter_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2a: str, moe_aiter: bool) -> bool:
-    """Whether the engine runs the routed experts in AITER's fused fp8 MoE, their weights streaming at
-    ``AITER_MOE_STREAM_EFF`` of HBM and their FLOPs at ``AITER_MOE_COMPUTE_EFF`` of the fp8 peak: SGLang (the
-    ``prefill_first`` stand-in) on CDNA 4 (MI355X, whose table AITER publishes) with fp8 experts and no all-to-all.
-    CDNA 3 (MI300X / MI325X, 304 CUs) is left out: GLM-5's table holds no measured time for it (its rows there read
-    0.0). ``moe_aiter`` False stands for another MoE runner (``SGLANG_USE_AITER=0``). docs/steptime.md, fact 38."""
+def sglang_aiter(arch: str, schedule_policy: str, weight_dtype: str, moe_a2a: str, aiter: bool) -> bool:
+    """Whether the engine runs AITER's kernels at AITER's published rates: the routed experts in its fused fp8 MoE
+    (``AITER_MOE_STREAM_EFF`` of HBM, ``AITER_MOE_COMPUTE_EFF`` of the fp8 peak; fact 38) and the linear layers in
+    its fp8 block-scale GEMMs (``AITER_GEMM_STREAM_EFF``, ``AITER_GEMM_FIXED_S``, ``AITER_GEMM_DENSE_EFF``; fact 39):
+    SGLang (the ``prefill_first`` stand-in) on CDNA 4 (MI355X, whose tables AITER publishes) with an fp8 checkpoint
+    and no all-to-all. CDNA 3 (MI300X / MI325X, 304 CUs) is left out: GLM-5's tables hold no measured time for it
+    (its MoE rows there read 0.0). ``aiter`` False stands for ``SGLANG_USE_AITER=0``. docs/steptime.md, facts 38-39."""
     return (
-        moe_aiter
-        and schedule_policy == "prefill_first"
-        and arch == "cdna4"
-        and weight_dtype == "fp8"
-        and moe_a2a == "none"
+        aiter and schedule_policy == "prefill_first" and arch == "cdna4" and weight_dtype == "fp8" and moe_a2a == "none"
     )
 
 

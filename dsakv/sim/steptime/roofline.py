@@ -125,9 +125,11 @@ class RooflineStepTime:
     # the routed experts run TensorRT-LLM's fused fp8 MoE at every step size (SGLang on Blackwell without an
     # all-to-all, fact 37), their weights at HBM x TRTLLM_MOE_STREAM_EFF
     moe_trtllm: bool = False
-    # the routed experts run AITER's fused fp8 MoE at every step size (SGLang on CDNA 4 without an all-to-all, fact
-    # 38), their weights at HBM x AITER_MOE_STREAM_EFF and their FLOPs at the fp8 peak x AITER_MOE_COMPUTE_EFF
-    moe_aiter: bool = False
+    # the engine runs AITER's kernels at AITER's published rates (SGLang on CDNA 4 without an all-to-all): the routed
+    # experts in its fused fp8 MoE (fact 38: HBM x AITER_MOE_STREAM_EFF, the fp8 peak x AITER_MOE_COMPUTE_EFF) and
+    # the linear layers in its fp8 GEMMs (fact 39: HBM x AITER_GEMM_STREAM_EFF, the fp8 peak x AITER_GEMM_DENSE_EFF,
+    # AITER_GEMM_FIXED_S per GEMM of the kernel chains)
+    aiter: bool = False
     has_indexer: bool = True  # the model has a lightning indexer (False: a dense-MLA model)
     gemm_eff: float = DEEPGEMM_DENSE_EFF  # dense GEMMs (DeepGEMM normal GEMMs at M = 4096): 0.515
     moe_eff: float = DEEPGEMM_GROUPED_EFF  # grouped MoE GEMMs (DeepGEMM masked layout, 256 tokens per expert): 0.44
@@ -168,9 +170,9 @@ class RooflineStepTime:
                 f"step time moe_trtllm: TensorRT-LLM's fused MoE runs on Blackwell without an all-to-all; gpu "
                 f"{self.gpu.name} is {self.gpu.arch}, moe_a2a is {self.moe_a2a!r}"
             )
-        if self.moe_aiter and (self.gpu.arch != "cdna4" or self.moe_a2a != "none"):
+        if self.aiter and (self.gpu.arch != "cdna4" or self.moe_a2a != "none"):
             raise DsakvError(
-                f"step time moe_aiter: AITER's fused MoE rates are published for CDNA 4 without an all-to-all; gpu "
+                f"step time aiter: AITER's kernel rates are published for CDNA 4 without an all-to-all; gpu "
                 f"{self.gpu.name} is {self.gpu.arch}, moe_a2a is {self.moe_a2a!r}"
             )
         v = self.moe_deep_gemm_min_tokens
@@ -186,7 +188,7 @@ class RooflineStepTime:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
-        for name in ("mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "moe_aiter"):
+        for name in ("mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "aiter"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"step time {name} = {getattr(self, name)!r}: must be True or False")
         object.__setattr__(
@@ -447,12 +449,12 @@ class RooflineStepTime:
     def _expert_bw(self, moe_tokens: int) -> float:
         """The rate a step's routed experts stream at with ``moe_tokens`` through the MoE: TensorRT-LLM's fused
         MoE's (``rank.trtllm_moe_bw``) where the engine runs it (``moe_trtllm``, fact 37), AITER's fused MoE's
-        (``rank.aiter_moe_bw``, ``moe_aiter``, fact 38), DeepGEMM's (``rank.deep_gemm_bw``) once the engine runs them
+        (``rank.aiter_moe_bw``, ``aiter``, fact 38), DeepGEMM's (``rank.deep_gemm_bw``) once the engine runs them
         in its grouped GEMMs (``moe_deep_gemm_min_tokens``, fact 36), else ``rank.expert_bw`` (DeepGEMM's under
         DeepEP, the fitted bw otherwise)."""
         if self.moe_trtllm:
             return self.rank.trtllm_moe_bw
-        if self.moe_aiter:
+        if self.aiter:
             return self.rank.aiter_moe_bw
         if self.moe_deep_gemm_min_tokens and moe_tokens >= self.moe_deep_gemm_min_tokens:
             return self.rank.deep_gemm_bw
@@ -510,7 +512,7 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "mla_decode_trtllm_gen", "moe_deep_gemm_min_tokens", "moe_trtllm", "moe_aiter", "has_indexer",
+            "mla_decode_trtllm_gen", "moe_deep_gemm_min_tokens", "moe_trtllm", "aiter", "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
