@@ -80,12 +80,18 @@ def fixed_and_seconds_per_byte(points: list[tuple[float, float]]) -> tuple[float
     return mean_t - slope * mean_b, slope
 
 
+def gemm_line(rows: list[tuple[int, int, int, float]], hbm_bytes_per_s: float) -> tuple[float, float]:
+    """(seconds a GEMM costs beyond its bytes, fraction of ``hbm_bytes_per_s`` its bytes stream at): the least-squares
+    line ``time = fixed + bytes / rate`` through measured fp8 GEMMs, ``rows`` of (M, N, K, seconds), each one's bytes
+    the fp8 weight N x K, the fp8 input M x K and the bf16 output 2 M N."""
+    fixed, slope = fixed_and_seconds_per_byte([(n * k + m * k + 2 * m * n, s) for m, n, k, s in rows])
+    return fixed, 1 / slope / hbm_bytes_per_s
+
+
 def gemm_fixed_and_stream() -> tuple[float, float]:
-    """(seconds a GEMM costs beyond its bytes, fraction of HBM peak its bytes stream at): the least-squares line
-    ``time = fixed + bytes / rate`` through ``DEEPGEMM_DECODE_GEMMS``."""
-    pts = [(n * k + m * k + 2 * m * n, 2 * m * n * k / (tf * 1e12)) for m, n, k, tf in DEEPGEMM_DECODE_GEMMS]
-    fixed, slope = fixed_and_seconds_per_byte(pts)
-    return fixed, 1 / slope / H800_HBM_BYTES_PER_S
+    """``gemm_line`` through ``DEEPGEMM_DECODE_GEMMS`` on H800."""
+    rows = [(m, n, k, 2 * m * n * k / (tf * 1e12)) for m, n, k, tf in DEEPGEMM_DECODE_GEMMS]
+    return gemm_line(rows, H800_HBM_BYTES_PER_S)
 
 
 GEMM_FIXED_S, GEMM_STREAM_EFF = gemm_fixed_and_stream()
@@ -229,18 +235,15 @@ AITER_GEMM_DENSE_M = 4096
 
 
 def aiter_gemm_fixed_and_stream() -> tuple[float, float]:
-    """(seconds an AITER fp8 GEMM costs beyond its bytes, fraction of MI355X's HBM peak its bytes stream at): the
-    least-squares line ``time = fixed + bytes / rate`` through the decode rows of ``AITER_GEMM_MI355X_GLM5_TP8_US``,
-    bytes counted as for DeepGEMM's (``gemm_fixed_and_stream``: the fp8 weight N x K, the fp8 input M x K, the bf16
-    output 2 M N)."""
-    pts = [
-        (n * k + m * k + 2 * m * n, us / 1e6)
-        for (n, k), rows in AITER_GEMM_MI355X_GLM5_TP8_US.items()
-        for m, us in rows
+    """``gemm_line`` (bytes counted as for DeepGEMM's) through the decode rows of ``AITER_GEMM_MI355X_GLM5_TP8_US`` on
+    MI355X."""
+    rows = [
+        (m, n, k, us / 1e6)
+        for (n, k), shape in AITER_GEMM_MI355X_GLM5_TP8_US.items()
+        for m, us in shape
         if m <= AITER_GEMM_DECODE_MAX_M
     ]
-    fixed, slope = fixed_and_seconds_per_byte(pts)
-    return fixed, 1 / slope / MI355X.hbm_bytes_per_s
+    return gemm_line(rows, MI355X.hbm_bytes_per_s)
 
 
 def aiter_gemm_dense_eff() -> float:
