@@ -39,6 +39,7 @@ from dsakv.sim.steptime import (
     sglang_aiter,
     sglang_dense_short_prefill,
     sglang_prefill_in_decode_kernel,
+    sglang_tilelang_decode,
     sglang_trtllm_gen_decode,
     sglang_trtllm_moe,
     vllm_deep_gemm_moe_min_tokens,
@@ -405,6 +406,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             mla_padded_topk=vllm_padded_topk(policy),
             mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
             mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
+            mla_decode_tilelang=sglang_tilelang_decode(layout, arch, policy),
             moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(
                 arch, policy, setting.weight_dtype or spec.weight_dtype, cfg.moe_deep_gemm
             ),

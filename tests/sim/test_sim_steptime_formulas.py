@@ -16,8 +16,10 @@ from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import (
     RooflineStepTime,
     sglang_aiter,
+    sglang_tilelang_decode,
     sglang_trtllm_gen_decode,
     sglang_trtllm_moe,
+    tilelang_mla_heads,
     trtllm_gen_mla_heads,
 )
 from dsakv.sim.steptime.figures import normal_dispatch_ranks
@@ -34,6 +36,9 @@ from dsakv.sim.steptime.kernels import (
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
     LAYER_KERNEL_CHAIN,
+    TILELANG_DECODE_FIXED_S,
+    TILELANG_DECODE_MI355X_US,
+    TILELANG_DECODE_STREAM_EFF,
     TRTLLM_MOE_B300_MXFP8_MS,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
@@ -142,6 +147,95 @@ def test_sglang_decodes_in_trtllm_gen_on_blackwell_with_its_own_rows(kv, gpu, po
     assert build_setup(cfg).step_time.mla_decode_trtllm_gen is trtllm
     layout = CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype=kv)
     assert sglang_trtllm_gen_decode(layout, gpu_kind(gpu).arch, policy) is trtllm
+
+
+@pytest.mark.parametrize(
+    "heads, tile", [(1, 16), (8, 16), (16, 16), (24, 32), (32, 32), (48, 64), (64, 64), (128, 128)]
+)
+def test_tilelang_tiles_a_rank_heads_in_sixteen_rows_at_least(heads, tile):
+    # SGLang's TileLang sparse-MLA kernels: padded_H = max(next_power_of_2(heads), 16) up to 64 heads, whole tiles of
+    # 64 above (REPLICATE_H).
+    assert tilelang_mla_heads(heads) == tile
+
+
+def test_tilelangs_decode_line_is_the_least_squares_line_of_its_mi355x_timings():
+    # Fact 40: sgl-project/sglang#39106's TileLang decode timings on MI355X (16 heads, 576-byte rows, top-k 2,048),
+    # refitted here with the normal equations against each row count's bytes: 2,048 rows of 576 bytes a query.
+    pts = [(n * 2048 * 576, us / 1e6) for n, us in TILELANG_DECODE_MI355X_US]
+    slope = _normal_equations_slope(pts)
+    fixed = sum(t for _, t in pts) / len(pts) - slope * sum(b for b, _ in pts) / len(pts)
+    rate = 1 / slope / gpu_kind("MI355X").hbm_bytes_per_s
+    assert (TILELANG_DECODE_FIXED_S, TILELANG_DECODE_STREAM_EFF) == pytest.approx((fixed, rate))
+    assert (round(TILELANG_DECODE_FIXED_S * 1e6, 2), round(TILELANG_DECODE_STREAM_EFF, 3)) == (20.73, 0.422)
+    # one line holds from 4 to 512 queries: every timing within 2 us of it
+    assert all(abs(fixed + b * slope - t) < 2e-6 for b, t in pts)
+
+
+@pytest.mark.parametrize(
+    "kv, gpu, policy, tilelang",
+    [
+        ("bf16", "MI355X", "prefill_first", True),  # ROCm's default cache: gfx950 reports SM 9.5
+        ("fp8", "MI355X", "prefill_first", True),  # --kv-cache-dtype fp8_e4m3: the 576-byte fp8 partial kernel
+        ("fp8_ds_mla", "MI355X", "prefill_first", False),  # FlashMLA's rows: not a ROCm format
+        ("bf16", "MI300X", "prefill_first", False),  # CDNA 3: other tiles (32 slots for bf16), no timing
+        ("bf16", "MI355X", "mixed", False),  # vLLM on ROCm: not modelled
+        ("bf16", "H200", "prefill_first", False),
+    ],
+)
+def test_sglang_decodes_in_tilelang_on_cdna4(kv, gpu, policy, tilelang):
+    cfg = SimConfig(model="glm-5.2", gpu=GpuSetting(gpu=gpu), kv_dtype=kv, schedule_policy=policy, pool_tokens=1 << 16)
+    assert build_setup(cfg).step_time.mla_decode_tilelang is tilelang
+    layout = CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype=kv)
+    assert sglang_tilelang_decode(layout, gpu_kind(gpu).arch, policy) is tilelang
+
+
+def test_tilelang_decode_prices_a_layer_call_at_the_published_line(glm52):
+    # Fact 40: on MI355X a decode step's sparse MLA is, per attention layer, the line's fixed part (less the one graph
+    # node the layer chain prices for the sparse MLA) plus the rows' bytes at TILELANG_DECODE_STREAM_EFF of HBM; the
+    # bytes and the prefill are priced as before, the FLOPs at a 16-row head tile.
+    mi355x = gpu_kind("MI355X")
+    tl = RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=True)
+    base = RooflineStepTime(glm52, gpu=mi355x)
+    layers, row = glm52.num_attention_layers, glm52.main_row_bytes
+    fixed = TILELANG_DECODE_FIXED_S - mi355x.kernel_node_s
+    rate = mi355x.hbm_bytes_per_s * TILELANG_DECODE_STREAM_EFF
+    per_head = 2 * (512 + 64 + 512)
+    for decodes in (1, 16, 256):
+        on, off = tl.cost([], [9000] * decodes), base.cost([], [9000] * decodes)  # each its whole top-k 2,048
+        assert on.bytes["sparse_mla"] == off.bytes["sparse_mla"] == layers * decodes * 2048 * row
+        assert on.seconds["sparse_mla"] == pytest.approx(layers * fixed + on.bytes["sparse_mla"] / rate)
+        assert on.seconds["sparse_mla"] > off.seconds["sparse_mla"]  # 0.42 of HBM and a fixed part, against 0.60
+        assert on.flops["sparse_mla"] == layers * decodes * 2048 * 16 * per_head
+    pf = [(4096, 4096)]  # a chunk beyond top-k: the prefill kernel's pricing either way
+    assert tl.cost(pf, []).seconds["sparse_mla"] == base.cost(pf, []).seconds["sparse_mla"]
+    # a step that prefills and decodes: the prefill's part as before, the decodes' call added to it
+    both, only_pf = tl.cost(pf, [9000] * 16), tl.cost(pf, [])
+    dec_bytes = layers * 16 * 2048 * row
+    assert both.seconds["sparse_mla"] == pytest.approx(
+        only_pf.seconds["sparse_mla"] + layers * fixed + dec_bytes / rate
+    )
+    # the draft passes decode in the same kernel: one layer's call a pass
+    k3 = dict(gpu=mi355x, num_speculative_tokens=3, mtp_index_share=True)
+    m_on, m_off = RooflineStepTime(glm52, mla_decode_tilelang=True, **k3), RooflineStepTime(glm52, **k3)
+    n = 256  # enough rows that the passes' layer is past the batch-1 minimum either way
+    args = (n, n, n * 9000, n * 2048, max)
+    line = fixed + n * 2048 * row / rate
+    flashmla = max(
+        n * 2048 * m_off.rank.mla_decode_flops_per_pair / m_off.rank.draft_mla_rate, n * 2048 * row / m_off.rank.bw
+    )
+    assert m_on._draft_seconds(*args) - m_off._draft_seconds(*args) == pytest.approx(2 * (line - flashmla))
+    # the step prices a run the same, bit for bit
+    contexts = [9000 + 7 * i for i in range(16)]
+    run = run_stretch(tl, contexts, 0, 6, (), (None, None))
+    assert list(run) == [tl.step_seconds([], [c + j for c in contexts]) for j in range(6)]
+    with pytest.raises(
+        DsakvError, match=r"^step time mla_decode_tilelang: .*CDNA 4 \(MI355X\) only; gpu H200 is hopper$"
+    ):
+        RooflineStepTime(glm52, mla_decode_tilelang=True)
+    with pytest.raises(DsakvError, match=r"^step time mla_decode_tilelang: .*vLLM's kernel modes"):
+        RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=True, mla_mixed_batch=True)
+    with pytest.raises(DsakvError, match=r"^step time mla_decode_tilelang = 1: must be True or False$"):
+        RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=1)
 
 
 def test_collectives_pay_a_latency_per_collective(glm52):

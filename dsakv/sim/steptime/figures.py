@@ -39,9 +39,12 @@ from dsakv.sim.steptime.kernels import (
     INDEXER_KERNEL_CHAIN,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
+    TILELANG_DECODE_FIXED_S,
+    TILELANG_DECODE_STREAM_EFF,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
     flashmla_efficiency,
+    tilelang_mla_heads,
     trtllm_gen_mla_heads,
 )
 from dsakv.spec.layout import CacheLayout
@@ -178,6 +181,10 @@ class RankFigures:
     idx_flops_per_pair: float  # lightning indexer per (query, key) on a full layer
     idx_key_bytes: float  # indexer K bytes read per key (per indexer state / kpool)
     mla_row_bytes: float  # main latent row bytes read per selected key (per DCP rank)
+    # TileLang's decode line (``mla_decode_tilelang``, fact 40): a layer's call beyond its bytes, the chain's sparse-MLA
+    # node taken out; the rate its rows stream at (HBM x TILELANG_DECODE_STREAM_EFF)
+    tilelang_decode_fixed_s: float
+    tilelang_decode_bw: float
     cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
     mla_layer_flops: float  # attn_layers x mla_flops_per_pair
     mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
@@ -322,8 +329,14 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
     per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
     mla_flops_per_pair = padded * per_head
-    # a decode query in TensorRT-LLM's trtllm-gen kernel: its head tile, not FlashMLA's block (fact 29)
-    decode_heads = trtllm_gen_mla_heads(heads) if model.mla_decode_trtllm_gen else padded
+    # a decode query in TensorRT-LLM's trtllm-gen kernel (fact 29) or TileLang's (fact 40): its head tile, not
+    # FlashMLA's block
+    if model.mla_decode_trtllm_gen:
+        decode_heads = trtllm_gen_mla_heads(heads)
+    elif model.mla_decode_tilelang:
+        decode_heads = tilelang_mla_heads(heads)
+    else:
+        decode_heads = padded
     mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
@@ -352,6 +365,8 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         idx_flops_per_pair=spec.indexer_flops_per_pair,
         idx_key_bytes=idx_key_bytes,
         mla_row_bytes=lay.main_row_bytes / model.dcp,
+        tilelang_decode_fixed_s=max(TILELANG_DECODE_FIXED_S - gpu.kernel_node_s, 0.0),
+        tilelang_decode_bw=gpu.hbm_bytes_per_s * TILELANG_DECODE_STREAM_EFF,
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
         mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,

@@ -261,6 +261,48 @@ def aiter_gemm_dense_eff() -> float:
 AITER_GEMM_FIXED_S, AITER_GEMM_STREAM_EFF = aiter_gemm_fixed_and_stream()
 AITER_GEMM_DENSE_EFF = aiter_gemm_dense_eff()
 
+# TileLang's split-K sparse-MLA decode on CDNA 4, what SGLang's DSA attention runs on ROCm (``tilelang`` is its HIP
+# default for both DSA backends, ``_handle_dsa_backends`` in server_args.py at 7bd1a9d16, 0.5.13.post1's commit; the
+# GLM-5.2 cookbook's MI355X cells also name it): ``tilelang_sparse_fwd`` launches a partial kernel, one block per
+# query row and group of top-k slots (64 slots a tile, ``inner_iter`` tiles a block so that there are at least 2
+# blocks per CU of 256, 256 threads, a 16-row head tile: ``padded_H = max(next_power_of_2(heads), 16)``), then a
+# combine kernel over the groups' partial outputs; the bf16 cache runs ``sparse_mla_fwd_decode_partial``, the plain
+# fp8 e4m3 cache (576-byte rows: 512 latent + 64 rope, no scales) ``sparse_mla_fwd_decode_partial_fp8`` in the same
+# grid and tiles (``dsa/tilelang_kernel.py`` at 7bd1a9d16; both partial kernels and the combine unchanged at
+# 06ad7b2b0, 2026-08-20). Its one published timing: MI355X, GLM-5.2's TP 4 shape (16 heads, d_v 512, rows of 576,
+# top-k 2,048, the fp8 cache), partial + combine captured in a graph, the median of 7 interleaved runs
+# (sgl-project/sglang#39106, 2026-09-11, the "tilelang" column): (decode rows, us).
+TILELANG_DECODE_MI355X_US = ((4, 24.02), (64, 41.87), (128, 64.54), (256, 109.72), (512, 199.96))
+TILELANG_DECODE_BENCH_SHAPE = {"heads": 16, "row_bytes": 576, "topk": 2048}
+# The kernels' head tile: 16 rows (the MFMA tile) up to 64 heads, a power of two at or above the rank's heads; above
+# 64 heads whole tiles of 64 (``REPLICATE_H``). GLM-5.2 at TP 8 (8 heads a rank) and at TP 4 (16) both run 16 rows.
+TILELANG_MLA_MIN_HEAD_TILE = 16
+TILELANG_MLA_HEAD_TILE = 64
+
+
+def tilelang_mla_heads(heads: float) -> int:
+    """The query heads one token's sparse MLA computes in SGLang's TileLang kernels on ROCm, padding included: up to
+    ``TILELANG_MLA_HEAD_TILE`` heads, the power of two at or above ``heads`` (at least 16); above, whole tiles of 64."""
+    heads = math.ceil(heads)
+    if heads <= TILELANG_MLA_HEAD_TILE:
+        return max(TILELANG_MLA_MIN_HEAD_TILE, 1 << (heads - 1).bit_length())
+    return -(-heads // TILELANG_MLA_HEAD_TILE) * TILELANG_MLA_HEAD_TILE
+
+
+def tilelang_decode_fixed_and_stream() -> tuple[float, float]:
+    """(seconds one layer's TileLang decode call costs beyond its rows' bytes, fraction of MI355X's HBM peak those
+    bytes stream at): the least-squares line ``time = fixed + bytes / rate`` through ``TILELANG_DECODE_MI355X_US``,
+    each row's bytes its decode rows x top-k x the rows' bytes (every slot of the benchmark is a key). The fixed part is
+    the partial and combine kernels' latency at a handful of rows, their two graph nodes in."""
+    sh = TILELANG_DECODE_BENCH_SHAPE
+    fixed, slope = fixed_and_seconds_per_byte(
+        [(rows * sh["topk"] * sh["row_bytes"], us / 1e6) for rows, us in TILELANG_DECODE_MI355X_US]
+    )
+    return fixed, 1 / slope / MI355X.hbm_bytes_per_s
+
+
+TILELANG_DECODE_FIXED_S, TILELANG_DECODE_STREAM_EFF = tilelang_decode_fixed_and_stream()
+
 # The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
 # collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
 # (it pays ``GEMM_FIXED_S`` on top of its kernel node). The layer floor is their fixed cost: every kernel one graph
@@ -457,6 +499,16 @@ def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: st
     (``flashmla_kv``). ``arg_groups/overrides.py`` at 06ad7b2b0: "Blackwell FP8 defaults to trtllm"; bf16:
     ``dsa_decode_backend = "trtllm" if major >= 10``. docs/steptime.md, fact 29."""
     return schedule_policy == "prefill_first" and arch == "blackwell" and layout.kv_dtype in ("bf16", "fp8")
+
+
+def sglang_tilelang_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
+    """Whether the engine's sparse-MLA decode runs TileLang's split-K kernels at their published MI355X line
+    (``TILELANG_DECODE_FIXED_S``, ``TILELANG_DECODE_STREAM_EFF``; fact 40): SGLang (the ``prefill_first`` stand-in) on
+    CDNA 4 (its gfx950 tiles; CDNA 3 runs other tiles, 32-slot ones for bf16, with no published timing) with a bf16
+    cache (the ROCm default: ``ServerArgs`` picks fp8_e4m3 only on SM >= 10, and gfx950 reports 9.5) or the plain
+    576-byte fp8 one (``--kv-cache-dtype fp8_e4m3``, sgl-project/sglang#21511); SGLang has no FlashMLA 656-byte rows on
+    ROCm. docs/steptime.md, fact 40."""
+    return schedule_policy == "prefill_first" and arch == "cdna4" and layout.kv_dtype in ("bf16", "fp8")
 
 
 def vllm_mixed_batch(layout: CacheLayout, tp: int, dp_attention: int, schedule_policy: str) -> bool:
