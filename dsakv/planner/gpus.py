@@ -14,11 +14,11 @@ driver-reported total and keeps the marketing figure only as a label.
 | H20    | 96GB HBM3           | 97,871 MiB = 102,625,181,696 B    | ``nvidia-smi``: "NVIDIA H20 ... / 97871MiB" (NVIDIA/nccl-tests#338) |
 | H20-3e | 141GB HBM3e         | 143,771 MiB (the H200's)         | the H20 with the H200's 141GB HBM3e stacks, the name ``nvidia-smi`` prints for it (NVIDIA/nvbandwidth#48); hardware logs print "NVIDIA H20-3e, 143771 MiB" |
 | B200   | 180GB HBM3e         | 183,359 MiB = 192,265,846,784 B   | ``nvidia-smi``: "NVIDIA B200 ... / 183359MiB"          |
-| B300   | 288GB HBM3e         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (HGX B300: "288 GB HBM3e per GPU", acecloud.ai/blog/nvidia-hgx-b300) |
-| GB200  | 186GB HBM3e per GPU | 186,000,000,000 B (marketed)     | GB200 NVL72 datasheet: 13.4 TB HBM3e over 72 GPUs      |
-| GB300  | 288GB HBM3e per GPU | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (GB300 NVL72: "288 GB HBM3e per GPU", 20.7 TB over 72 GPUs) |
+| B300   | 288GB HBM3e         | 275,040 MiB = 288,400,343,040 B   | ``nvidia-smi``: "NVIDIA B300 SXM6 AC, 275040 MiB"; AIConfigurator ``systems/b300_sxm.yaml``: ``mem_capacity: 288400343040 # 275040MiB reported by nvidia-smi`` |
+| GB200  | 186GB HBM3e per GPU | 189,471 MiB = 198,674,743,296 B   | ``nvidia-smi``: "NVIDIA GB200, 189471 MiB"; AIConfigurator ``systems/gb200.yaml``: ``mem_capacity: 198674743296 # 189471MiB reported by nvidia-smi`` |
+| GB300  | 288GB HBM3e per GPU | 284,208 MiB = 298,013,687,808 B   | ``nvidia-smi`` on a GB300 NVL72 tray: "NVIDIA GB300, 284208 MiB"; AIConfigurator ``systems/gb300.yaml``: ``mem_capacity: 298013687808 # 284208MiB reported by nvidia-smi`` |
 | MI300X | 192GB HBM3          | 205,822,885,888 B                 | ``rocm-smi --showmeminfo vram``: "VRAM Total Memory (B): 205822885888" |
-| MI355X | 288GB HBM3E         | 288,000,000,000 B (marketed)     | no driver report on file: marketed decimal figure (theregister.com/2025/06/12/amd_mi355x: "288 GB of HBM3E, and 8 TBps") |
+| MI355X | 288GB HBM3E         | 308,902,100,992 B                 | ``rocm-smi`` on an MI350-series part (gfx950, the MI355X's eight 36 GB HBM3E stacks): "VRAM Total Memory (B)": "308902100992", 288 GiB less 320 MiB as the MI300X's is 192 GiB less 320 MiB; an SGLang log on one (sgl-project/sglang#18263) has 287.18 GiB free before loading, which 288 decimal GB (268.2 GiB) could not hold |
 
 Pass ``--gpu-memory BYTES`` for any other device or a different driver reservation.
 
@@ -144,17 +144,17 @@ GPU_KINDS: dict[str, GpuKind] = {
             "NVLink 5", 8e-6, 128, arch="blackwell",
         ),
         GpuKind(
-            "B300", 288_000_000_000, "288GB HBM3e", "marketed 288 GB (no driver report on file)",
+            "B300", 275_040 * MIB, "288GB HBM3e", "nvidia-smi memory.total 275040 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B300 datasheet (dense = sparse / 2)",
             "NVLink 5", 8e-6, 128, arch="blackwell",
         ),
         GpuKind(
-            "GB200", 186_000_000_000, "186GB HBM3e", "GB200 NVL72 datasheet: 13.4 TB HBM3e / 72 GPUs",
+            "GB200", 189_471 * MIB, "186GB HBM3e", "nvidia-smi memory.total 189471 MiB",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
             "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
         ),
         GpuKind(
-            "GB300", 288_000_000_000, "288GB HBM3e", "marketed 288 GB (no driver report on file)",
+            "GB300", 284_208 * MIB, "288GB HBM3e", "nvidia-smi memory.total 284208 MiB",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "GB300 NVL72 per GPU, dense (rack: 360 PFLOPS fp8 / 72)",
             "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
         ),
@@ -164,7 +164,7 @@ GPU_KINDS: dict[str, GpuKind] = {
             "Infinity Fabric", 12e-6, 64, arch="cdna3",
         ),
         GpuKind(
-            "MI355X", 288_000_000_000, "288GB HBM3E", "marketed 288 GB (no driver report on file)",
+            "MI355X", 308_902_100_992, "288GB HBM3E", "rocm-smi VRAM Total Memory 308902100992 B (MI350 series)",
             MI355X_FP8 / 2, MI355X_FP8, 8.0 * TERA, 537.6e9, "CDNA 4: 256 CUs x 8,192 FP8 FLOP/clock x 2.4 GHz (ISSCC 2026)",
             "Infinity Fabric", 12e-6, 64, arch="cdna4",
         ),

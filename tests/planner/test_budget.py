@@ -135,7 +135,10 @@ def test_gpu_kinds_use_driver_reported_bytes():
     assert gpu_kind("h200").memory_bytes == 143_771 * 2**20
     assert gpu_kind("H100").memory_bytes == 81_559 * 2**20
     assert gpu_kind("H20").memory_bytes == 97_871 * 2**20  # nvidia-smi "97871MiB" (NVIDIA/nccl-tests#338)
-    assert gpu_kind("MI300X").memory_bytes == 205_822_885_888
+    assert gpu_kind("MI300X").memory_bytes == 205_822_885_888 == 192 * 2**30 - 320 * 2**20
+    # the MI350 series' 288 GB as rocm-smi reports it: 288 GiB less the same 320 MiB
+    assert gpu_kind("MI355X").memory_bytes == 308_902_100_992 == 288 * 2**30 - 320 * 2**20
+    assert gpu_kind("GB200").memory_bytes == 189_471 * 2**20  # nvidia-smi "NVIDIA GB200, 189471 MiB"
     # the 141 GB H20 ("NVIDIA H20-3e"): the H200's HBM3e stacks and bandwidth under the H20's capped compute
     h20_3e, h20, h200 = gpu_kind("h20-3e"), gpu_kind("H20"), gpu_kind("H200")
     assert h20_3e.name == "H20-3e" and h20_3e.memory_bytes == h200.memory_bytes
@@ -147,7 +150,12 @@ def test_gpu_kinds_use_driver_reported_bytes():
 
 def test_gb300_is_a_blackwell_ultra_in_a_four_gpu_grace_tray():
     gb300, gb200, b300 = gpu_kind("gb300"), gpu_kind("GB200"), gpu_kind("B300")
-    assert gb300.memory_bytes == b300.memory_bytes == 288_000_000_000  # 288 GB HBM3e per GPU, marketed
+    # 288 GB HBM3e per GPU, marketed; the drivers report 284,208 MiB on the GB300 and 275,040 MiB on the B300
+    assert (
+        (gb300.memory_bytes, b300.memory_bytes)
+        == (284_208 * 2**20, 275_040 * 2**20)
+        == (298_013_687_808, 288_400_343_040)
+    )
     assert gb300.fp8_flops == 360e15 / 72 == 2 * gb300.bf16_flops  # the NVL72 rack's dense fp8, per GPU
     assert gb300.hbm_bytes_per_s == 8e12 and gb300.arch == "blackwell" and gb300.mla_head_pad == 128
     # one Grace CPU feeds two GPUs over NVLink-C2C, four GPUs to a compute tray, as on the GB200
