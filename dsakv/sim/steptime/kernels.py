@@ -262,13 +262,13 @@ AITER_GEMM_FIXED_S, AITER_GEMM_STREAM_EFF = aiter_gemm_fixed_and_stream()
 AITER_GEMM_DENSE_EFF = aiter_gemm_dense_eff()
 
 # TileLang's split-K sparse-MLA decode on CDNA 4, what SGLang's DSA attention runs on ROCm (``tilelang`` is its HIP
-# default for both DSA backends, ``_handle_dsa_backends`` in server_args.py at 7bd1a9d16, 0.5.13.post1's commit; the
-# GLM-5.2 cookbook's MI355X cells also name it): ``tilelang_sparse_fwd`` launches a partial kernel, one block per
-# query row and group of top-k slots (64 slots a tile, ``inner_iter`` tiles a block so that there are at least 2
-# blocks per CU of 256, 256 threads, a 16-row head tile: ``padded_H = max(next_power_of_2(heads), 16)``), then a
-# combine kernel over the groups' partial outputs; the bf16 cache runs ``sparse_mla_fwd_decode_partial``, the plain
-# fp8 e4m3 cache (576-byte rows: 512 latent + 64 rope, no scales) ``sparse_mla_fwd_decode_partial_fp8`` in the same
-# grid and tiles (``dsa/tilelang_kernel.py`` at 7bd1a9d16; both partial kernels and the combine unchanged at
+# default for both DSA backends, ``_set_default_dsa_backends`` in server_args.py at 7bd1a9d16, 0.5.13.post1's
+# commit; the GLM-5.2 cookbook's MI355X cells also name it): ``tilelang_sparse_fwd`` launches a partial kernel, one
+# block per query row and group of top-k slots (64 slots a tile, ``inner_iter`` tiles a block so that there are at
+# least 2 blocks per CU of 256, 256 threads, a 16-row head tile: ``padded_H = max(next_power_of_2(heads), 16)``),
+# then a combine kernel over the groups' partial outputs; the bf16 cache runs ``sparse_mla_fwd_decode_partial``, the
+# plain fp8 e4m3 cache (576-byte rows: 512 latent + 64 rope, no scales) ``sparse_mla_fwd_decode_partial_fp8`` in the
+# same grid and tiles (``dsa/tilelang_kernel.py`` at 7bd1a9d16; both partial kernels and the combine unchanged at
 # 06ad7b2b0, 2026-08-20). Its one published timing: MI355X, GLM-5.2's TP 4 shape (16 heads, d_v 512, rows of 576,
 # top-k 2,048, the fp8 cache), partial + combine captured in a graph, the median of 7 interleaved runs
 # (sgl-project/sglang#39106, 2026-09-11, the "tilelang" column): (decode rows, us).
