@@ -354,6 +354,41 @@ def _apply_indexer(spec: ModelSpec, indexer: str | None) -> ModelSpec:
     return apply_indexer_pattern(spec, indexer, indexer_patterns())
 
 
+def _step_time(cfg: SimConfig, layout: CacheLayout) -> RooflineStepTime | ConstantStepTime:
+    """The step-time model of ``cfg`` on ``layout``: the roofline with the engine's kernel choices (the ``kernels``
+    predicates, from the schedule policy, the GPU's generation and the cache format), or the constant model."""
+    if cfg.step_model == "constant":
+        return ConstantStepTime()
+    setting = cfg.gpu
+    arch, policy = gpu_kind(setting.gpu).arch, cfg.schedule_policy
+    checkpoint_dtype = setting.weight_dtype or layout.spec.weight_dtype  # the weights the kernel rules read
+    return RooflineStepTime(
+        layout,
+        gpu_kind(setting.gpu),
+        tp=setting.tensor_parallel,
+        dp_attention=setting.dp_attention,
+        dcp=setting.dcp,
+        ep=cfg.ep,
+        moe_a2a=setting.moe_a2a,
+        weight_dtype=setting.weight_dtype,
+        num_speculative_tokens=cfg.num_speculative_tokens,
+        mtp_accept=cfg.mtp_accept,
+        mtp_index_share=cfg.mtp_index_share,
+        spec_overlap=cfg.spec_overlap,
+        prefill_graph=cfg.prefill_graph,
+        mla_mixed_batch=vllm_mixed_batch(layout, setting.tensor_parallel, setting.dp_attention, policy)
+        or sglang_prefill_in_decode_kernel(layout, arch, policy),
+        mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, policy),
+        mla_padded_topk=vllm_padded_topk(policy),
+        mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
+        mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
+        mla_decode_tilelang=sglang_tilelang_decode(layout, arch, policy),
+        moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(arch, policy, checkpoint_dtype, cfg.moe_deep_gemm),
+        moe_trtllm=sglang_trtllm_moe(arch, policy, checkpoint_dtype, setting.moe_a2a, cfg.moe_trtllm),
+        aiter=sglang_aiter(arch, policy, checkpoint_dtype, setting.moe_a2a, cfg.aiter),
+    )
+
+
 def build_setup(cfg: SimConfig) -> SimSetup:
     """Resolve a config; an impossible one (no pool page, bad sizes) raises ``DsakvError`` with the reason."""
     base_spec = load_spec(cfg.model, cfg.config)
@@ -382,40 +417,7 @@ def build_setup(cfg: SimConfig) -> SimSetup:
             f"{MAX_SIM_POOL_PAGES:,} pages ({MAX_SIM_POOL_PAGES * group_page_tokens:,} tokens): its page allocator "
             f"keeps a flag byte and, once used, an 8-byte id per free page in memory"
         )
-    if cfg.step_model == "constant":
-        step_time = ConstantStepTime()
-    else:
-        arch, policy = gpu_kind(setting.gpu).arch, cfg.schedule_policy
-        step_time = RooflineStepTime(
-            layout,
-            gpu_kind(setting.gpu),
-            tp=setting.tensor_parallel,
-            dp_attention=setting.dp_attention,
-            dcp=setting.dcp,
-            ep=cfg.ep,
-            moe_a2a=setting.moe_a2a,
-            weight_dtype=setting.weight_dtype,
-            num_speculative_tokens=cfg.num_speculative_tokens,
-            mtp_accept=cfg.mtp_accept,
-            mtp_index_share=cfg.mtp_index_share,
-            spec_overlap=cfg.spec_overlap,
-            prefill_graph=cfg.prefill_graph,
-            mla_mixed_batch=vllm_mixed_batch(layout, setting.tensor_parallel, setting.dp_attention, policy)
-            or sglang_prefill_in_decode_kernel(layout, arch, policy),
-            mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, policy),
-            mla_padded_topk=vllm_padded_topk(policy),
-            mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
-            mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
-            mla_decode_tilelang=sglang_tilelang_decode(layout, arch, policy),
-            moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(
-                arch, policy, setting.weight_dtype or spec.weight_dtype, cfg.moe_deep_gemm
-            ),
-            moe_trtllm=sglang_trtllm_moe(
-                arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.moe_trtllm
-            ),
-            aiter=sglang_aiter(arch, policy, setting.weight_dtype or spec.weight_dtype, setting.moe_a2a, cfg.aiter),
-        )
-    step_time = apply_step_settings(step_time, cfg.step_settings)
+    step_time = apply_step_settings(_step_time(cfg, layout), cfg.step_settings)
     chunk = max(group_page_tokens, cfg.chunk_tokens // group_page_tokens * group_page_tokens)
     sched = SchedulerConfig(
         max_batched_tokens=max(setting.max_batched_tokens, group_page_tokens),

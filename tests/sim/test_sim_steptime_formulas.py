@@ -400,6 +400,17 @@ def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
         SimConfig(moe_deep_gemm=0)
 
 
+def _check_decode_experts_stream_at(switched: RooflineStepTime, base: RooflineStepTime, eff: float) -> None:
+    """A kernel switch's decode steps at 1, 16 and 96 decodes (every step size, not from an alignment on): the same
+    expert bytes as without it, streamed at ``eff`` of HBM where the base streams them at its fitted ``bw_eff``."""
+    hbm = base.gpu.hbm_bytes_per_s
+    for decodes in (1, 16, 96):
+        on, off = switched.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
+        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
+        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * eff))
+        assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
+
+
 def _check_engine_kernel_switch(layout, flag: str, gpu_name: str, wrong_gpu: str) -> None:
     """What SGLang's kernel switches (``moe_trtllm``, ``aiter``) share: the draft passes (the MTP layer's forwards)
     run the same kernels (SGLang's speculative runner defaults to them), the step time refuses the switch on another
@@ -455,11 +466,7 @@ def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
     base = RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8")
     hbm = b200.hbm_bytes_per_s
     assert trt.rank.trtllm_moe_bw == pytest.approx(hbm * TRTLLM_MOE_STREAM_EFF)
-    for decodes in (1, 16, 96):  # every step size, not from an alignment on
-        on, off = trt.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
-        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
-        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * TRTLLM_MOE_STREAM_EFF))
-        assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
+    _check_decode_experts_stream_at(trt, base, TRTLLM_MOE_STREAM_EFF)
     _check_engine_kernel_switch(glm52, "moe_trtllm", "B200", r"TensorRT-LLM's fused MoE runs on Blackwell .* H200")
 
 
@@ -540,11 +547,7 @@ def test_sglang_runs_an_fp8_checkpoint_on_cdna4_in_aiters_kernels(glm52):
     hbm = mi355x.hbm_bytes_per_s
     assert aiter.rank.aiter_moe_bw == pytest.approx(hbm * AITER_MOE_STREAM_EFF)
     assert aiter.rank.moe_rate == pytest.approx(mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF)
-    for decodes in (1, 16, 96):
-        on, off = aiter.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
-        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
-        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * AITER_MOE_STREAM_EFF))
-        assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
+    _check_decode_experts_stream_at(aiter, base, AITER_MOE_STREAM_EFF)
     # an 8,192-token prefill chunk is compute-bound: its FLOPs at AITER's measured rate, 2.9x DeepGEMM's price (0.44 / 0.153)
     on, off = aiter.cost([(8192, 0)], []), base.cost([(8192, 0)], [])
     assert on.flops["moe"] == pytest.approx(off.flops["moe"])

@@ -301,6 +301,19 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     return deep_gemm_bw, deep_gemm_bw, dispatch_copies
 
 
+def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:
+    """The query heads one token's sparse MLA computes on a rank of ``heads`` heads, padding included: (a prefill
+    query's, a decode query's). FlashMLA's sparse kernels run whole blocks of ``GpuKind.mla_head_pad`` heads; a decode
+    in TensorRT-LLM's trtllm-gen kernel (fact 29) or TileLang's (fact 40) runs that kernel's head tile."""
+    pad = model.gpu.mla_head_pad
+    padded = -(-heads // pad) * pad
+    if model.mla_decode_trtllm_gen:
+        return padded, trtllm_gen_mla_heads(heads)
+    if model.mla_decode_tilelang:
+        return padded, tilelang_mla_heads(heads)
+    return padded, padded
+
+
 def rank_figures(model: RooflineStepTime) -> RankFigures:
     """``model``'s per-rank figures (docs/steptime.md gives each formula)."""
     spec, lay, gpu = model.layout.spec, model.layout, model.gpu
@@ -311,8 +324,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # Under an all-to-all MoE the shared experts are whole on every rank and run on its own rows (``replicated``).
     lin = split_weights(weight_parts(spec, lay.mtp_layers, dtype, model.moe_a2a), div, model.has_indexer, a)
     heads = a("num_attention_heads") / attn_tp
-    pad = gpu.mla_head_pad
-    padded = -(-heads // pad) * pad  # FlashMLA's sparse kernels run whole blocks of `pad` query heads
+    padded, decode_heads = _mla_heads(model, heads)
     nope, v_dim = a("qk_nope_head_dim"), a("v_head_dim")
     idx_layers = lay.num_indexer_layers if model.has_indexer else 0
     experts, topk_experts = a("n_routed_experts"), a("num_experts_per_tok")
@@ -329,14 +341,6 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
     per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
     mla_flops_per_pair = padded * per_head
-    # a decode query in TensorRT-LLM's trtllm-gen kernel (fact 29) or TileLang's (fact 40): its head tile, not
-    # FlashMLA's block
-    if model.mla_decode_trtllm_gen:
-        decode_heads = trtllm_gen_mla_heads(heads)
-    elif model.mla_decode_tilelang:
-        decode_heads = tilelang_mla_heads(heads)
-    else:
-        decode_heads = padded
     mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
