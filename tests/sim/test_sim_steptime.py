@@ -120,7 +120,7 @@ def test_clipped_sum_is_the_sum_of_clipped_values(values, cap):
         {"num_speculative_tokens": 2},
         {"mla_padded_topk": True, "dp_attention": 2, "num_speculative_tokens": 3},
         {"num_speculative_tokens": 3, "mtp_index_share": True},
-        {"gpu": GPU_KINDS["MI355X"], "mla_decode_tilelang": True, "num_speculative_tokens": 2},  # fact 40's line
+        {"gpu": GPU_KINDS["MI355X"], "mla_tilelang": True, "num_speculative_tokens": 2},  # fact 40's line
     ],
 )
 @given(st.lists(st.integers(1, 6000), max_size=24), st.integers(1, 200))
@@ -140,7 +140,7 @@ def test_decode_run_seconds_equal_the_steps_one_by_one(glm, options, contexts, s
         {"num_speculative_tokens": 1},
         {"dp_attention": 2},
         {"num_speculative_tokens": 2, "mtp_index_share": True},
-        {"gpu": GPU_KINDS["MI355X"], "mla_decode_tilelang": True, "dp_attention": 2},
+        {"gpu": GPU_KINDS["MI355X"], "mla_tilelang": True, "dp_attention": 2},
     ],
 )
 @given(
@@ -194,7 +194,7 @@ def test_decodes_below_top_k_are_priced_as_they_are_after_saturated_ones_of_the_
         {"mla_mixed_batch": True},
         {"mla_padded_topk": True, "dp_attention": 2},
         {"mla_dense_short_prefill": True},
-        {"gpu": GPU_KINDS["MI355X"], "mla_decode_tilelang": True, "mla_dense_short_prefill": True},
+        {"gpu": GPU_KINDS["MI355X"], "mla_tilelang": True, "mla_dense_short_prefill": True},
     ],
 )
 @given(

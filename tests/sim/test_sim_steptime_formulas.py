@@ -16,7 +16,7 @@ from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import (
     RooflineStepTime,
     sglang_aiter,
-    sglang_tilelang_decode,
+    sglang_tilelang,
     sglang_trtllm_gen_decode,
     sglang_trtllm_moe,
     tilelang_mla_heads,
@@ -39,6 +39,8 @@ from dsakv.sim.steptime.kernels import (
     TILELANG_DECODE_FIXED_S,
     TILELANG_DECODE_MI355X_US,
     TILELANG_DECODE_STREAM_EFF,
+    TILELANG_PREFILL_MI355X_MS,
+    TILELANG_PREFILL_SLOT_S,
     TRTLLM_MOE_B300_MXFP8_MS,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
@@ -171,6 +173,18 @@ def test_tilelangs_decode_line_is_the_least_squares_line_of_its_mi355x_timings()
     assert all(abs(fixed + b * slope - t) < 2e-6 for b, t in pts)
 
 
+def test_tilelangs_prefill_slot_time_is_its_mi355x_timing_of_an_8148_token_chunk():
+    # Fact 41: sgl-project/sglang#37847 timed TileLang's prefill (the same partial kernel) on MI355X: 8,148 query rows,
+    # top-k 2,048, 576-byte fp8 rows, at 4 / 8 / 12 / 16 heads (one 16-row tile: within 3 % of their mean).
+    times = [ms / 1e3 for _, ms in TILELANG_PREFILL_MI355X_MS]
+    mean = sum(times) / 4
+    assert all(abs(t / mean - 1) < 0.03 for t in times)
+    assert TILELANG_PREFILL_SLOT_S == pytest.approx(mean / (8148 * 2048))
+    assert round(TILELANG_PREFILL_SLOT_S * 1e12, 1) == 136.3  # ps a (query row, top-k slot)
+    # less a slot than the decode line's slope, 576 bytes at its rate: a chunk fills the GPU with one group a row
+    assert TILELANG_PREFILL_SLOT_S < 576 / (gpu_kind("MI355X").hbm_bytes_per_s * TILELANG_DECODE_STREAM_EFF)
+
+
 @pytest.mark.parametrize(
     "kv, gpu, policy, tilelang",
     [
@@ -182,19 +196,20 @@ def test_tilelangs_decode_line_is_the_least_squares_line_of_its_mi355x_timings()
         ("bf16", "H200", "prefill_first", False),
     ],
 )
-def test_sglang_decodes_in_tilelang_on_cdna4(kv, gpu, policy, tilelang):
+def test_sglang_runs_its_sparse_mla_in_tilelang_on_cdna4(kv, gpu, policy, tilelang):
     cfg = SimConfig(model="glm-5.2", gpu=GpuSetting(gpu=gpu), kv_dtype=kv, schedule_policy=policy, pool_tokens=1 << 16)
-    assert build_setup(cfg).step_time.mla_decode_tilelang is tilelang
+    assert build_setup(cfg).step_time.mla_tilelang is tilelang
     layout = CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype=kv)
-    assert sglang_tilelang_decode(layout, gpu_kind(gpu).arch, policy) is tilelang
+    assert sglang_tilelang(layout, gpu_kind(gpu).arch, policy) is tilelang
 
 
-def test_tilelang_decode_prices_a_layer_call_at_the_published_line(glm52):
+def test_tilelang_prices_decode_at_its_line_and_prefill_at_its_rate(glm52):
     # Fact 40: on MI355X a decode step's sparse MLA is, per attention layer, the line's fixed part (less the one graph
-    # node the layer chain prices for the sparse MLA) plus the rows' bytes at TILELANG_DECODE_STREAM_EFF of HBM; the
-    # bytes and the prefill are priced as before, the FLOPs at a 16-row head tile.
+    # node the layer chain prices for the sparse MLA) plus the rows' bytes at TILELANG_DECODE_STREAM_EFF of HBM; fact
+    # 41: a prefill's is every top-k slot of its tokens, masked ones included, at TILELANG_PREFILL_SLOT_S each, whatever
+    # its rows' bytes. The bytes reported are as before, the FLOPs at a 16-row head tile.
     mi355x = gpu_kind("MI355X")
-    tl = RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=True)
+    tl = RooflineStepTime(glm52, gpu=mi355x, mla_tilelang=True)
     base = RooflineStepTime(glm52, gpu=mi355x)
     layers, row = glm52.num_attention_layers, glm52.main_row_bytes
     fixed = TILELANG_DECODE_FIXED_S - mi355x.kernel_node_s
@@ -206,9 +221,16 @@ def test_tilelang_decode_prices_a_layer_call_at_the_published_line(glm52):
         assert on.seconds["sparse_mla"] == pytest.approx(layers * fixed + on.bytes["sparse_mla"] / rate)
         assert on.seconds["sparse_mla"] > off.seconds["sparse_mla"]  # 0.42 of HBM and a fixed part, against 0.60
         assert on.flops["sparse_mla"] == layers * decodes * 2048 * 16 * per_head
-    pf = [(4096, 4096)]  # a chunk beyond top-k: the prefill kernel's pricing either way
-    assert tl.cost(pf, []).seconds["sparse_mla"] == base.cost(pf, []).seconds["sparse_mla"]
-    # a step that prefills and decodes: the prefill's part as before, the decodes' call added to it
+    for pf in ([(4096, 4096)], [(4096, 0)]):  # beyond top-k from its first token, and a fresh prompt (masked slots)
+        pf_on, pf_off = tl.cost(pf, []), base.cost(pf, [])
+        assert pf_on.bytes["sparse_mla"] == pf_off.bytes["sparse_mla"]
+        assert pf_on.seconds["sparse_mla"] == pytest.approx(layers * 4096 * 2048 * TILELANG_PREFILL_SLOT_S)
+        assert pf_on.seconds["sparse_mla"] > pf_off.seconds["sparse_mla"]  # FlashMLA's Hopper rate was the lower bound
+        assert pf_on.flops["sparse_mla"] == layers * 4096 * 2048 * 16 * per_head  # 16 rows, not FlashMLA's 64
+    fp8 = RooflineStepTime(CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype="fp8"), gpu=mi355x, mla_tilelang=True)
+    assert fp8.cost(pf, []).seconds["sparse_mla"] == pytest.approx(pf_on.seconds["sparse_mla"])  # a slot's time
+    pf = [(4096, 4096)]
+    # a step that prefills and decodes: the prefill's part, the decodes' call added to it
     both, only_pf = tl.cost(pf, [9000] * 16), tl.cost(pf, [])
     dec_bytes = layers * 16 * 2048 * row
     assert both.seconds["sparse_mla"] == pytest.approx(
@@ -216,7 +238,7 @@ def test_tilelang_decode_prices_a_layer_call_at_the_published_line(glm52):
     )
     # the draft passes decode in the same kernel: one layer's call a pass
     k3 = dict(gpu=mi355x, num_speculative_tokens=3, mtp_index_share=True)
-    m_on, m_off = RooflineStepTime(glm52, mla_decode_tilelang=True, **k3), RooflineStepTime(glm52, **k3)
+    m_on, m_off = RooflineStepTime(glm52, mla_tilelang=True, **k3), RooflineStepTime(glm52, **k3)
     n = 256  # enough rows that the passes' layer is past the batch-1 minimum either way
     args = (n, n, n * 9000, n * 2048, max)
     line = fixed + n * 2048 * row / rate
@@ -228,14 +250,12 @@ def test_tilelang_decode_prices_a_layer_call_at_the_published_line(glm52):
     contexts = [9000 + 7 * i for i in range(16)]
     run = run_stretch(tl, contexts, 0, 6, (), (None, None))
     assert list(run) == [tl.step_seconds([], [c + j for c in contexts]) for j in range(6)]
-    with pytest.raises(
-        DsakvError, match=r"^step time mla_decode_tilelang: .*CDNA 4 \(MI355X\) only; gpu H200 is hopper$"
-    ):
-        RooflineStepTime(glm52, mla_decode_tilelang=True)
-    with pytest.raises(DsakvError, match=r"^step time mla_decode_tilelang: .*vLLM's kernel modes"):
-        RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=True, mla_mixed_batch=True)
-    with pytest.raises(DsakvError, match=r"^step time mla_decode_tilelang = 1: must be True or False$"):
-        RooflineStepTime(glm52, gpu=mi355x, mla_decode_tilelang=1)
+    with pytest.raises(DsakvError, match=r"^step time mla_tilelang: .*CDNA 4 \(MI355X\) only; gpu H200 is hopper$"):
+        RooflineStepTime(glm52, mla_tilelang=True)
+    with pytest.raises(DsakvError, match=r"^step time mla_tilelang: .*vLLM's kernel modes"):
+        RooflineStepTime(glm52, gpu=mi355x, mla_tilelang=True, mla_mixed_batch=True)
+    with pytest.raises(DsakvError, match=r"^step time mla_tilelang = 1: must be True or False$"):
+        RooflineStepTime(glm52, gpu=mi355x, mla_tilelang=1)
 
 
 def test_collectives_pay_a_latency_per_collective(glm52):

@@ -41,6 +41,7 @@ from dsakv.sim.steptime.kernels import (
     STEP_KERNEL_CHAIN,
     TILELANG_DECODE_FIXED_S,
     TILELANG_DECODE_STREAM_EFF,
+    TILELANG_PREFILL_SLOT_S,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
     flashmla_efficiency,
@@ -181,10 +182,12 @@ class RankFigures:
     idx_flops_per_pair: float  # lightning indexer per (query, key) on a full layer
     idx_key_bytes: float  # indexer K bytes read per key (per indexer state / kpool)
     mla_row_bytes: float  # main latent row bytes read per selected key (per DCP rank)
-    # TileLang's decode line (``mla_decode_tilelang``, fact 40): a layer's call beyond its bytes, the chain's sparse-MLA
-    # node taken out; the rate its rows stream at (HBM x TILELANG_DECODE_STREAM_EFF)
+    # TileLang's decode line (``mla_tilelang``, fact 40): a layer's call beyond its bytes, the chain's sparse-MLA
+    # node taken out; the rate its rows stream at (HBM x TILELANG_DECODE_STREAM_EFF); its prefill's time per query
+    # row and top-k slot (TILELANG_PREFILL_SLOT_S, fact 41: MI355X's, the one CDNA 4 kind)
     tilelang_decode_fixed_s: float
     tilelang_decode_bw: float
+    tilelang_prefill_slot_s: float
     cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
     mla_layer_flops: float  # attn_layers x mla_flops_per_pair
     mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
@@ -304,13 +307,14 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
 def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:
     """The query heads one token's sparse MLA computes on a rank of ``heads`` heads, padding included: (a prefill
     query's, a decode query's). FlashMLA's sparse kernels run whole blocks of ``GpuKind.mla_head_pad`` heads; a decode
-    in TensorRT-LLM's trtllm-gen kernel (fact 29) or TileLang's (fact 40) runs that kernel's head tile."""
+    in TensorRT-LLM's trtllm-gen kernel (fact 29) runs that kernel's head tile, and TileLang's kernels (facts 40, 41)
+    run theirs for prefill and decode alike."""
     pad = model.gpu.mla_head_pad
     padded = -(-heads // pad) * pad
     if model.mla_decode_trtllm_gen:
         return padded, trtllm_gen_mla_heads(heads)
-    if model.mla_decode_tilelang:
-        return padded, tilelang_mla_heads(heads)
+    if model.mla_tilelang:
+        return tilelang_mla_heads(heads), tilelang_mla_heads(heads)
     return padded, padded
 
 
@@ -371,6 +375,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mla_row_bytes=lay.main_row_bytes / model.dcp,
         tilelang_decode_fixed_s=max(TILELANG_DECODE_FIXED_S - gpu.kernel_node_s, 0.0),
         tilelang_decode_bw=gpu.hbm_bytes_per_s * TILELANG_DECODE_STREAM_EFF,
+        tilelang_prefill_slot_s=TILELANG_PREFILL_SLOT_S,
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
         mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,

@@ -303,6 +303,30 @@ def tilelang_decode_fixed_and_stream() -> tuple[float, float]:
 
 TILELANG_DECODE_FIXED_S, TILELANG_DECODE_STREAM_EFF = tilelang_decode_fixed_and_stream()
 
+# TileLang's sparse-MLA prefill on CDNA 4: ``tilelang_sparse_fwd`` prefills through the same partial kernel, one query
+# row a token (at a prefill's thousands of rows ``inner_iter`` takes every tile: one group, the combine a copy), its
+# grid every top-k slot of every row (a masked slot, -1 in the indices, loads row 0 and is computed, then masked). At a
+# prefill's rows the kernel is bound by its blocks' vector work and coordination, not by its rows' bytes nor its
+# matrix cores (the fp8 prefill profiled on gfx950: VALU busy 42 %, MFMA 12 %, occupancy 37 %; sgl-project/sglang#28975,
+# 2026-06-23), so a chunk costs its slots. Its one published timing: MI355X, a chunk of 8,148 query rows, top-k 2,048,
+# OCP e4m3 rows of 576 bytes (the plain fp8 partial kernel), d_v 512, at 4 / 8 / 12 / 16 heads, all one 16-row tile,
+# 20 warm-up and 50 timed iterations (sgl-project/sglang#37847, 2026-09-03, its "TileLang" column beside the Triton
+# prefill it compared): (heads, ms). The four are one kernel's work, within 3 % of their mean.
+TILELANG_PREFILL_MI355X_MS = ((4, 2.2386), (8, 2.2522), (12, 2.3062), (16, 2.3035))
+TILELANG_PREFILL_BENCH_SHAPE = {"rows": 8148, "topk": 2048}
+
+
+def tilelang_prefill_slot_seconds() -> float:
+    """Seconds TileLang's prefill spends on one (query row, top-k slot) on MI355X: the mean of
+    ``TILELANG_PREFILL_MI355X_MS`` over the benchmark's rows x top-k. No fixed part: at a chunk's thousands of rows the
+    call's latency is within the timing, and an eager prefill's launches are the eager floor's."""
+    sh = TILELANG_PREFILL_BENCH_SHAPE
+    seconds = sum(ms for _, ms in TILELANG_PREFILL_MI355X_MS) / len(TILELANG_PREFILL_MI355X_MS) / 1e3
+    return seconds / (sh["rows"] * sh["topk"])
+
+
+TILELANG_PREFILL_SLOT_S = tilelang_prefill_slot_seconds()
+
 # The kernels of one decoder layer's step (SGLang / vLLM, DeepSeek-V3 / GLM-5 MoE layer, fused where they fuse;
 # collectives are priced on their own, with their latency, and are not in the list), and whether each is a GEMM
 # (it pays ``GEMM_FIXED_S`` on top of its kernel node). The layer floor is their fixed cost: every kernel one graph
@@ -501,13 +525,13 @@ def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: st
     return schedule_policy == "prefill_first" and arch == "blackwell" and layout.kv_dtype in ("bf16", "fp8")
 
 
-def sglang_tilelang_decode(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
-    """Whether the engine's sparse-MLA decode runs TileLang's split-K kernels at their published MI355X line
-    (``TILELANG_DECODE_FIXED_S``, ``TILELANG_DECODE_STREAM_EFF``; fact 40): SGLang (the ``prefill_first`` stand-in) on
-    CDNA 4 (its gfx950 tiles; CDNA 3 runs other tiles, 32-slot ones for bf16, with no published timing) with a bf16
-    cache (the ROCm default: ``ServerArgs`` picks fp8_e4m3 only on SM >= 10, and gfx950 reports 9.5) or the plain
-    576-byte fp8 one (``--kv-cache-dtype fp8_e4m3``, sgl-project/sglang#21511); SGLang has no FlashMLA 656-byte rows on
-    ROCm. docs/steptime.md, fact 40."""
+def sglang_tilelang(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
+    """Whether the engine's sparse MLA, prefill and decode, runs TileLang's split-K kernels at their published MI355X
+    timings (``TILELANG_DECODE_FIXED_S``, ``TILELANG_DECODE_STREAM_EFF``, ``TILELANG_PREFILL_SLOT_S``; facts 40
+    and 41): SGLang (the ``prefill_first`` stand-in) on CDNA 4 (its gfx950 tiles; CDNA 3 runs other tiles, 32-slot
+    ones for bf16, with no published timing) with a bf16 cache (the ROCm default: ``ServerArgs`` picks fp8_e4m3 only
+    on SM >= 10, and gfx950 reports 9.5) or the plain 576-byte fp8 one (``--kv-cache-dtype fp8_e4m3``,
+    sgl-project/sglang#21511); SGLang has no FlashMLA 656-byte rows on ROCm. docs/steptime.md, facts 40 and 41."""
     return schedule_policy == "prefill_first" and arch == "cdna4" and layout.kv_dtype in ("bf16", "fp8")
 
 

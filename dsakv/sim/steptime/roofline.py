@@ -92,12 +92,12 @@ class RooflineStepTime:
     whose head tile is the rank's head count (``kernels.trtllm_gen_mla_heads``: 8 for GLM-5.2 at TP8) instead of
     FlashMLA's 128-head blocks; priced at FlashMLA's decode efficiency (no trtllm-gen sparse rate is published; at
     up to 16 heads a rank its rows' bytes bind). Blackwell only.
-    ``mla_decode_tilelang``: the sparse-MLA decode (draft passes included) runs TileLang's split-K partial + combine
-    kernels (SGLang's ``tilelang`` DSA backend, its ROCm default, ``kernels.sglang_tilelang_decode``), priced at
-    their published MI355X line: per layer with decodes ``TILELANG_DECODE_FIXED_S`` less the one graph node the layer
-    chain already prices for the sparse MLA, plus the decode rows' bytes at HBM x ``TILELANG_DECODE_STREAM_EFF``
-    (the measured time, compute included: 16-row head tiles, ``kernels.tilelang_mla_heads``); prefill keeps its
-    pricing. CDNA 4 only (fact 40).
+    ``mla_tilelang``: the sparse MLA, prefill and decode (draft passes included), runs TileLang's split-K partial +
+    combine kernels (SGLang's ``tilelang`` DSA backends, its ROCm default, ``kernels.sglang_tilelang``), priced at
+    their published MI355X timings, compute included (16-row head tiles, ``kernels.tilelang_mla_heads``): the decodes
+    at their line, per layer with decodes ``TILELANG_DECODE_FIXED_S`` less the one graph node the layer chain already
+    prices for the sparse MLA, plus the decode rows' bytes at HBM x ``TILELANG_DECODE_STREAM_EFF`` (fact 40); the
+    prefill tokens' top-k slots, masked ones included, at ``TILELANG_PREFILL_SLOT_S`` each (fact 41). CDNA 4 only.
     ``has_indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
     DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes), whose
     attention sees every key (``rank.topk``: the model's whole context, ``figures.rank_figures``): a decode reads
@@ -127,7 +127,7 @@ class RooflineStepTime:
     mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
     # decodes in TileLang's split-K kernels at their published MI355X line (SGLang on CDNA 4, fact 40): a layer's
     # decode call TILELANG_DECODE_FIXED_S plus its rows' bytes at HBM x TILELANG_DECODE_STREAM_EFF, 16-row head tiles
-    mla_decode_tilelang: bool = False
+    mla_tilelang: bool = False
     # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 121,
     # fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always do, ``moe_a2a``)
     moe_deep_gemm_min_tokens: int = 0
@@ -174,14 +174,14 @@ class RooflineStepTime:
                 f"step time mla_decode_trtllm_gen: TensorRT-LLM's trtllm-gen kernels run on Blackwell only; "
                 f"gpu {self.gpu.name} is {self.gpu.arch}"
             )
-        if self.mla_decode_tilelang and self.gpu.arch != "cdna4":
+        if self.mla_tilelang and self.gpu.arch != "cdna4":
             raise DsakvError(
-                f"step time mla_decode_tilelang: TileLang's decode line is published for CDNA 4 (MI355X) only; "
+                f"step time mla_tilelang: TileLang's kernels are timed on CDNA 4 (MI355X) only; "
                 f"gpu {self.gpu.name} is {self.gpu.arch}"
             )
-        if self.mla_decode_tilelang and (self.mla_mixed_batch or self.mla_prefill_kernel_all):
+        if self.mla_tilelang and (self.mla_mixed_batch or self.mla_prefill_kernel_all):
             raise DsakvError(
-                "step time mla_decode_tilelang: SGLang's TileLang decode does not combine with vLLM's kernel modes "
+                "step time mla_tilelang: SGLang's TileLang kernels do not combine with vLLM's kernel modes "
                 "(mla_mixed_batch, mla_prefill_kernel_all)"
             )
         if self.moe_trtllm and (self.gpu.arch != "blackwell" or self.moe_a2a != "none"):
@@ -207,7 +207,7 @@ class RooflineStepTime:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
-        for name in ("mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "aiter", "mla_decode_tilelang"):
+        for name in ("mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "aiter", "mla_tilelang"):
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"step time {name} = {getattr(self, name)!r}: must be True or False")
         object.__setattr__(
@@ -357,7 +357,7 @@ class RooflineStepTime:
     def _sparse_mla(self, s: StepSums, q: int, breakdown: bool, larger) -> tuple:
         """The sparse MLA of a step (each query attends to min(position, top-k) keys): the bytes of the rows
         it reads, its seconds (the larger of its compute, SGLang's dense MHA of short prefills included, and its
-        bytes at the fitted HBM rate; with ``mla_decode_tilelang`` the decodes at TileLang's line, added), the
+        bytes at the fitted HBM rate; with ``mla_tilelang`` TileLang's measured rates, added), the
         prefill and decode pairs it computes (top-k padding included) and, with ``breakdown``, the dense prefill's
         FLOPs (None where it does not apply). ``larger``: ``max``, or ``np.maximum`` over a run's arrays."""
         r, g = self.rank, self.gpu
@@ -401,12 +401,14 @@ class RooflineStepTime:
             dense_s = pick(dense, mha_s, 0.0)
         else:
             dense_s = 0.0
-        if self.mla_decode_tilelang:  # the decodes' call at TileLang's measured line, compute included (fact 40)
-            dec_bytes = layers * dec_rows * r.mla_row_bytes
-            line_s = (layers * r.tilelang_decode_fixed_s if n_dec else 0.0) + dec_bytes / r.tilelang_decode_bw
-            mla_compute_s = r.mla_layer_flops * pf_pairs / pf_eff / g.bf16_flops + dense_s
-            mla_s = larger(mla_compute_s, (mla_bytes - dec_bytes) / r.bw) + line_s
-            return mla_bytes, mla_s, pf_pairs, dec_pairs, mha_flops
+        if self.mla_tilelang:  # TileLang's measured rates, compute included: the decodes' call at its line (fact
+            # 40), every top-k slot of the sparse prefill's tokens, masked ones too, at its time a slot (fact 41)
+            dec_s = (layers * r.tilelang_decode_fixed_s if n_dec else 0.0) + layers * dec_rows * r.mla_row_bytes / (
+                r.tilelang_decode_bw
+            )
+            pf_slots = pick(dense, 0, pf_tokens * topk)
+            pf_s = layers * pf_slots * r.tilelang_prefill_slot_s
+            return mla_bytes, dense_s + pf_s + dec_s, pf_slots, dec_pairs, mha_flops
         # each kernel's FLOPs over its efficiency: the FLOPs the bf16 peak would take as long for
         at_peak = r.mla_layer_flops * pf_pairs / pf_eff + r.mla_decode_layer_flops * dec_pairs / dec_eff
         mla_compute_s = at_peak / g.bf16_flops + dense_s
@@ -508,7 +510,7 @@ class RooflineStepTime:
         moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / self._expert_bw(rows))
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
-        if self.mla_decode_tilelang:  # one layer's decode call at TileLang's line (fact 40)
+        if self.mla_tilelang:  # one layer's decode call at TileLang's line (fact 40)
             mla_s = r.tilelang_decode_fixed_s + dec_topk * r.mla_row_bytes / r.tilelang_decode_bw
         else:
             mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
@@ -540,7 +542,7 @@ class RooflineStepTime:
         for name in (
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
-            "mla_decode_trtllm_gen", "mla_decode_tilelang", "moe_deep_gemm_min_tokens", "moe_trtllm", "aiter",
+            "mla_decode_trtllm_gen", "mla_tilelang", "moe_deep_gemm_min_tokens", "moe_trtllm", "aiter",
             "has_indexer",
             "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
