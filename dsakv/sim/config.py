@@ -380,7 +380,7 @@ def _step_time(cfg: SimConfig, layout: CacheLayout) -> RooflineStepTime | Consta
         or sglang_prefill_in_decode_kernel(layout, arch, policy),
         mla_prefill_kernel_all=vllm_prefill_kernel_all(layout, policy),
         mla_padded_topk=vllm_padded_topk(policy),
-        mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, policy),
+        mla_dense_short_prefill=cfg.dense_short_prefill and sglang_dense_short_prefill(layout, arch, policy),
         mla_decode_trtllm_gen=sglang_trtllm_gen_decode(layout, arch, policy),
         mla_tilelang=sglang_tilelang(layout, arch, policy),
         moe_deep_gemm_min_tokens=vllm_deep_gemm_moe_min_tokens(arch, policy, checkpoint_dtype, cfg.moe_deep_gemm),

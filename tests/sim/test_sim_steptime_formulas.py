@@ -792,12 +792,20 @@ def test_dense_short_prefill_follows_sglangs_rule(dsv32):
 
     bf16 = CacheLayout(dsv32.spec, kv_dtype="bf16")
     fp8 = CacheLayout(dsv32.spec, kv_dtype="fp8")
-    assert sglang_dense_short_prefill(bf16, "prefill_first")
+    assert sglang_dense_short_prefill(bf16, "hopper", "prefill_first")
+    assert sglang_dense_short_prefill(bf16, "blackwell", "prefill_first")  # SM 100-109
     # an fp8 pool too, either row format (sgl-project/sglang#12964: "FP8 will be dequantized on-demand")
-    assert sglang_dense_short_prefill(dsv32, "prefill_first") and sglang_dense_short_prefill(fp8, "prefill_first")
-    assert not sglang_dense_short_prefill(bf16, "mixed")  # vLLM v0.13: absorbed sparse prefill only
+    assert sglang_dense_short_prefill(dsv32, "hopper", "prefill_first")
+    assert sglang_dense_short_prefill(fp8, "hopper", "prefill_first")
+    assert not sglang_dense_short_prefill(bf16, "hopper", "mixed")  # vLLM v0.13: absorbed sparse prefill only
+    # ROCm reports gfx942 / gfx950 as SM 9.4 / 9.5: set_dsa_prefill_impl's SM 90 / 100-109 test fails on CDNA
+    assert not sglang_dense_short_prefill(bf16, "cdna3", "prefill_first")
+    assert not sglang_dense_short_prefill(fp8, "cdna4", "prefill_first")
     sgl = SimConfig(model="deepseek-v3.2", pool_tokens=1 << 16, schedule_policy="prefill_first", kv_dtype="bf16")
     assert build_setup(sgl).step_time.mla_dense_short_prefill
+    for gpu in ("MI300X", "MI355X"):
+        amd = dataclasses.replace(sgl, gpu=GpuSetting(gpu=gpu))
+        assert not build_setup(amd).step_time.mla_dense_short_prefill
     # the builds that turned it off (GLM-5 on Blackwell, 2026-02 .. 06): SimConfig.dense_short_prefill
     off = dataclasses.replace(sgl, dense_short_prefill=False)
     assert not build_setup(off).step_time.mla_dense_short_prefill

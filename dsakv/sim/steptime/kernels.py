@@ -550,15 +550,19 @@ def vllm_prefill_kernel_all(layout: CacheLayout, schedule_policy: str) -> bool:
     return schedule_policy == "mixed" and layout.kv_dtype == "bf16"
 
 
-def sglang_dense_short_prefill(layout: CacheLayout, schedule_policy: str) -> bool:
+def sglang_dense_short_prefill(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
     """Whether the engine runs a prefill batch whose sequences all hold at most top-k keys as dense MHA: SGLang (the
     ``prefill_first`` stand-in) since sgl-project/sglang#11892 (``MHA_ONE_SHOT``: an extend batch with ``max_kv_len <=
     index_topk``, FA3 varlen on Hopper) with a bf16 pool, and with an fp8 one (either row format, e4m3 in the pool)
     since #12964 (fa9244102, 2025-11-20: "MHA supports both BF16 and FP8 KV cache (FP8 will be dequantized
-    on-demand)"); vLLM v0.13 runs every prefill through the absorbed sparse kernels (its dense path came with
-    vllm-project/vllm#47327, 2026-07). ``SimConfig.dense_short_prefill`` turns it off for the builds that did (GLM-5 on
-    Blackwell from 2026-02-10 to 2026-06-03). docs/steptime.md, fact 24."""
-    return schedule_policy == "prefill_first" and layout.kv_dtype in ("bf16", "fp8_ds_mla", "fp8")
+    on-demand)"), on NVIDIA's Hopper and Blackwell only (``set_dsa_prefill_impl`` requires SM 90 or 100-109 since #13544,
+    5eed5fc0b, 2025-11-25, and ``handle_attention_nsa`` SM 90 or 100 before it; ROCm reports gfx942 / gfx950 as SM
+    9.4 / 9.5, so on CDNA a short prefill stays in the sparse kernels); vLLM v0.13 runs every prefill through the
+    absorbed sparse kernels (its dense path came with vllm-project/vllm#47327, 2026-07). ``SimConfig.dense_short_prefill``
+    turns it off for the builds that did (GLM-5 on Blackwell from 2026-02-10 to 2026-06-03). docs/steptime.md, fact
+    24."""
+    nvidia = arch in ("hopper", "blackwell")
+    return schedule_policy == "prefill_first" and nvidia and layout.kv_dtype in ("bf16", "fp8_ds_mla", "fp8")
 
 
 def sglang_prefill_in_decode_kernel(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
