@@ -250,6 +250,12 @@ def test_tilelang_prices_decode_at_its_line_and_prefill_at_its_rate(glm52):
     contexts = [9000 + 7 * i for i in range(16)]
     run = run_stretch(tl, contexts, 0, 6, (), (None, None))
     assert list(run) == [tl.step_seconds([], [c + j for c in contexts]) for j in range(6)]
+    # a dense-MLA model (DeepSeek-R1 / V3 through the DSA preset) is not served by the DSA backend's kernels: the switch
+    # changes nothing there, prefill, decode or draft passes
+    k3 = dict(gpu=mi355x, num_speculative_tokens=3, has_indexer=False)
+    dense_on, dense_off = RooflineStepTime(glm52, mla_tilelang=True, **k3), RooflineStepTime(glm52, **k3)
+    for step in (([(4096, 0)], []), ([], [9000] * 16), ([(512, 9000)], [9000] * 16)):
+        assert dense_on.cost(*step).seconds == dense_off.cost(*step).seconds
     with pytest.raises(DsakvError, match=r"^step time mla_tilelang: .*CDNA 4 \(MI355X\) only; gpu H200 is hopper$"):
         RooflineStepTime(glm52, mla_tilelang=True)
     with pytest.raises(DsakvError, match=r"^step time mla_tilelang: .*vLLM's kernel modes"):

@@ -97,7 +97,8 @@ class RooflineStepTime:
     their published MI355X timings, compute included (16-row head tiles, ``kernels.tilelang_mla_heads``): the decodes
     at their line, per layer with decodes ``TILELANG_DECODE_FIXED_S`` less the one graph node the layer chain already
     prices for the sparse MLA, plus the decode rows' bytes at HBM x ``TILELANG_DECODE_STREAM_EFF`` (fact 40); the
-    prefill tokens' top-k slots, masked ones included, at ``TILELANG_PREFILL_SLOT_S`` each (fact 41). CDNA 4 only.
+    prefill tokens' top-k slots, masked ones included, at ``TILELANG_PREFILL_SLOT_S`` each (fact 41). CDNA 4 only; a
+    model without the indexer (``has_indexer`` False) is not served by the DSA backend's kernels and ignores it.
     ``has_indexer``: False prices the model without its lightning indexer (a dense-MLA checkpoint such as
     DeepSeek-R1 / V3 served through the DSA preset: no indexer weights, kernels or indexer-cache writes), whose
     attention sees every key (``rank.topk``: the model's whole context, ``figures.rank_figures``): a decode reads
@@ -401,8 +402,9 @@ class RooflineStepTime:
             dense_s = pick(dense, mha_s, 0.0)
         else:
             dense_s = 0.0
-        if self.mla_tilelang:  # TileLang's measured rates, compute included: the decodes' call at its line (fact
-            # 40), every top-k slot of the sparse prefill's tokens, masked ones too, at its time a slot (fact 41)
+        if self.mla_tilelang and sparse:  # TileLang's measured rates, compute included: the decodes' call at its
+            # line (fact 40), every top-k slot of the sparse prefill's tokens, masked ones too, at its time a slot
+            # (fact 41); a dense-MLA model is not served by the DSA backend's kernels
             dec_s = (layers * r.tilelang_decode_fixed_s if n_dec else 0.0) + layers * dec_rows * r.mla_row_bytes / (
                 r.tilelang_decode_bw
             )
@@ -510,7 +512,7 @@ class RooflineStepTime:
         moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / self._expert_bw(rows))
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
-        if self.mla_tilelang:  # one layer's decode call at TileLang's line (fact 40)
+        if self.mla_tilelang and self.has_indexer:  # one layer's decode call at TileLang's line (fact 40)
             mla_s = r.tilelang_decode_fixed_s + dec_topk * r.mla_row_bytes / r.tilelang_decode_bw
         else:
             mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
