@@ -338,8 +338,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     deep_gemm_bw, expert_bw, dispatch_copies = _moe_exchange(model, bw)
     lin_peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
     lin_bytes = lin.attn_bytes + lin.mlp_bytes + lin.lm_head_bytes
-    # the linear layers' weights: at the fitted HBM rate, or at AITER's GEMMs' (fact 39; its bf16 lm_head and router
-    # taken at the same rate)
+    # the linear layers' weights at the fitted HBM rate, or at AITER's GEMMs' (fact 39; the bf16 lm_head and router too)
     lin_bw = gpu.hbm_bytes_per_s * AITER_GEMM_STREAM_EFF if model.aiter else bw
     gemm_rate = gpu.fp8_flops * AITER_GEMM_DENSE_EFF if model.aiter else lin_peak * model.gemm_eff
     # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
