@@ -203,7 +203,7 @@ def test_sglang_runs_its_sparse_mla_in_tilelang_on_cdna4(kv, gpu, policy, tilela
     assert sglang_tilelang(layout, gpu_kind(gpu).arch, policy) is tilelang
 
 
-def test_tilelang_prices_decode_at_its_line_and_prefill_at_its_rate(glm52):
+def test_tilelang_prices_decode_at_its_line_and_prefill_at_its_slot_time(glm52):
     # Fact 40: on MI355X a decode step's sparse MLA is, per attention layer, the line's fixed part (less the one graph
     # node the layer chain prices for the sparse MLA) plus the rows' bytes at TILELANG_DECODE_STREAM_EFF of HBM; fact
     # 41: a prefill's is every top-k slot of its tokens, masked ones included, at TILELANG_PREFILL_SLOT_S each, whatever

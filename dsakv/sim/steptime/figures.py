@@ -313,7 +313,7 @@ def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | floa
     padded = -(-heads // pad) * pad
     if model.mla_decode_trtllm_gen:
         return padded, trtllm_gen_mla_heads(heads)
-    if model.mla_tilelang and model.has_indexer:  # the DSA backend's kernels; a dense-MLA model runs others
+    if model.runs_tilelang:
         return tilelang_mla_heads(heads), tilelang_mla_heads(heads)
     return padded, padded
 

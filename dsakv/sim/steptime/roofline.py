@@ -126,8 +126,9 @@ class RooflineStepTime:
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
     mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
-    # decodes in TileLang's split-K kernels at their published MI355X line (SGLang on CDNA 4, fact 40): a layer's
-    # decode call TILELANG_DECODE_FIXED_S plus its rows' bytes at HBM x TILELANG_DECODE_STREAM_EFF, 16-row head tiles
+    # the sparse MLA in TileLang's split-K kernels at their published MI355X timings (SGLang on CDNA 4): a layer's
+    # decode call TILELANG_DECODE_FIXED_S plus its rows' bytes at HBM x TILELANG_DECODE_STREAM_EFF (fact 40), a
+    # prefill token's top-k slots at TILELANG_PREFILL_SLOT_S each (fact 41), 16-row head tiles
     mla_tilelang: bool = False
     # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 121,
     # fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always do, ``moe_a2a``)
@@ -222,6 +223,12 @@ class RooflineStepTime:
         object.__setattr__(self, "rank", rank_figures(self))
         # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
         object.__setattr__(self, "_saturated", {})
+
+    @property
+    def runs_tilelang(self) -> bool:
+        """Whether the sparse MLA is priced as TileLang's kernels (``mla_tilelang``, facts 40-41): only a model with the
+        indexer, the DSA backend's; SGLang serves a dense-MLA model through other kernels."""
+        return self.mla_tilelang and self.has_indexer
 
     @property
     def tokens_per_decode(self) -> float:
@@ -402,9 +409,8 @@ class RooflineStepTime:
             dense_s = pick(dense, mha_s, 0.0)
         else:
             dense_s = 0.0
-        if self.mla_tilelang and sparse:  # TileLang's measured rates, compute included: the decodes' call at its
-            # line (fact 40), every top-k slot of the sparse prefill's tokens, masked ones too, at its time a slot
-            # (fact 41); a dense-MLA model is not served by the DSA backend's kernels
+        if self.runs_tilelang:  # TileLang's measured rates, compute included: the decodes' call at its line (fact
+            # 40), every top-k slot of the sparse prefill's tokens, masked ones too, at its time a slot (fact 41)
             dec_s = (layers * r.tilelang_decode_fixed_s if n_dec else 0.0) + layers * dec_rows * r.mla_row_bytes / (
                 r.tilelang_decode_bw
             )
@@ -512,7 +518,7 @@ class RooflineStepTime:
         moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / self._expert_bw(rows))
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
-        if self.mla_tilelang and self.has_indexer:  # one layer's decode call at TileLang's line (fact 40)
+        if self.runs_tilelang:  # one layer's decode call at TileLang's line (fact 40)
             mla_s = r.tilelang_decode_fixed_s + dec_topk * r.mla_row_bytes / r.tilelang_decode_bw
         else:
             mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
