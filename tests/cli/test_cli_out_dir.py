@@ -116,13 +116,20 @@ def test_a_run_killed_while_writing_leaves_the_previous_folder_intact(tmp_path, 
     # The child writes summary.json, then requests.jsonl and four plots (seconds of matplotlib): kill it as
     # soon as summary.json shows up, wherever the child writes it.
     argv = ["simulate", "--scenario", "chat", "--scale", "0.5", "--step-model", "constant", "--seed", "7"]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "dsakv", *argv, "--out", str(out)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A runner started in the background (`pytest &` in a script) ignores SIGINT and its children inherit that:
+    # a handled signal is reset to the default at exec, so the child gets Ctrl-C's KeyboardInterrupt as at a
+    # terminal whatever this process was started with.
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "dsakv", *argv, "--out", str(out)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and child.poll() is None and not _writing(tmp_path, out, previous):
