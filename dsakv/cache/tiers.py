@@ -142,9 +142,10 @@ class TierEntry:
 class TierIndex:
     """In-memory index of one lower tier (see the module docstring); implements ``LowerTier``.
 
-    ``num_pages``: entries it holds at most (None: unbounded). ``eviction_policy``: a name of
-    ``dsakv.cache.eviction.POLICIES``. ``slots``: give each entry a slot in ``0 .. num_pages - 1`` (a
-    host buffer's page index; an unbounded index numbers them on). Not thread-safe: one scheduler drives it.
+    ``num_pages``: entries it holds at most (None: unbounded, so it never evicts and keeps no eviction
+    heap). ``eviction_policy``: a name of ``dsakv.cache.eviction.POLICIES``. ``slots``: give each entry a
+    slot in ``0 .. num_pages - 1`` (a host buffer's page index; an unbounded index numbers them on). Not
+    thread-safe: one scheduler drives it.
     """
 
     def __init__(self, name: str, num_pages: int | None, *, eviction_policy: str = "lru", slots: bool = False) -> None:
@@ -160,7 +161,7 @@ class TierIndex:
         self.has_slots = slots
         self._policy_key = policy.key
         self._entries: dict[bytes, TierEntry] = {}
-        self._heap: LeafHeap[TierEntry] = LeafHeap(self._eviction_key)
+        self._heap: LeafHeap[TierEntry] | None = None if num_pages is None else LeafHeap(self._eviction_key)
         self._free_slots: list[int] = list(range(num_pages - 1, -1, -1)) if slots and num_pages else []
         self._next_slot = 0 if num_pages is None else num_pages
         self._tick = 0
@@ -200,9 +201,9 @@ class TierIndex:
             entry = self._present(h, "touch")
             entry.tick = tick
             entry.hits += 1
-            if not entry.pins:
+            if not entry.pins and heap is not None:
                 heap.push(entry)
-        if len(heap) > HEAP_SLACK * (len(self._entries) + 1):  # stale entries outnumber live ones: rebuild
+        if heap is not None and len(heap) > HEAP_SLACK * (len(self._entries) + 1):  # mostly stale: rebuild
             heap.rebuild(e for e in self._entries.values() if not e.pins)
 
     def pin(self, hashes: Sequence[bytes]) -> None:
@@ -218,7 +219,7 @@ class TierIndex:
         for h in hashes:
             entry = self._entries[h]
             entry.pins -= 1
-            if not entry.pins:
+            if not entry.pins and self._heap is not None:
                 self._heap.push(entry)
 
     def reserve(self, hashes: Sequence[bytes], depths: Sequence[int]) -> Reservation | None:
@@ -242,16 +243,18 @@ class TierIndex:
             new = new[:room]
             overflow = len(entries) + len(new) - cap
         evicted: list[TierEntry] = []
-        for _ in range(overflow):
+        for _ in range(overflow):  # overflow > 0 only with a capacity, hence a heap
             victim = self._heap.pop(_evictable)
             evicted.append(victim)
             self._drop(victim)
         self._tick += 1
         slots: list[int | None] = []
+        heap = self._heap
         for h, d in new:
             slot = self._take_slot()
             entries[h] = entry = TierEntry(h, self._tick, next(self._seq), d, slot)
-            self._heap.push(entry)
+            if heap is not None:
+                heap.push(entry)
             slots.append(slot)
         return Reservation(
             tuple(h for h, _ in new), tuple(slots), tuple(e.page_hash for e in evicted), tuple(e.slot for e in evicted)
@@ -298,7 +301,8 @@ class TierIndex:
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` unless: entries within capacity; slots (when kept) distinct, in range and
-        disjoint from the free slots; pins >= 0; every unpinned entry has a heap entry with its current key."""
+        disjoint from the free slots; pins >= 0; every unpinned entry of a bounded index has a heap entry with
+        its current key."""
         entries = self._entries
         cap = self.num_pages
         if cap is not None and len(entries) > cap:
@@ -323,6 +327,10 @@ class TierIndex:
                 )
         elif any(e.slot is not None for e in entries.values()):
             raise AssertionError(f"{self.name} tier keeps no slots but an entry has one")
+        if self._heap is None:  # unbounded: nothing is ever evicted
+            if cap is not None:
+                raise AssertionError(f"{self.name} tier has a capacity of {cap} but no eviction heap")
+            return
         current = self._heap.current_ids()
         for e in entries.values():
             if not e.pins and id(e) not in current:
