@@ -100,7 +100,7 @@ def _line(op: str, dsakv: float, version: str, measured: float | None, kernel: s
 class Tables:
     """The three extracted tables as curves: collectives by (gpu, version, op, gpus) over message elements, MoE
     layers by (gpu, version, kernel, hidden, moe_tp) over tokens, DSA modules by (gpu, version, model, phase, kernel,
-    kv_dtype, heads, batch) over context."""
+    kv_dtype, heads, batch, prefix) over context."""
 
     coll: dict[tuple, Curve]
     moe: dict[tuple, Curve]
@@ -108,7 +108,7 @@ class Tables:
 
     @classmethod
     def read(cls, folder: Path) -> Tables:
-        dsa_key = ("gpu", "version", "model", "phase", "kernel", "kv_dtype", "heads", "batch")
+        dsa_key = ("gpu", "version", "model", "phase", "kernel", "kv_dtype", "heads", "batch", "prefix")
         return cls(
             curves(_read(folder / "collectives.csv"), ("gpu", "version", "op", "gpus"), "message_elements"),
             curves(_read(folder / "moe.csv"), ("gpu", "version", "kernel", "hidden", "moe_tp"), "tokens"),
@@ -177,7 +177,7 @@ def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> lis
         def best(phase: str, batch: int, x: int) -> list[tuple[str, float | None, str]]:
             by_version: dict[str, tuple[float, str]] = {}
             for k, c in dsa.items():
-                if (k[0], k[2], k[3], k[5], int(k[6]), int(k[7])) != (gpu, model, phase, kv, heads, batch):
+                if (k[0], k[2], k[3], k[5], int(k[6]), int(k[7]), k[8]) != (gpu, model, phase, kv, heads, batch, "0"):
                     continue
                 if "skip_indexer" in k[4]:
                     continue

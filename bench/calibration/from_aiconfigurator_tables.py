@@ -16,8 +16,9 @@ above its size limit), nccl-tests' all-gather / reduce-scatter / all-reduce (``n
   top 8) and GLM-5 shapes (hidden 6,144), MoE TP 1-8 without expert parallelism, routed by AIConfigurator's default
   ``power_law_1.01`` distribution; ``latency_us`` one layer at ``num_tokens`` tokens.
 * ``dsa_module.csv``: the DSA attention module of DeepSeek-V3.2 and GLM-5(.2)-FP8 with fp8 block-scaled linear layers:
-  ``phase`` context (one sequence of ``tokens`` new tokens, nothing cached before it) or generation (``batch``
-  decodes, each at context ``context``), ``heads`` per rank (``tp`` the attention TP the collector ran), ``kv_dtype``
+  ``phase`` context (one sequence of ``tokens`` new tokens after ``prefix`` cached ones, ``context`` their sum; the
+  prefixes of ``PREFIXES``) or
+  generation (``batch`` decodes, each at context ``context``), ``heads`` per rank (``tp`` the attention TP the collector ran), ``kv_dtype``
   the cache, ``kernel`` the backend AIConfigurator names; ``latency_us`` one layer.
 
 A row's table is ``DATA/<system>/<op>/sglang/<version>/<table>.parquet`` (``comm/nccl/<version>`` for nccl-tests) at
@@ -44,6 +45,7 @@ SYSTEMS = {
     "gb300": "GB300",
 }
 MOE_SHAPES = {(7168, 2048, 256, 8), (6144, 2048, 256, 8)}  # hidden, expert width, experts, top-k
+PREFIXES = (0, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)  # cached tokens kept of a context row's many
 DSA_MODELS = {
     "deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2",
     "zai-org/GLM-5-FP8": "glm-5",
@@ -134,8 +136,8 @@ def dsa_module(repo: Path) -> list[dict]:
         for gpu, version, path in _tables(repo, "sparse_attention/sglang", f"dsa_{phase}_module_perf.parquet"):
             d = _read(repo, path)
             d = d[d.model.isin(list(DSA_MODELS)) & (d.gemm_type == "fp8_block")]
-            if phase == "context":  # one sequence, nothing cached before it
-                d = d[(d.batch_size == 1) & (d.step == 0)]
+            if phase == "context":  # one sequence (``step``: the tokens cached before its ``isl`` new ones)
+                d = d[(d.batch_size == 1) & d.step.isin(PREFIXES)]
             for r in d.itertuples():
                 rows.append(
                     {
@@ -149,7 +151,8 @@ def dsa_module(repo: Path) -> list[dict]:
                         "tp": int(r.tp_size),
                         "batch": int(r.batch_size),
                         "tokens": int(r.isl) if phase == "context" else 1,
-                        "context": int(r.step) if phase == "generation" else int(r.isl),
+                        "prefix": int(r.step) if phase == "context" else 0,
+                        "context": int(r.step) if phase == "generation" else int(r.isl) + int(r.step),
                         "latency_us": round(float(r.latency) * 1000, 3),
                     }
                 )
