@@ -55,6 +55,7 @@ MOE_TOKENS = (8, 64, 256, 1024, 8192)
 DECODE = ((1, 4096), (16, 4096), (64, 4096))  # decodes per rank x context
 PREFILL = (4096, 8192, 16384)
 DSA_MODEL = {"deepseek-v3.2": "deepseek-v3.2", "glm-5": "glm-5", "glm-5.1": "glm-5", "glm-5.2": "glm-5.2"}
+FULL_INDEXER_MODEL = {"glm-5.2": "glm-5"}  # whose rows time a full-indexer layer of the model
 
 
 def _read(path: Path) -> list[dict]:
@@ -174,27 +175,42 @@ def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> lis
         def own(parts: dict) -> float:
             return sum(parts.get(k, 0.0) for k in ("sparse_mla", "indexer", "cache_write")) / r.attn_layers
 
-        def best(phase: str, batch: int, x: int) -> list[tuple[str, float | None, str]]:
+        def best(phase: str, batch: int, x: int, name: str, skip: bool) -> dict[str, tuple[float, str]]:
+            """Per table version, the fastest kernel's figure for the shape (skip: the skip-indexer kernels)."""
             by_version: dict[str, tuple[float, str]] = {}
             for k, c in dsa.items():
-                if (k[0], k[2], k[3], k[5], int(k[6]), int(k[7]), k[8]) != (gpu, model, phase, kv, heads, batch, "0"):
+                if (k[0], k[2], k[3], k[5], int(k[6]), int(k[7]), k[8]) != (gpu, name, phase, kv, heads, batch, "0"):
                     continue
-                if "skip_indexer" in k[4]:
+                if ("skip_indexer" in k[4]) != skip:
                     continue
                 v = c.at(x)
                 if v is not None and (k[1] not in by_version or v < by_version[k[1]][0]):
                     by_version[k[1]] = (v, k[4])
-            return [(ver, v, kern) for ver, (v, kern) in sorted(by_version.items())]
+            return by_version
+
+        share = r.idx_layers / r.attn_layers  # layers with a full indexer (GLM-5.2: the others reuse a top-k)
+
+        def measured(phase: str, batch: int, x: int) -> list[tuple[str, float | None, str]]:
+            """The module's mean over the layers: full-indexer layers (GLM-5.2's under GLM-5's name, the same
+            attention dimensions) and, where the model has them, the skip-indexer layers."""
+            full = best(phase, batch, x, FULL_INDEXER_MODEL.get(model, model), skip=False)
+            if share == 1:
+                return [(ver, v, kern) for ver, (v, kern) in sorted(full.items())]
+            part = best(phase, batch, x, model, skip=True)
+            return [
+                (ver, share * full[ver][0] + (1 - share) * part[ver][0], f"{full[ver][1]} + {part[ver][1]}")
+                for ver in sorted(full.keys() & part.keys())
+            ]
 
         first, last = 1, next(i for i, (name, _) in enumerate(LAYER_KERNEL_CHAIN) if name == "o projection")
         launches = chain_fixed_seconds(LAYER_KERNEL_CHAIN[first : last + 1], m.gpu.kernel_node_s, GEMM_FIXED_S)
-        launches += m.terms.indexer_floor_s
+        launches += m.terms.indexer_floor_s * share
         for b, ctx in DECODE:
             price = own(m.cost([], [ctx] * b).seconds) + projections(b) + launches
-            emit(f"attention decode {b} x {ctx}", price, best("generation", b, ctx))
+            emit(f"attention decode {b} x {ctx}", price, measured("generation", b, ctx))
         for n in PREFILL:
             price = own(m.cost([(n, 0)], []).seconds) + projections(n)
-            emit(f"attention prefill {n}", price, best("context", 1, n))
+            emit(f"attention prefill {n}", price, measured("context", 1, n))
     return out
 
 
