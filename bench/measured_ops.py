@@ -24,7 +24,9 @@ from_aiconfigurator_tables.py`` extracts them (docs/calibration-data.md). The op
   ``kernels.LAYER_KERNEL_CHAIN`` from the q_a / kv_a projection to the o projection) and the indexer's chain, as
   the measured module is one CUDA-graph replay. Prefill is compared from 4,096 tokens on, where the work outweighs
   the eager launches the measured forward includes. Measured: the whole DSA attention module of the same model and
-  heads per rank (the fastest kernel the table holds for the shape; GLM-5.2's skip-indexer layers left out).
+  heads per rank (the fastest kernel the table holds for the shape), averaged over the model's layers: GLM-5.2's
+  full-indexer layers from GLM-5's rows (the same attention dimensions; its own name holds only the layers that reuse
+  another layer's top-k), the rest from its skip-indexer rows.
 
 Only SGLang rows are compared (the tables are SGLang's own kernels); other rows print one line saying so.
 
@@ -64,17 +66,22 @@ def _read(path: Path) -> list[dict]:
 
 
 class Curve:
-    """Measured (size, seconds) points of one shape; ``at(x)`` interpolates linearly, None outside the points."""
+    """Measured (size, seconds) points of one shape (repeats averaged); ``at(x)`` interpolates linearly, None
+    outside the points. Points are added while the tables are read, then only looked up."""
 
     def __init__(self) -> None:
         self.points: dict[int, list[float]] = defaultdict(list)
+        self._sorted: tuple[list[int], list[float]] | None = None
 
     def add(self, size: int, seconds: float) -> None:
         self.points[size].append(seconds)
+        self._sorted = None
 
     def at(self, x: float) -> float | None:
-        xs = sorted(self.points)
-        ys = [statistics.fmean(self.points[s]) for s in xs]
+        if self._sorted is None:
+            xs = sorted(self.points)
+            self._sorted = xs, [statistics.fmean(self.points[s]) for s in xs]
+        xs, ys = self._sorted
         if not xs or x < xs[0] or x > xs[-1]:
             return None
         i = bisect.bisect_left(xs, x)
@@ -90,9 +97,7 @@ def curves(rows: list[dict], key_fields: tuple[str, ...], size: str) -> dict[tup
     return out
 
 
-def _line(op: str, dsakv: float, version: str, measured: float | None, kernel: str = "") -> str:
-    if measured is None:
-        return ""
+def _line(op: str, dsakv: float, version: str, measured: float, kernel: str = "") -> str:
     tail = f" ({kernel})" if kernel else ""
     return f"  {op:<28} dsakv {1e6 * dsakv:9.1f} us  {version:<14} {1e6 * measured:9.1f} us  ratio {measured / dsakv:5.2f}{tail}"
 
@@ -133,9 +138,8 @@ def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> lis
 
     def emit(op: str, dsakv: float, found: list[tuple[str, float | None, str]]) -> None:
         for version, measured, kernel in found:
-            line = _line(op, dsakv, version, measured, kernel)
-            if line:
-                out.append(line)
+            if measured is not None:  # the shape outside that table's points
+                out.append(_line(op, dsakv, version, measured, kernel))
                 ratios[op.rstrip("0123456789x ")].append(measured / dsakv)
 
     coll = tables.coll
