@@ -21,6 +21,7 @@ from dsakv.sim.steptime import RooflineStepTime
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 from dsakv.workloads.traces import TraceRequest
+from tests.sim.moe_reference import fused_moe_activation_bytes
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
     """One draft pass of one decode at ``ctx`` on one GPU, re-derived: the MTP layer's weights (draft_pass_cost:
     its layer + the lm_head, the experts one token picks) and its caches' reads, at the GPU's bandwidth x
     bw_eff; its sparse MLA and (``indexer``) its indexer scoring each at the slower of their FLOPs (peak x the
-    model's efficiency) and their bytes; one cache row of each cache written; one layer's floors. Every figure
+    model's efficiency) and their bytes; one cache row of each cache written; its fused MoE's activations (one row);
+    one layer's floors. Every figure
     from the spec, the layout and the GPU's datasheet."""
     spec, gpu = layout.spec, model.gpu
     bw = gpu.hbm_bytes_per_s * model.bw_eff
@@ -49,7 +51,9 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
     idx_flops = ctx * 2 * spec.index_n_heads * spec.index_head_dim
     scoring = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
     write = (layout.main_row_bytes + layout.indexer_row_bytes) / bw
-    one = max(drafted.weight_bytes / bw + mla + (scoring if indexer else 0.0) + write, model.terms.layer_min_s)
+    activations = sum(fused_moe_activation_bytes(model, 1, 1)) / bw  # its MoE's (fact 43), one row
+    reads = drafted.weight_bytes / bw + activations
+    one = max(reads + mla + (scoring if indexer else 0.0) + write, model.terms.layer_min_s)
     return one + model.terms.layer_floor_s + model.terms.indexer_floor_s  # the layer's and its indexer's kernel chains
 
 

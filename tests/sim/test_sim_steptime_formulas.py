@@ -51,6 +51,7 @@ from dsakv.sim.steptime.kernels import (
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
+from tests.sim.moe_reference import fused_moe_activation_bytes, moe_layers
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,9 @@ def test_weight_dtype_flag_reaches_the_step_time(glm52):
     fp8 = build_setup(SimConfig(model="glm-5.2", gpu=GpuSetting(weight_dtype="fp8"))).step_time
     assert fp8.weight_dtype == "fp8"
     a, b = bf16.cost([], [4096] * 32), fp8.cost([], [4096] * 32)
-    assert b.bytes["moe"] == pytest.approx(a.bytes["moe"] / 2, rel=1e-3)  # + fp8 block scales
+    act_a, act_b = (sum(fused_moe_activation_bytes(m, 32, moe_layers(m))) for m in (bf16, fp8))
+    assert act_b < act_a  # fp8 inputs to the GEMMs (fact 43)
+    assert b.bytes["moe"] - act_b == pytest.approx((a.bytes["moe"] - act_a) / 2, rel=1e-3)  # + fp8 block scales
     assert b.total_seconds < 0.75 * a.total_seconds
 
 
@@ -83,13 +86,16 @@ def test_uneven_dp_groups_price_the_moe_with_the_sum_of_their_tokens(glm52):
     st = RooflineStepTime(glm52, dp_attention=2)
     c, k_over_e = st.rank.linear, 8 / 256
     small, large = [4096], [4096] * 12
+    layers = moe_layers(st)
     for decode in (small, large):
         cost = st.cost([], decode, dp_tokens=13, dp_decodes=13)
         assert cost.flops["moe"] == pytest.approx(13 * c.expert_flops_per_token)
-        assert cost.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 13))
+        act = sum(fused_moe_activation_bytes(st, 13, layers))  # 13 tokens' activations (fact 43)
+        assert cost.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 13) + act)
         assert cost.flops["sparse_mla"] == st.cost([], decode).flops["sparse_mla"]  # the group's own queries
     balanced = st.cost([], large)  # no sum given: 12 x 2 tokens, the balanced assumption
-    assert balanced.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 24))
+    act = sum(fused_moe_activation_bytes(st, 24, layers))
+    assert balanced.bytes["moe"] == pytest.approx(c.expert_bytes * (1 - (1 - k_over_e) ** 24) + act)
     step = max(st.step_seconds([], d, 13, 13) for d in (small, large))
     assert step == st.step_seconds([], large, 13, 13) < balanced.total_seconds
 
@@ -282,7 +288,16 @@ def test_ep_all_to_all_replaces_the_moe_all_reduce(glm52):
     dense = glm52.spec.arch_value("first_k_dense_replace")  # 3 dense layers keep the MLP all-reduce
     a2a = (layers - dense) * per_rank * k * hidden * 3 * 7 / 8
     assert b.bytes["collectives"] == pytest.approx(attn_ar + a2a + dense * tokens * hidden * 2 * 2 * 7 / 8)
-    assert RooflineStepTime(glm52, ep=8).cost([], [4096]).total_seconds == tp.cost([], [4096]).total_seconds
+    # --ep without DeepEP moves whole experts to ranks: the same expert bytes a rank, but a rank computes only its own
+    # experts' (token, expert) pairs, 1 / ep of the TP MoE's, so its activations move less (fact 43)
+    moved = RooflineStepTime(glm52, ep=8)
+    prefill = [(4096, 0)]
+    for model, step in ((tp, tp.cost(prefill, [])), (moved, moved.cost(prefill, []))):
+        act = fused_moe_activation_bytes(model, 4096, moe_layers(model))
+        assert step.bytes["moe"] - sum(act) == pytest.approx(tp.rank.linear.expert_bytes)
+    tp_act, ep_act = (sum(fused_moe_activation_bytes(m, 4096, 1)) for m in (tp, moved))
+    assert ep_act < tp_act / 3
+    assert moved.cost(prefill, []).seconds["moe"] < tp.cost(prefill, []).seconds["moe"]
 
 
 def _ranks_reached_by_enumeration(experts, topk, n_group, topk_group, ep):
@@ -373,7 +388,9 @@ def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
     assert a2a.rank.expert_bw == pytest.approx(hbm * GEMM_STREAM_EFF) and GEMM_STREAM_EFF > a2a.bw_eff
     for st in (tp, a2a):
         c = st.cost([], [4096] * 16)  # 128 tokens reach the MoE: every expert byte-bound
-        assert c.seconds["moe"] == pytest.approx(c.bytes["moe"] / st.rank.expert_bw)
+        gemm_act, kernel_act = fused_moe_activation_bytes(st, 128, moe_layers(st))
+        weights = c.bytes["moe"] - gemm_act - kernel_act
+        assert c.seconds["moe"] == pytest.approx(weights / st.rank.expert_bw + (gemm_act + kernel_act) / st.rank.bw)
         assert c.seconds["moe"] > c.flops["moe"] / st.rank.moe_rate
     assert a2a.cost([], [4096] * 16).bytes["moe"] == pytest.approx(tp.cost([], [4096] * 16).bytes["moe"])
 
@@ -400,7 +417,8 @@ def test_vllm_runs_the_experts_in_deepgemm_from_121_tokens_a_step(glm52):
     assert vllm.rank.deep_gemm_bw == pytest.approx(hbm * GEMM_STREAM_EFF)
     below, at = vllm.cost([], [4096] * 120), vllm.cost([], [4096] * 121)  # 120 / 121 tokens reach the MoE
     assert below.seconds["moe"] == pytest.approx(below.bytes["moe"] / (hbm * vllm.bw_eff))
-    assert at.seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * GEMM_STREAM_EFF))
+    act = sum(fused_moe_activation_bytes(vllm, 121, moe_layers(vllm)))  # the activations stay at bw_eff (fact 43)
+    assert at.seconds["moe"] == pytest.approx((at.bytes["moe"] - act) / (hbm * GEMM_STREAM_EFF) + act / vllm.rank.bw)
     assert at.seconds["moe"] > at.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
     assert base.cost([], [4096] * 121).seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * base.bw_eff))
     # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count
@@ -432,8 +450,10 @@ def _check_decode_experts_stream_at(switched: RooflineStepTime, base: RooflineSt
     hbm = base.gpu.hbm_bytes_per_s
     for decodes in (1, 16, 96):
         on, off = switched.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
-        assert on.bytes["moe"] == pytest.approx(off.bytes["moe"])
-        assert on.seconds["moe"] == pytest.approx(on.bytes["moe"] / (hbm * eff))
+        # the activations (fact 43) at the fitted rate; none under AITER, whose measured lines include them
+        act_on, act_off = (sum(fused_moe_activation_bytes(m, decodes, moe_layers(m))) for m in (switched, base))
+        assert on.bytes["moe"] - act_on == pytest.approx(off.bytes["moe"] - act_off)
+        assert on.seconds["moe"] == pytest.approx((on.bytes["moe"] - act_on) / (hbm * eff) + act_on / switched.rank.bw)
         assert off.seconds["moe"] == pytest.approx(off.bytes["moe"] / (hbm * base.bw_eff))
 
 
@@ -574,11 +594,12 @@ def test_sglang_runs_an_fp8_checkpoint_on_cdna4_in_aiters_kernels(glm52):
     assert aiter.rank.aiter_moe_bw == pytest.approx(hbm * AITER_MOE_STREAM_EFF)
     assert aiter.rank.moe_rate == pytest.approx(mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF)
     _check_decode_experts_stream_at(aiter, base, AITER_MOE_STREAM_EFF)
-    # an 8,192-token prefill chunk is compute-bound: its FLOPs at AITER's measured rate, 2.9x DeepGEMM's price (0.44 / 0.153)
+    # an 8,192-token prefill chunk is compute-bound: its FLOPs at AITER's measured rate, which includes its
+    # activations' traffic (fact 43), 2.9x DeepGEMM's price of the FLOPs alone (0.44 / 0.153)
     on, off = aiter.cost([(8192, 0)], []), base.cost([(8192, 0)], [])
     assert on.flops["moe"] == pytest.approx(off.flops["moe"])
     assert on.seconds["moe"] == pytest.approx(on.flops["moe"] / (mi355x.fp8_flops * AITER_MOE_COMPUTE_EFF))
-    assert on.seconds["moe"] > 2.5 * off.seconds["moe"]
+    assert on.seconds["moe"] > 2.5 * off.flops["moe"] / base.rank.moe_rate
     # fact 39: its linear layers in AITER's fp8 GEMMs: their bytes at AITER_GEMM_STREAM_EFF of HBM, their FLOPs at
     # AITER_GEMM_DENSE_EFF of the fp8 peak, and each GEMM of the kernel chains at AITER_GEMM_FIXED_S
     assert aiter.rank.lin_bytes_s == pytest.approx(aiter.rank.lin_bytes / (hbm * AITER_GEMM_STREAM_EFF))

@@ -173,6 +173,11 @@ class RankFigures:
     lin_bytes: float  # attention + MLP + lm_head weight bytes read once per step
     expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
     dispatch_copies: float  # EP ranks other than its own one token reaches in DeepEP's normal (extend) dispatch
+    # the fused MoE's activations (fact 43), per token through one MoE layer: what its two grouped GEMMs read and
+    # write beside their weights, and what its elementwise kernels move (activation, quantisation, top-k sum)
+    moe_gemm_act_bytes: float
+    moe_kernel_act_bytes: float
+    moe_layers: int  # layers with routed experts (MTP cache layers included)
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
     mla_decode_flops_per_pair: float  # the same for a decode query: its kernel's head tile (trtllm-gen's or FlashMLA's)
@@ -304,6 +309,35 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     return deep_gemm_bw, deep_gemm_bw, dispatch_copies
 
 
+def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[float, float]:
+    """(the grouped GEMMs' activation bytes, the elementwise kernels' bytes) per token through one MoE layer of
+    ``model``'s rank (fact 43): SGLang's fused MoE (``fused_experts_impl``) gathers each (token, expert) pair's
+    input row into the gate / up GEMM (``hidden`` x the activation's bytes: fp8 under fp8 weights, quantised once
+    per token beforehand), writes the pair's ``2 I`` gate / up outputs in bf16 (``intermediate_cache1``), the
+    SiLU-and-mul kernel reads them and writes ``I`` (``intermediate_cache2``), an fp8 checkpoint quantises them
+    per token group (read ``2 I``, write ``I``), the down GEMM reads them and writes the pair's ``hidden`` outputs
+    in bf16 (``intermediate_cache3``), and the top-k sum reads those and writes one row per token. ``I`` is the
+    rank's slice of an expert's intermediate width (``moe_intermediate_size x ep / tp``); a rank computes
+    ``top-k / ep`` of a token's pairs (its own experts' share). AITER's fused MoE (``aiter``) is priced from its
+    measured lines, which include this traffic: none there."""
+    a = model.layout.spec.arch_value
+    experts = a("n_routed_experts")
+    if not experts or model.aiter:
+        return 0.0, 0.0
+    h, act = a("hidden_size"), 2  # bf16 intermediates
+    width = a("moe_intermediate_size") * model.ep / model.tp
+    pairs = a("num_experts_per_tok") / model.ep
+    fp8 = dtype == "fp8"
+    a_in = 1 if fp8 else act  # what the GEMMs read as their input rows
+    gemm = pairs * (h * a_in + 2 * width * act + width * a_in + h * act)
+    per_pair = 2 * width * act + width * act  # SiLU-and-mul: read the gate / up outputs, write the product
+    if fp8:
+        per_pair += width * act + width  # the product's quantisation
+    per_pair += h * act  # the top-k sum reads each pair's output
+    per_token = h * act + (h * act + h if fp8 else 0)  # the sum's output row; the input's quantisation
+    return gemm, pairs * per_pair + per_token
+
+
 def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:
     """The query heads one token's sparse MLA computes on a rank of ``heads`` heads, padding included: (a prefill
     query's, a decode query's). FlashMLA's sparse kernels run whole blocks of ``GpuKind.mla_head_pad`` heads; a decode
@@ -347,6 +381,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
+    moe_act = moe_activation_bytes(model, dtype)
     draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
     return RankFigures(
         hidden=a("hidden_size"),
@@ -363,6 +398,9 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         dispatch_copies=dispatch_copies,
+        moe_gemm_act_bytes=moe_act[0],
+        moe_kernel_act_bytes=moe_act[1],
+        moe_layers=(layers - min(a("first_k_dense_replace"), spec.num_hidden_layers)) if experts else 0,
         mla_flops_per_pair=mla_flops_per_pair,
         mla_decode_flops_per_pair=mla_decode_flops_per_pair,
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one

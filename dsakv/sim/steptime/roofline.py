@@ -310,7 +310,12 @@ class RooflineStepTime:
         bw = r.bw
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
-        moe_s = larger(moe_flops / r.moe_rate, moe_bytes / self._expert_bw(moe_tokens))
+        # the fused MoE's activations (fact 43): the grouped GEMMs' beside their weights, the elementwise kernels' apart
+        act_rows = moe_tokens * r.moe_layers
+        gemm_act, kernel_act = act_rows * r.moe_gemm_act_bytes, act_rows * r.moe_kernel_act_bytes
+        moe_s = (
+            larger(moe_flops / r.moe_rate, moe_bytes / self._expert_bw(moe_tokens) + gemm_act / bw) + kernel_act / bw
+        )
         idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
         write_s = write_bytes / bw
         coll_s = coll_bytes / r.link_bw + coll_count * g.link_latency_s
@@ -344,7 +349,8 @@ class RooflineStepTime:
         if mha_flops is not None:
             mla_flops = mla_flops + mha_flops
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {"linear": r.lin_bytes, "moe": moe_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
+        nbytes = {"linear": r.lin_bytes, "moe": moe_bytes + gemm_act + kernel_act, "sparse_mla": mla_bytes}
+        nbytes["indexer"] = idx_bytes
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
@@ -515,7 +521,15 @@ class RooflineStepTime:
         lin_flops = n_dec * r.mtp.attn_flops + rows * r.mtp.mlp_flops + n_dec * r.linear.lm_head_flops_per_row
         linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
-        moe_s = max(rows * r.mtp.expert_flops_per_token / r.moe_rate, expert_bytes / self._expert_bw(rows))
+        moe_s = 0.0
+        if r.mtp.expert_bytes:
+            moe_s = (
+                max(
+                    rows * r.mtp.expert_flops_per_token / r.moe_rate,
+                    expert_bytes / self._expert_bw(rows) + rows * r.moe_gemm_act_bytes / bw,
+                )
+                + rows * r.moe_kernel_act_bytes / bw
+            )
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
         if self.runs_tilelang:  # one layer's decode call at TileLang's line (fact 40)
