@@ -349,8 +349,12 @@ class RooflineStepTime:
         if mha_flops is not None:
             mla_flops = mla_flops + mha_flops
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {"linear": r.lin_bytes, "moe": moe_bytes + gemm_act + kernel_act, "sparse_mla": mla_bytes}
-        nbytes["indexer"] = idx_bytes
+        nbytes = {
+            "linear": r.lin_bytes,
+            "moe": moe_bytes + gemm_act + kernel_act,
+            "sparse_mla": mla_bytes,
+            "indexer": idx_bytes,
+        }
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
