@@ -565,8 +565,9 @@ def engine_moe_a2a(anchor: dict) -> tuple[str, int]:
 
 
 # The environment variables a row's source sets that change what the replay prices (``env`` column, ``NAME=VALUE``
-# separated by spaces): vLLM's switches for DeepGEMM's grouped MoE GEMMs, 1 by default (``vllm/envs.py``); either at
-# 0 keeps the routed experts in Triton's fused MoE (``SimConfig.moe_deep_gemm``, docs/steptime.md fact 36).
+# separated by spaces): vLLM's switches for DeepGEMM's grouped MoE GEMMs. Unset, vLLM's tensor-parallel fp8 experts
+# run Triton's fused MoE on Hopper; set to 1 (and neither to 0), DeepGEMM's (``SimConfig.moe_deep_gemm``,
+# docs/steptime.md fact 36).
 ENGINE_ENV = ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM")
 
 
@@ -650,10 +651,12 @@ def engine_aiter(anchor: dict) -> bool:
 
 
 def engine_moe_deep_gemm(anchor: dict) -> bool:
-    """Whether the row's engine may run the routed experts in DeepGEMM's grouped GEMMs (``SimConfig.moe_deep_gemm``):
-    vLLM unless its source sets ``VLLM_USE_DEEP_GEMM=0`` or ``VLLM_MOE_USE_DEEP_GEMM=0`` (the step time applies
-    it to vLLM rows on Hopper only: ``kernels.vllm_deep_gemm_moe_min_tokens``)."""
-    return all(value == "1" for value in engine_env(anchor).values())
+    """Whether the row's engine runs the routed experts in DeepGEMM's grouped GEMMs (``SimConfig.moe_deep_gemm``):
+    where its source sets ``VLLM_USE_DEEP_GEMM=1`` or ``VLLM_MOE_USE_DEEP_GEMM=1`` and neither at 0 (the step time
+    applies it to vLLM rows on Hopper only: ``kernels.vllm_deep_gemm_moe_min_tokens``; unset, vLLM's tensor-parallel
+    experts run Triton's fused MoE)."""
+    env = engine_env(anchor)
+    return bool(env) and all(value == "1" for value in env.values())
 
 
 def accept_of(anchor: dict) -> float | tuple[float, ...]:

@@ -145,11 +145,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "SGLang did for GLM-5 on Blackwell from 2026-02-10 to 2026-06-03 (step time, docs/steptime.md fact 24)",
     )
     m.add_argument(
-        "--no-moe-deep-gemm",
+        "--moe-deep-gemm",
         action="store_true",
-        help="keep the routed experts in the engine's default fused MoE at every step size, as vLLM with "
-        "VLLM_MOE_USE_DEEP_GEMM=0 does (by default vLLM on Hopper runs them in DeepGEMM's grouped GEMMs from 121 "
-        "tokens a step; step time, docs/steptime.md fact 36)",
+        help="run vLLM's routed experts in DeepGEMM's grouped GEMMs at every step size, as vLLM on Hopper launched "
+        "with VLLM_MOE_USE_DEEP_GEMM=1 does (by default its tensor-parallel fp8 experts stay in Triton's fused MoE; "
+        "step time, docs/steptime.md fact 36)",
     )
     m.add_argument(
         "--no-moe-trtllm",
@@ -445,7 +445,6 @@ def build_config(args: argparse.Namespace) -> tuple[SimConfig, Source]:
         spec_overlap=not args.no_spec_overlap,
         prefill_graph=not args.no_prefill_graph,
         dense_short_prefill=not args.no_dense_short_prefill,
-        moe_deep_gemm=not args.no_moe_deep_gemm,
         moe_trtllm=not args.no_moe_trtllm,
         aiter=not args.no_aiter,
         store_bytes=_store_bytes(args),

@@ -81,9 +81,9 @@ class SimConfig:
     does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
-    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: False keeps the
-    routed experts in the engine's default MoE kernel at every step size, where vLLM runs DeepGEMM's grouped GEMMs
-    from 121 tokens a step (``kernels.vllm_deep_gemm_moe_min_tokens``; ``VLLM_MOE_USE_DEEP_GEMM=0``).
+    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: True runs vLLM's routed
+    experts in DeepGEMM's grouped GEMMs at every step size, as its launch with ``VLLM_MOE_USE_DEEP_GEMM=1`` does on
+    Hopper; by default (False) they stay in Triton's fused MoE (``kernels.vllm_deep_gemm_moe_min_tokens``).
     ``moe_trtllm``: False keeps the routed experts out of TensorRT-LLM's fused MoE, where SGLang on Blackwell runs
     a DeepSeek-family model's fp8 experts in it without an all-to-all (``kernels.sglang_trtllm_moe``; another
     ``--moe-runner-backend``, or a build before SGLang chose it). ``aiter``: False prices SGLang on CDNA 4 without AITER's
@@ -133,7 +133,7 @@ class SimConfig:
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
-    moe_deep_gemm: bool = True  # False: vLLM's VLLM_MOE_USE_DEEP_GEMM=0 (Triton's fused MoE at every step size)
+    moe_deep_gemm: bool = False  # True: vLLM's VLLM_MOE_USE_DEEP_GEMM=1 (DeepGEMM's grouped GEMMs at every step size)
     moe_trtllm: bool = True  # False: SGLang on Blackwell with another --moe-runner-backend than flashinfer_trtllm
     aiter: bool = True  # False: SGLang on CDNA 4 without AITER's kernels (SGLANG_USE_AITER=0)
     indexer_pattern: str | None = (

@@ -306,13 +306,15 @@ def test_heldout_rows_record_only_the_settings_their_sources_name(calibrate, rep
     assert calibrate.range_ratio_of(rows["dsexp-sgl-b200-tp8-mtp3-c1"]) == 1.0
 
 
-def test_the_env_column_turns_vllms_deepgemm_experts_off(calibrate, repo_dir):
-    # vLLM runs the routed experts in DeepGEMM's grouped GEMMs from 128 tokens a step unless the source sets
-    # VLLM_USE_DEEP_GEMM=0 or VLLM_MOE_USE_DEEP_GEMM=0 (the vLLM recipe's H20 run does); SGLang rows never do.
+def test_the_env_column_turns_vllms_deepgemm_experts_on(calibrate, repo_dir):
+    # vLLM keeps its tensor-parallel fp8 experts in Triton's fused MoE on Hopper unless the source sets DeepGEMM's
+    # switch to 1 (fact 36); a 0 keeps them there too (the vLLM recipe's H20 run sets VLLM_MOE_USE_DEEP_GEMM=0).
     assert calibrate.engine_env({"id": "x", "env": ""}) == {}
     assert calibrate.engine_env({"id": "x", "env": "VLLM_MOE_USE_DEEP_GEMM=0"}) == {"VLLM_MOE_USE_DEEP_GEMM": "0"}
-    assert calibrate.engine_moe_deep_gemm({"id": "x"}) is True
+    assert calibrate.engine_moe_deep_gemm({"id": "x"}) is False
     assert calibrate.engine_moe_deep_gemm({"id": "x", "env": "VLLM_USE_DEEP_GEMM=0"}) is False
+    assert calibrate.engine_moe_deep_gemm({"id": "x", "env": "VLLM_MOE_USE_DEEP_GEMM=1"}) is True
+    assert calibrate.engine_moe_deep_gemm({"id": "x", "env": "VLLM_MOE_USE_DEEP_GEMM=1 VLLM_USE_DEEP_GEMM=0"}) is False
     for bad in ("VLLM_MOE_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM=2", "CUDA_VISIBLE_DEVICES=0"):
         with pytest.raises(calibrate.DsakvError, match=rf"^anchor x: env = '{bad}': must be NAME=0 or NAME=1"):
             calibrate.engine_env({"id": "x", "env": bad})
@@ -320,7 +322,7 @@ def test_the_env_column_turns_vllms_deepgemm_experts_off(calibrate, repo_dir):
     assert [a["id"] for a in rows.values() if a.get("env")] == ["ds-vllm-tp8-h20-2k1k-r10"]
     step = lambda a: calibrate.build_setup(calibrate.sim_config(a)).step_time  # noqa: E731
     assert step(rows["ds-vllm-tp8-h20-2k1k-r10"]).moe_deep_gemm_min_tokens == 0
-    assert step(rows["glm52-vllm-tp8-8k1k-c512"]).moe_deep_gemm_min_tokens == 121
+    assert step(rows["glm52-vllm-tp8-8k1k-c512"]).moe_deep_gemm_min_tokens == 0
     assert step(rows["glm52-sgl-h200-tp8-mtp5-8k1k-c1"]).moe_deep_gemm_min_tokens == 0
 
 

@@ -44,9 +44,7 @@ from dsakv.sim.steptime.kernels import (
     TRTLLM_MOE_B300_MXFP8_MS,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
-    vllm_cudagraph_capture_sizes,
     vllm_deep_gemm_moe_min_tokens,
-    vllm_padded_min_tokens,
 )
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
@@ -386,59 +384,57 @@ def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
     hbm = tp.gpu.hbm_bytes_per_s
     assert tp.rank.expert_bw == pytest.approx(hbm * tp.bw_eff)
     assert a2a.rank.expert_bw == pytest.approx(hbm * GEMM_STREAM_EFF) and GEMM_STREAM_EFF > a2a.bw_eff
+    weights = []
     for st in (tp, a2a):
         c = st.cost([], [4096] * 16)  # 128 tokens reach the MoE: every expert byte-bound
         gemm_act, kernel_act = fused_moe_activation_bytes(st, 128, moe_layers(st))
-        weights = c.bytes["moe"] - gemm_act - kernel_act
-        assert c.seconds["moe"] == pytest.approx(weights / st.rank.expert_bw + (gemm_act + kernel_act) / st.rank.bw)
+        weights.append(c.bytes["moe"] - gemm_act - kernel_act)
+        assert c.seconds["moe"] == pytest.approx(weights[-1] / st.rank.expert_bw + (gemm_act + kernel_act) / st.rank.bw)
         assert c.seconds["moe"] > c.flops["moe"] / st.rank.moe_rate
-    assert a2a.cost([], [4096] * 16).bytes["moe"] == pytest.approx(tp.cost([], [4096] * 16).bytes["moe"])
+    assert weights[1] == pytest.approx(weights[0])  # the same experts' weights; DeepEP's own activations (fact 43)
 
 
-def test_vllm_runs_the_experts_in_deepgemm_from_121_tokens_a_step(glm52):
-    # Fact 36: vLLM's TritonOrDeepGemmExperts takes DeepGEMM's grouped GEMMs once the step brings DeepGEMM's M
-    # alignment (128) of rows, Triton's fused MoE below; SGLang's automatic runner only under DeepEP.
+def test_vllm_runs_its_tensor_parallel_experts_in_triton_unless_deepgemm_is_switched_on(glm52):
+    # Fact 36: vLLM's fp8 block-quantised MoE on Hopper under tensor parallelism runs Triton's fused MoE at every step
+    # size (v0.13.0: DeepGEMM's MoE off at TP >= 8 unless VLLM_MOE_USE_DEEP_GEMM is set; the oracle of v0.18.0:
+    # Triton first without expert parallelism); with the switch set, DeepGEMM at every step size (E8M0 on SM90).
     assert DEEPGEMM_MOE_M_ALIGNMENT == 128
-    # a step of up to 512 tokens runs padded to vLLM's next CUDA-graph capture size: 120 stays 120, 121 becomes 128
-    sizes = vllm_cudagraph_capture_sizes()
-    assert sizes[:4] == [1, 2, 4, 8] and 120 in sizes and 128 in sizes and not set(range(121, 128)) & set(sizes)
-    assert sizes[-1] == 512 and vllm_padded_min_tokens(128) == 121 and vllm_padded_min_tokens(1) == 1
-    assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 121
+    assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 1
     for args in (
+        ("hopper", "mixed", "fp8", False),  # vLLM's default: Triton
         ("hopper", "prefill_first", "fp8", True),  # SGLang: Triton under the all-reduce
-        ("hopper", "mixed", "fp8", False),  # VLLM_MOE_USE_DEEP_GEMM=0
         ("hopper", "mixed", "bf16", True),  # DeepGEMM's grouped GEMMs take fp8 block weights
         ("blackwell", "mixed", "fp8", True),  # vLLM's Blackwell MoE choices: not modelled
     ):
         assert vllm_deep_gemm_moe_min_tokens(*args) == 0, args
-    vllm = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=121)
+    vllm = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=1)
     base = RooflineStepTime(glm52, weight_dtype="fp8")
     hbm = vllm.gpu.hbm_bytes_per_s
     assert vllm.rank.deep_gemm_bw == pytest.approx(hbm * GEMM_STREAM_EFF)
-    below, at = vllm.cost([], [4096] * 120), vllm.cost([], [4096] * 121)  # 120 / 121 tokens reach the MoE
-    assert below.seconds["moe"] == pytest.approx(below.bytes["moe"] / (hbm * vllm.bw_eff))
-    act = sum(fused_moe_activation_bytes(vllm, 121, moe_layers(vllm)))  # the activations stay at bw_eff (fact 43)
-    assert at.seconds["moe"] == pytest.approx((at.bytes["moe"] - act) / (hbm * GEMM_STREAM_EFF) + act / vllm.rank.bw)
-    assert at.seconds["moe"] > at.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
-    assert base.cost([], [4096] * 121).seconds["moe"] == pytest.approx(at.bytes["moe"] / (hbm * base.bw_eff))
+    layers = moe_layers(vllm)
+    for decodes in (1, 16, 120):
+        on, off = vllm.cost([], [4096] * decodes), base.cost([], [4096] * decodes)
+        gemm_act, kernel_act = fused_moe_activation_bytes(vllm, decodes, layers)
+        weights = on.bytes["moe"] - gemm_act - kernel_act
+        assert weights == pytest.approx(off.bytes["moe"] - sum(fused_moe_activation_bytes(base, decodes, layers)))
+        streamed = weights / (hbm * GEMM_STREAM_EFF) + gemm_act / vllm.rank.bw
+        assert on.seconds["moe"] == pytest.approx(streamed + kernel_act / vllm.rank.bw)
+        assert streamed > on.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
     # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count
     k3 = dict(weight_dtype="fp8", num_speculative_tokens=3)
-    on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=121, **k3), RooflineStepTime(glm52, **k3)
-    assert on.cost([], [4096] * 16).seconds["mtp_draft"] == pytest.approx(
-        off.cost([], [4096] * 16).seconds["mtp_draft"]
-    )
-    assert on.cost([], [4096] * 128).seconds["mtp_draft"] < off.cost([], [4096] * 128).seconds["mtp_draft"]
+    on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=1, **k3), RooflineStepTime(glm52, **k3)
+    assert on.cost([], [4096] * 16).seconds["mtp_draft"] < off.cost([], [4096] * 16).seconds["mtp_draft"]
     for bad in (-1, True, 1.5):
         with pytest.raises(DsakvError, match=r"^step time moe_deep_gemm_min_tokens = .*: must be an integer >= 0"):
             RooflineStepTime(glm52, moe_deep_gemm_min_tokens=bad)
 
 
-def test_build_setup_gives_vllm_rows_deepgemms_experts_unless_turned_off():
+def test_build_setup_gives_vllm_rows_deepgemms_experts_only_when_switched_on():
     hopper = GpuSetting(gpu="H200", num_gpus=8, weight_dtype="fp8")
     vllm = SimConfig(model="glm-5", gpu=hopper, schedule_policy="mixed")
-    assert build_setup(vllm).step_time.moe_deep_gemm_min_tokens == 121
-    assert build_setup(dataclasses.replace(vllm, moe_deep_gemm=False)).step_time.moe_deep_gemm_min_tokens == 0
-    sglang = SimConfig(model="glm-5", gpu=hopper, schedule_policy="prefill_first")
+    assert build_setup(vllm).step_time.moe_deep_gemm_min_tokens == 0
+    assert build_setup(dataclasses.replace(vllm, moe_deep_gemm=True)).step_time.moe_deep_gemm_min_tokens == 1
+    sglang = SimConfig(model="glm-5", gpu=hopper, schedule_policy="prefill_first", moe_deep_gemm=True)
     assert build_setup(sglang).step_time.moe_deep_gemm_min_tokens == 0
     with pytest.raises(DsakvError, match=r"^moe_deep_gemm = 0: must be True or False$"):
         SimConfig(moe_deep_gemm=0)
@@ -514,6 +510,34 @@ def test_sglang_runs_fp8_experts_on_blackwell_in_trtllms_fused_moe(glm52):
     assert trt.rank.trtllm_moe_bw == pytest.approx(hbm * TRTLLM_MOE_STREAM_EFF)
     _check_decode_experts_stream_at(trt, base, TRTLLM_MOE_STREAM_EFF)
     _check_engine_kernel_switch(glm52, "moe_trtllm", "B200", r"TensorRT-LLM's fused MoE runs on Blackwell .* H200")
+
+
+def test_each_moe_path_moves_its_own_activations(glm52):
+    # Fact 43, counted from each path's code: per (token, expert) pair SGLang's Triton fused MoE moves 5h + 14I bytes
+    # (fp8), TensorRT-LLM's fp8 block-scale MoE 5h + 6I (fp8 gate / up outputs, one activation kernel), DeepGEMM under
+    # DeepEP 3h + 10I on a decode step (low-latency: DeepEP's buffer read in place, a fused SiLU-and-mul-quantise,
+    # DeepEP's combine sums) and 6h + 14I on an extend step (normal: ep_scatter's copy, two kernels, ep_gather).
+    h, width = 6144, 2048  # GLM-5.2
+    b200 = gpu_kind("B200")
+    deepep = RooflineStepTime(glm52, weight_dtype="fp8", dp_attention=8, ep=8, moe_a2a="deepep")
+    cases = [
+        (RooflineStepTime(glm52, weight_dtype="fp8"), False, 5 * h + 14 * width // 8),
+        (RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8", moe_trtllm=True), False, 5 * h + 6 * width // 8),
+        (deepep, False, 3 * h + 10 * width),
+        (deepep, True, 6 * h + 14 * width),
+    ]
+    for st, extend, per_pair in cases:
+        layers = moe_layers(st)
+        c = st.cost([(512, 0)], []) if extend else st.cost([], [4096] * 16)
+        tokens = (512 if extend else 16) * st.dp_attention
+        act = c.bytes["moe"] - st.rank.linear.expert_bytes * st._touched(tokens)
+        assert act == pytest.approx(sum(fused_moe_activation_bytes(st, tokens, layers, extend)))
+        per_token = act / layers / tokens
+        pairs = 8 / st.ep
+        if st.moe_a2a == "deepep" and not extend:
+            assert per_token == pytest.approx(pairs * per_pair)  # nothing a token outside DeepEP's kernels
+        else:  # a token's own rows: 5h (quantisation, the sum); DeepEP's normal mode per received copy and own row
+            assert per_token > pairs * per_pair
 
 
 def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:

@@ -12,7 +12,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from dsakv.errors import DsakvError
 from dsakv.planner.gpus import gpu_kind
@@ -173,10 +173,11 @@ class RankFigures:
     lin_bytes: float  # attention + MLP + lm_head weight bytes read once per step
     expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
     dispatch_copies: float  # EP ranks other than its own one token reaches in DeepEP's normal (extend) dispatch
-    # the fused MoE's activations (fact 43), per token through one MoE layer: what its two grouped GEMMs read and
-    # write beside their weights, and what its elementwise kernels move (activation, quantisation, top-k sum)
-    moe_gemm_act_bytes: float
-    moe_kernel_act_bytes: float
+    # the fused MoE's activations (fact 43), per token through one MoE layer: on a decode step, an extend step (they
+    # differ under DeepEP: its low-latency and normal modes), a step in vLLM's DeepGEMM experts
+    moe_act: MoeActivation
+    moe_act_extend: MoeActivation
+    moe_act_deep_gemm: MoeActivation
     moe_layers: int  # layers with routed experts (MTP cache layers included)
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
@@ -309,33 +310,86 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     return deep_gemm_bw, deep_gemm_bw, dispatch_copies
 
 
-def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[float, float]:
-    """(the grouped GEMMs' activation bytes, the elementwise kernels' bytes) per token through one MoE layer of
-    ``model``'s rank (fact 43): SGLang's fused MoE (``fused_experts_impl``) gathers each (token, expert) pair's
-    input row into the gate / up GEMM (``hidden`` x the activation's bytes: fp8 under fp8 weights, quantised once
-    per token beforehand), writes the pair's ``2 I`` gate / up outputs in bf16 (``intermediate_cache1``), the
-    SiLU-and-mul kernel reads them and writes ``I`` (``intermediate_cache2``), an fp8 checkpoint quantises them
-    per token group (read ``2 I``, write ``I``), the down GEMM reads them and writes the pair's ``hidden`` outputs
-    in bf16 (``intermediate_cache3``), and the top-k sum reads those and writes one row per token. ``I`` is the
-    rank's slice of an expert's intermediate width (``moe_intermediate_size x ep / tp``); a rank computes
-    ``top-k / ep`` of a token's pairs (its own experts' share). AITER's fused MoE (``aiter``) is priced from its
-    measured lines, which include this traffic: none there."""
+class MoeActivation(NamedTuple):
+    """The fused MoE's activation bytes per token through one MoE layer of a rank (fact 43): what its grouped GEMMs
+    read and write beside their weights (``gemm``: priced in their roofline) and what the kernels around them move
+    (``kernels``: gathers and scatters, the activation, quantisation, the top-k sum; priced apart)."""
+
+    gemm: float
+    kernels: float
+
+
+def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[MoeActivation, MoeActivation, MoeActivation]:
+    """The activation bytes (``MoeActivation``) per token through one MoE layer of ``model``'s rank, for (a decode
+    step, an extend step, a step vLLM runs in DeepGEMM's grouped GEMMs: ``moe_deep_gemm_min_tokens``), counted tensor
+    by tensor from each kernel path's code (docs/steptime.md, fact 43; fp32 scales and index metadata left out).
+    ``h`` is the hidden width, ``I`` the rank's slice of an expert's intermediate width (``moe_intermediate_size x ep
+    / tp``), ``x`` the GEMMs' input bytes (1 under fp8 weights: quantised per token group first, else 2); a rank
+    computes ``top-k / ep`` of a token's pairs (its own experts' share).
+
+    * SGLang's Triton fused MoE (``fused_experts_impl``): a pair's gathered input row (``h x``), its gate / up outputs
+      (``2I`` bf16, ``intermediate_cache1``), SiLU-and-mul's read of them and ``I`` bf16 write, an fp8 checkpoint's
+      quantisation (read ``2I``, write ``I``), the down GEMM's read (``I x``) and ``h`` bf16 outputs
+      (``intermediate_cache3``), the top-k sum's read of them; a token's input quantisation (read ``2h``, write
+      ``h``) and summed row (``2h``): ``5h + 14I`` a pair, ``5h`` a token under fp8.
+    * TensorRT-LLM's fp8 block-scale fused MoE (``moe_trtllm``; FlashInfer ``Fp8BlockScaleLauncher`` and
+      ``MoE::Runner::run``): the gate / up GEMM gathers the input rows and writes fp8 (``2I``), one kernel
+      (``activationDeepSeekKernel``) reads them and writes the fp8 product (``I``), the down GEMM writes ``2h`` bf16 a
+      pair and ``finalizeKernel`` sums them into the token's row: ``5h + 6I`` a pair, ``5h`` a token.
+    * DeepEP with DeepGEMM (``moe_a2a`` deepep; SGLang's ``DeepGemmRunnerCore``): the dispatch delivers fp8 rows. A
+      decode step (low-latency mode, the masked layout) reads DeepEP's buffer in place, writes ``2I`` bf16, one fused
+      SiLU-and-mul-quantise kernel writes ``I`` fp8, the down GEMM ``2h`` bf16, and DeepEP's combine sums them:
+      ``3h + 10I`` a pair, nothing a token. An extend step (normal mode, the contiguous layout) copies each pair's
+      row into the expert's segment (``ep_scatter``), runs SiLU-and-mul and the quantisation as two kernels, and
+      ``ep_gather`` weights and sums a received token's pairs: ``6h + 14I`` a pair, ``3h`` (read, write the
+      gather's row) per received copy (``normal_dispatch_ranks`` of them a token) and ``3h`` per own token (its
+      quantisation before the dispatch). DeepGEMM's alignment rows are not counted.
+    * vLLM's DeepGEMM experts (``moe_deep_gemm_min_tokens``: a launch with its switch set; ``DeepGemmExperts``,
+      v0.18.0): the token's quantisation, ``ep_scatter``'s read of its row and write of each pair's copy, the gate /
+      up GEMM's ``2I`` bf16 outputs, one fused SiLU-and-mul-quantise kernel (``I`` fp8), the down GEMM's ``2h``,
+      ``ep_gather``'s weighted sum: ``6h + 10I`` a pair, ``6h`` a token. The rows that pad each expert's segment to
+      ``DEEPGEMM_MOE_M_ALIGNMENT`` are not counted (known gap: no row on file sets the switch).
+
+    AITER's fused MoE (``aiter``) is priced from its measured lines, which include this traffic: zero there."""
     a = model.layout.spec.arch_value
     experts = a("n_routed_experts")
+    zero = MoeActivation(0.0, 0.0)
     if not experts or model.aiter:
-        return 0.0, 0.0
-    h, act = a("hidden_size"), 2  # bf16 intermediates
+        return zero, zero, zero
+    h, bf = a("hidden_size"), 2  # bf16 intermediates
     width = a("moe_intermediate_size") * model.ep / model.tp
     pairs = a("num_experts_per_tok") / model.ep
     fp8 = dtype == "fp8"
-    a_in = 1 if fp8 else act  # what the GEMMs read as their input rows
-    gemm = pairs * (h * a_in + 2 * width * act + width * a_in + h * act)
-    per_pair = 2 * width * act + width * act  # SiLU-and-mul: read the gate / up outputs, write the product
+    x = 1 if fp8 else bf
+    quant = h * bf + h if fp8 else 0  # a token's input quantisation: read bf16, write fp8
+    if model.moe_trtllm:  # fp8 only (``sglang_trtllm_moe``)
+        gemm = pairs * (h + 2 * width + width + h * bf)
+        kernels = pairs * (2 * width + width + h * bf) + h * bf + quant
+        act = MoeActivation(gemm, kernels)
+        return act, act, zero
+    if model.moe_a2a == "deepep":
+        gemm = pairs * (h * x + 2 * width * bf + width * x + h * bf)
+        low_latency = MoeActivation(gemm, pairs * (2 * width * bf + width * x))
+        ranks = normal_dispatch_ranks(
+            experts, a("num_experts_per_tok"), a("n_group") or 1, a("topk_group") or 1, model.ep
+        )
+        silu_quant = 2 * width * bf + width * bf + ((width * bf + width) if fp8 else 0)
+        per_pair = h * x + silu_quant + h * bf  # the scatter's write, the two kernels, the gather's read
+        received = ranks / model.ep * (h * x + h * bf)  # the scatter's read of a received row, the gather's write
+        normal = MoeActivation(gemm, pairs * per_pair + received + quant / model.ep)
+        return low_latency, normal, zero
+    gemm = pairs * (h * x + 2 * width * bf + width * x + h * bf)
+    per_pair = 2 * width * bf + width * bf + h * bf  # SiLU-and-mul, the top-k sum's read
     if fp8:
-        per_pair += width * act + width  # the product's quantisation
-    per_pair += h * act  # the top-k sum reads each pair's output
-    per_token = h * act + (h * act + h if fp8 else 0)  # the sum's output row; the input's quantisation
-    return gemm, pairs * per_pair + per_token
+        per_pair += width * bf + width  # the product's quantisation
+    triton = MoeActivation(gemm, pairs * per_pair + h * bf + quant)
+    deep_gemm = zero
+    if model.moe_deep_gemm_min_tokens:  # fp8 only (``vllm_deep_gemm_moe_min_tokens``)
+        deep_gemm = MoeActivation(
+            pairs * (h + 2 * width * bf + width + h * bf),
+            pairs * (h + 2 * width * bf + width + h * bf) + h + h * bf + quant,  # scatter, SiLU-quantise, gather
+        )
+    return triton, triton, deep_gemm
 
 
 def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:
@@ -398,8 +452,9 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         dispatch_copies=dispatch_copies,
-        moe_gemm_act_bytes=moe_act[0],
-        moe_kernel_act_bytes=moe_act[1],
+        moe_act=moe_act[0],
+        moe_act_extend=moe_act[1],
+        moe_act_deep_gemm=moe_act[2],
         moe_layers=(layers - min(a("first_k_dense_replace"), spec.num_hidden_layers)) if experts else 0,
         mla_flops_per_pair=mla_flops_per_pair,
         mla_decode_flops_per_pair=mla_decode_flops_per_pair,

@@ -448,41 +448,28 @@ def trtllm_gen_mla_heads(heads: float) -> int:
     return -(-heads // TRTLLM_GEN_MLA_HEAD_TILE) * TRTLLM_GEN_MLA_HEAD_TILE
 
 
-# DeepGEMM's M alignment for its contiguous grouped layout (``get_mk_alignment_for_contiguous_layout()[0]``, BLOCK_M):
-# vLLM's ``TritonOrDeepGemmExperts`` runs a step's routed experts in DeepGEMM's grouped GEMMs only when the step
-# brings at least this many tokens (``deep_gemm_moe._valid_deep_gemm_shape``: ``align <= M``), Triton's fused MoE below.
+# DeepGEMM's M alignment for its contiguous grouped layout (``get_mk_alignment_for_contiguous_layout()[0]``,
+# BLOCK_M): each expert's segment of the permuted rows starts at a multiple of it. vLLM sizes the layout without the
+# experts' counts on the host (``compute_aligned_M``: round_up(M x top-k + local experts x (align - 1), align)), and
+# DeepGEMM's SM90 kernels load and store every row of a segment's last block (they skip only its math).
 DEEPGEMM_MOE_M_ALIGNMENT = 128
-# vLLM's largest default CUDA-graph capture size (``max_cudagraph_capture_size``: min(max_num_seqs x 2, 512); the
-# default max_num_seqs is 1,024 on GPUs of >= 70 GiB).
-VLLM_MAX_CUDAGRAPH_CAPTURE_SIZE = 512
-
-
-def vllm_cudagraph_capture_sizes(largest: int = VLLM_MAX_CUDAGRAPH_CAPTURE_SIZE) -> list[int]:
-    """vLLM's default CUDA-graph capture sizes (``VllmConfig._set_cudagraph_sizes``): [1, 2, 4], then every 8 below
-    256, then every 16 up to ``largest``. A step of up to ``largest`` tokens runs padded to the next of them."""
-    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
-
-
-def vllm_padded_min_tokens(m: int) -> int:
-    """The fewest tokens a vLLM step can hold for its layers to see at least ``m`` rows: one more than the largest
-    capture size below ``m`` (a step of up to the largest capture size runs padded to the next size; above it the
-    step's own count, which is then above ``m``). 121 for DeepGEMM's 128: 120 tokens pad to 120, 121 to 128."""
-    below = [size for size in vllm_cudagraph_capture_sizes() if size < m]
-    return (max(below) + 1) if below else 1
 
 
 def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype: str, moe_deep_gemm: bool) -> int:
     """The step's MoE tokens at or above which the engine runs the routed experts in DeepGEMM's grouped GEMMs, their
     weights streaming at DeepGEMM's rate (``GEMM_STREAM_EFF``); 0: never (Triton's fused MoE, the fitted ``bw_eff``).
-    vLLM (the ``mixed`` policy) on Hopper with fp8 block-quantised experts: ``Fp8MoEMethod`` allows DeepGEMM when
-    ``VLLM_USE_DEEP_GEMM`` and ``VLLM_MOE_USE_DEEP_GEMM`` (both default 1; ``moe_deep_gemm`` False stands for
-    ``VLLM_MOE_USE_DEEP_GEMM=0``) and ``TritonOrDeepGemmExperts`` takes it from ``DEEPGEMM_MOE_M_ALIGNMENT`` rows on,
-    which a step reaches from 121 tokens: its CUDA graph pads it to the next capture size (``vllm_padded_min_tokens``).
+    vLLM (the ``mixed`` policy) on Hopper with fp8 block-quantised experts under tensor parallelism runs Triton's
+    fused MoE at every step size unless its launch sets DeepGEMM's switch (``moe_deep_gemm``): v0.13.0's
+    ``get_fp8_moe_backend`` (``quantization/fp8.py``) turns DeepGEMM's MoE off at TP 8 and more unless
+    ``VLLM_MOE_USE_DEEP_GEMM`` is set, and from the MoE oracle on (v0.18.0 ``fused_moe/oracle/fp8.py``,
+    ``_get_priority_backends``) Triton comes first on SM90 without expert parallelism unless ``VLLM_USE_DEEP_GEMM``
+    or ``VLLM_MOE_USE_DEEP_GEMM`` is set. Set, DeepGEMM runs at every step size: ``is_deep_gemm_e8m0_used()`` holds
+    on SM90 (its only check is DeepGEMM's support), which takes DeepGEMM before the ``M >= 128`` shape test; 1 then.
     SGLang's automatic MoE runner uses DeepGEMM only under an all-to-all backend (``is_deepgemm_moe_runner_backend_
     enabled`` at 06ad7b2b0: DeepEP, Mooncake, NIXL), which the step time prices by ``moe_a2a``. Blackwell (vLLM's
     FlashInfer / CUTLASS MoE choices) is not modelled: no vLLM Blackwell row is on file. docs/steptime.md, fact 36."""
     on = schedule_policy == "mixed" and arch == "hopper" and weight_dtype == "fp8" and moe_deep_gemm
-    return vllm_padded_min_tokens(DEEPGEMM_MOE_M_ALIGNMENT) if on else 0
+    return 1 if on else 0
 
 
 def sglang_trtllm_moe(arch: str, schedule_policy: str, weight_dtype: str, moe_a2a: str, moe_trtllm: bool) -> bool:

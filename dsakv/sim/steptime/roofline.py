@@ -16,7 +16,7 @@ from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
-from dsakv.sim.steptime.figures import RankFigures, StepTerms, rank_figures, step_terms
+from dsakv.sim.steptime.figures import MoeActivation, RankFigures, StepTerms, rank_figures, step_terms
 from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
 from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF
 from dsakv.sim.steptime.sums import StepSums, batch_sums
@@ -311,8 +311,8 @@ class RooflineStepTime:
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
         # the fused MoE's activations (fact 43): the grouped GEMMs' beside their weights, the elementwise kernels' apart
-        act_rows = moe_tokens * r.moe_layers
-        gemm_act, kernel_act = act_rows * r.moe_gemm_act_bytes, act_rows * r.moe_kernel_act_bytes
+        act = self._moe_activation(moe_tokens, extend=s.pf_chunks > 0)
+        gemm_act, kernel_act = moe_tokens * r.moe_layers * act.gemm, moe_tokens * r.moe_layers * act.kernels
         moe_s = (
             larger(moe_flops / r.moe_rate, moe_bytes / self._expert_bw(moe_tokens) + gemm_act / bw) + kernel_act / bw
         )
@@ -505,6 +505,15 @@ class RooflineStepTime:
             return self.rank.deep_gemm_bw
         return self.rank.expert_bw
 
+    def _moe_activation(self, moe_tokens: int, extend: bool) -> MoeActivation:
+        """The fused MoE's activation bytes per token and MoE layer (fact 43) of a step with ``moe_tokens`` through
+        the MoE: vLLM's DeepGEMM experts' from their M alignment (``_expert_bw``'s rule), DeepEP's normal mode's on
+        an ``extend`` step, else the step's kernel path's (``rank.moe_act``)."""
+        r = self.rank
+        if self.moe_deep_gemm_min_tokens and moe_tokens >= self.moe_deep_gemm_min_tokens:
+            return r.moe_act_deep_gemm
+        return r.moe_act_extend if extend else r.moe_act
+
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
         """The draft steps: ``num_speculative_tokens - 1`` passes of the MTP layer over the decodes (SGLang's EAGLE
         ``draft_forward`` stops before its last step; vLLM's proposer runs k - 1 more after its first); the k-th
@@ -527,12 +536,13 @@ class RooflineStepTime:
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
         moe_s = 0.0
         if r.mtp.expert_bytes:
+            act = self._moe_activation(rows, extend=False)
             moe_s = (
                 max(
                     rows * r.mtp.expert_flops_per_token / r.moe_rate,
-                    expert_bytes / self._expert_bw(rows) + rows * r.moe_gemm_act_bytes / bw,
+                    expert_bytes / self._expert_bw(rows) + rows * act.gemm / bw,
                 )
-                + rows * r.moe_kernel_act_bytes / bw
+                + rows * act.kernels / bw
             )
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
