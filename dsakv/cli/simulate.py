@@ -151,6 +151,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "with VLLM_MOE_USE_DEEP_GEMM=1 does (by default its tensor-parallel fp8 experts stay in Triton's fused MoE; "
         "step time, docs/steptime.md fact 36)",
     )
+    add_hidden_alias(m, "--no-moe-deep-gemm", "moe_deep_gemm", action="store_false")  # before fact 36's correction
     m.add_argument(
         "--no-moe-trtllm",
         action="store_true",

@@ -59,6 +59,8 @@ def test_engine_flags_reach_the_step_time_and_the_scheduler(capsys, trace):
     assert _step_time(base)["moe_deep_gemm_min_tokens"] == 0 and _step_time(sgl)["moe_deep_gemm_min_tokens"] == 0
     deep_gemm = _run(capsys, trace, "--moe-deep-gemm")
     assert _step_time(deep_gemm)["moe_deep_gemm_min_tokens"] == 1
+    old_spelling = _run(capsys, trace, "--no-moe-deep-gemm")  # a hidden alias of the default
+    assert _step_time(old_spelling)["moe_deep_gemm_min_tokens"] == 0
     # SGLang on Blackwell runs fp8 experts in TensorRT-LLM's fused MoE (fact 37) unless told otherwise
     b200 = ["--schedule-policy", "prefill_first", "--gpu", "B200", "--weight-dtype", "fp8"]
     assert _step_time(sgl)["moe_trtllm"] is False and _step_time(_run(capsys, trace, *b200))["moe_trtllm"] is True
