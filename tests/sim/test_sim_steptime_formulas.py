@@ -520,24 +520,20 @@ def test_each_moe_path_moves_its_own_activations(glm52):
     h, width = 6144, 2048  # GLM-5.2
     b200 = gpu_kind("B200")
     deepep = RooflineStepTime(glm52, weight_dtype="fp8", dp_attention=8, ep=8, moe_a2a="deepep")
-    cases = [
-        (RooflineStepTime(glm52, weight_dtype="fp8"), False, 5 * h + 14 * width // 8),
-        (RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8", moe_trtllm=True), False, 5 * h + 6 * width // 8),
-        (deepep, False, 3 * h + 10 * width),
-        (deepep, True, 6 * h + 14 * width),
+    ranks = deepep.rank.dispatch_copies * 8 / 7  # the EP ranks a token reaches in the normal dispatch, its own included
+    cases = [  # (model, extend, bytes a pair, bytes a token)
+        (RooflineStepTime(glm52, weight_dtype="fp8"), False, 5 * h + 14 * width // 8, 5 * h),
+        (RooflineStepTime(glm52, gpu=b200, weight_dtype="fp8", moe_trtllm=True), False, 5 * h + 6 * width // 8, 5 * h),
+        (deepep, False, 3 * h + 10 * width, 0),
+        (deepep, True, 6 * h + 14 * width, ranks / 8 * 3 * h + 3 * h / 8),
     ]
-    for st, extend, per_pair in cases:
+    for st, extend, per_pair, per_token in cases:
         layers = moe_layers(st)
         c = st.cost([(512, 0)], []) if extend else st.cost([], [4096] * 16)
         tokens = (512 if extend else 16) * st.dp_attention
         act = c.bytes["moe"] - st.rank.linear.expert_bytes * st._touched(tokens)
         assert act == pytest.approx(sum(fused_moe_activation_bytes(st, tokens, layers, extend)))
-        per_token = act / layers / tokens
-        pairs = 8 / st.ep
-        if st.moe_a2a == "deepep" and not extend:
-            assert per_token == pytest.approx(pairs * per_pair)  # nothing a token outside DeepEP's kernels
-        else:  # a token's own rows: 5h (quantisation, the sum); DeepEP's normal mode per received copy and own row
-            assert per_token > pairs * per_pair
+        assert act / layers / tokens == pytest.approx(8 / st.ep * per_pair + per_token)
 
 
 def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:
