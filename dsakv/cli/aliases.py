@@ -1,7 +1,7 @@
 """Old flag spellings kept as hidden aliases: ``--mtp`` for ``--num-speculative-tokens``, ``--indexer`` for
 ``--indexer-pattern``, ``--write-threshold`` for ``--hit-threshold``, ``--kv-events`` for
-``--kv-events-endpoint``, ``--kv-events-replay`` for ``--kv-events-replay-endpoint``, ``--no-moe-deep-gemm`` (the
-default since vLLM's tensor-parallel experts were found in Triton, docs/steptime.md fact 36) for no ``--moe-deep-gemm``. An alias parses to the
+``--kv-events-endpoint``, ``--kv-events-replay`` for ``--kv-events-replay-endpoint``, ``--no-moe-deep-gemm`` for
+leaving out ``--moe-deep-gemm`` (the default since docs/steptime.md fact 36's correction). An alias parses to the
 same destination as its flag and is left out of ``--help``; the library API keeps one name."""
 
 from __future__ import annotations

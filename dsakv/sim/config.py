@@ -81,9 +81,10 @@ class SimConfig:
     does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
-    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: True runs vLLM's routed
-    experts in DeepGEMM's grouped GEMMs at every step size, as its launch with ``VLLM_MOE_USE_DEEP_GEMM=1`` does on
-    Hopper; by default (False) they stay in Triton's fused MoE (``kernels.vllm_deep_gemm_moe_min_tokens``).
+    on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: True runs
+    vLLM's routed experts in DeepGEMM's grouped GEMMs at every step size, as its launch with
+    ``VLLM_MOE_USE_DEEP_GEMM=1`` does on Hopper; by default (False) they stay in Triton's fused MoE
+    (``kernels.vllm_deep_gemm_moe_min_tokens``).
     ``moe_trtllm``: False keeps the routed experts out of TensorRT-LLM's fused MoE, where SGLang on Blackwell runs
     a DeepSeek-family model's fp8 experts in it without an all-to-all (``kernels.sglang_trtllm_moe``; another
     ``--moe-runner-backend``, or a build before SGLang chose it). ``aiter``: False prices SGLang on CDNA 4 without AITER's

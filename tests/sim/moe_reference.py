@@ -36,12 +36,7 @@ def fused_moe_activation_bytes(
             ("quantise the input rows: write fp8", tokens * hidden),
         ]
     elif model.moe_deep_gemm_min_tokens and tokens >= model.moe_deep_gemm_min_tokens:  # vLLM's DeepGemmExperts
-        tensors_gemm = [
-            ("gemm1 reads each pair's fp8 copy", pairs * hidden),
-            ("gemm1 writes the gate / up outputs (bf16)", pairs * 2 * width * 2),
-            ("gemm2 reads the fp8 product", pairs * width),
-            ("gemm2 writes its outputs (bf16)", pairs * hidden * 2),
-        ]
+        tensors_gemm = _deep_gemm_tensors(pairs, hidden, width, x)
         tensors_kernels = [
             ("quantise the input rows: read bf16", tokens * hidden * 2),
             ("quantise the input rows: write fp8", tokens * hidden),
@@ -54,12 +49,7 @@ def fused_moe_activation_bytes(
         ]
     elif model.moe_a2a == "deepep":  # DeepGEMM between DeepEP's dispatch and combine (a bf16 checkpoint: bf16 rows,
         # no quantisation)
-        tensors_gemm = [
-            ("gemm1 reads the dispatched rows", pairs * hidden * x),
-            ("gemm1 writes the gate / up outputs (bf16)", pairs * 2 * width * 2),
-            ("gemm2 reads the product", pairs * width * x),
-            ("gemm2 writes its outputs (bf16)", pairs * hidden * 2),
-        ]
+        tensors_gemm = _deep_gemm_tensors(pairs, hidden, width, x)
         if not extend:  # low-latency mode: one fused SiLU-and-mul(-quantise) kernel; DeepEP's combine sums
             tensors_kernels = [
                 ("silu_and_mul (+ quantise) reads the gate / up outputs", pairs * 2 * width * 2),
@@ -103,6 +93,18 @@ def fused_moe_activation_bytes(
                 ("quantise intermediate_cache2: write fp8", pairs * width),
             ]
     return layers * sum(b for _, b in tensors_gemm), layers * sum(b for _, b in tensors_kernels)
+
+
+def _deep_gemm_tensors(pairs: float, hidden: int, width: int, x: int) -> list[tuple[str, float]]:
+    """DeepGEMM's two grouped GEMMs' activations (vLLM's experts and SGLang's under DeepEP alike): each pair's input
+    row (fp8, ``x`` = 1, after the quantisation or the dispatch), its bf16 gate / up outputs, the product it reads,
+    its bf16 outputs."""
+    return [
+        ("gemm1 reads each pair's input row", pairs * hidden * x),
+        ("gemm1 writes the gate / up outputs (bf16)", pairs * 2 * width * 2),
+        ("gemm2 reads the product", pairs * width * x),
+        ("gemm2 writes its outputs (bf16)", pairs * hidden * 2),
+    ]
 
 
 def moe_layers(model: RooflineStepTime) -> int:

@@ -31,7 +31,6 @@ from dsakv.sim.steptime.kernels import (
     AITER_GEMM_STREAM_EFF,
     AITER_MOE_COMPUTE_EFF,
     AITER_MOE_STREAM_EFF,
-    DEEPGEMM_MOE_M_ALIGNMENT,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
@@ -398,7 +397,6 @@ def test_vllm_runs_its_tensor_parallel_experts_in_triton_unless_deepgemm_is_swit
     # Fact 36: vLLM's fp8 block-quantised MoE on Hopper under tensor parallelism runs Triton's fused MoE at every step
     # size (v0.13.0: DeepGEMM's MoE off at TP >= 8 unless VLLM_MOE_USE_DEEP_GEMM is set; the oracle of v0.18.0:
     # Triton first without expert parallelism); with the switch set, DeepGEMM at every step size (E8M0 on SM90).
-    assert DEEPGEMM_MOE_M_ALIGNMENT == 128
     assert vllm_deep_gemm_moe_min_tokens("hopper", "mixed", "fp8", True) == 1
     for args in (
         ("hopper", "mixed", "fp8", False),  # vLLM's default: Triton

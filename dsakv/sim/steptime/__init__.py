@@ -39,7 +39,6 @@ from dsakv.sim.steptime.figures import LinearShare, RankFigures, rank_figures
 from dsakv.sim.steptime.kernels import (
     DEEPGEMM_DENSE_EFF,
     DEEPGEMM_GROUPED_EFF,
-    DEEPGEMM_MOE_M_ALIGNMENT,
     FA3_MHA_EFF,
     VLLM_MIN_HEADS_FOR_BF16_PREFILL,
     sglang_aiter,
@@ -61,7 +60,6 @@ from dsakv.sim.steptime.sums import StepSums
 __all__ = [
     "DEEPGEMM_DENSE_EFF",
     "DEEPGEMM_GROUPED_EFF",
-    "DEEPGEMM_MOE_M_ALIGNMENT",
     "FA3_MHA_EFF",
     "MOE_A2A",
     "VLLM_MIN_HEADS_FOR_BF16_PREFILL",

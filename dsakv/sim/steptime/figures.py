@@ -173,12 +173,7 @@ class RankFigures:
     lin_bytes: float  # attention + MLP + lm_head weight bytes read once per step
     expert_miss: float  # 1 - top-k / experts: the chance one token leaves a given expert untouched
     dispatch_copies: float  # EP ranks other than its own one token reaches in DeepEP's normal (extend) dispatch
-    # the fused MoE's activations (fact 43), per token through one MoE layer: on a decode step, an extend step (they
-    # differ under DeepEP: its low-latency and normal modes), a step in vLLM's DeepGEMM experts
-    moe_act: MoeActivation
-    moe_act_extend: MoeActivation
-    moe_act_deep_gemm: MoeActivation
-    moe_layers: int  # layers with routed experts (MTP cache layers included)
+    moe_act: MoeActivations  # the fused MoE's activations per token and MoE layer, by step kind (fact 43)
     # -- per pair / per row / per token
     mla_flops_per_pair: float  # absorbed sparse MLA per (query, key) and layer, heads padded to the kernel block
     mla_decode_flops_per_pair: float  # the same for a decode query: its kernel's head tile (trtllm-gen's or FlashMLA's)
@@ -200,7 +195,7 @@ class RankFigures:
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
-    deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE at >= its M alignment)
+    deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE with DeepGEMM switched on)
     trtllm_moe_bw: float  # HBM x TRTLLM_MOE_STREAM_EFF: TensorRT-LLM's fused MoE (SGLang on Blackwell, fact 37)
     aiter_moe_bw: float  # HBM x AITER_MOE_STREAM_EFF: AITER's fused MoE (SGLang on CDNA 4, fact 38)
     link_bw: float  # NVLink bytes per second x link_eff
@@ -292,10 +287,10 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     dispatched to) for ``model``'s MoE exchange; ``bw`` is the fitted HBM rate. Under DeepEP each rank holds whole
     experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked layout on low-latency decode steps:
     ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate DeepGEMM's decode-size GEMMs publish
-    (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff, except in vLLM's steps of DeepGEMM's M
-    alignment or more (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and in its AITER fused
-    MoE on CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a token
-    once to each other rank holding one of its experts (fact 35)."""
+    (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff, except in vLLM's DeepGEMM experts where its
+    switch is set (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and in its AITER fused MoE on
+    CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a
+    token once to each other rank holding one of its experts (fact 35)."""
     a = model.layout.spec.arch_value
     experts = a("n_routed_experts")
     deep_gemm_bw = model.gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
@@ -319,10 +314,20 @@ class MoeActivation(NamedTuple):
     kernels: float
 
 
-def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[MoeActivation, MoeActivation, MoeActivation]:
-    """The activation bytes (``MoeActivation``) per token through one MoE layer of ``model``'s rank, for (a decode
-    step, an extend step, a step vLLM runs in DeepGEMM's grouped GEMMs: ``moe_deep_gemm_min_tokens``), counted tensor
-    by tensor from each kernel path's code (docs/steptime.md, fact 43; fp32 scales and index metadata left out).
+class MoeActivations(NamedTuple):
+    """A rank's ``MoeActivation`` on a decode step, on an extend step (they differ under DeepEP: its low-latency and
+    normal modes) and on a step vLLM runs in DeepGEMM's grouped GEMMs (``moe_deep_gemm_min_tokens``), and the layers
+    with routed experts they go through (MTP cache layers included)."""
+
+    decode: MoeActivation
+    extend: MoeActivation
+    deep_gemm: MoeActivation
+    layers: int
+
+
+def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> MoeActivations:
+    """The activation bytes (``MoeActivation``) per token through one MoE layer of ``model``'s rank, by step kind
+    (``MoeActivations``), counted tensor by tensor from each kernel path's code (docs/steptime.md, fact 43; fp32 scales and index metadata left out).
     ``h`` is the hidden width, ``I`` the rank's slice of an expert's intermediate width (``moe_intermediate_size x ep
     / tp``), ``x`` the GEMMs' input bytes (1 under fp8 weights: quantised per token group first, else 2); a rank
     computes ``top-k / ep`` of a token's pairs (its own experts' share).
@@ -348,14 +353,18 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[MoeActiva
       v0.18.0): the token's quantisation, ``ep_scatter``'s read of its row and write of each pair's copy, the gate /
       up GEMM's ``2I`` bf16 outputs, one fused SiLU-and-mul-quantise kernel (``I`` fp8), the down GEMM's ``2h``,
       ``ep_gather``'s weighted sum: ``6h + 10I`` a pair, ``6h`` a token. The rows that pad each expert's segment to
-      ``DEEPGEMM_MOE_M_ALIGNMENT`` are not counted (known gap: no row on file sets the switch).
+      DeepGEMM's M alignment (128 rows) are not counted (known gap: no row on file sets the switch).
 
     AITER's fused MoE (``aiter``) is priced from its measured lines, which include this traffic: zero there."""
-    a = model.layout.spec.arch_value
+    spec = model.layout.spec
+    a = spec.arch_value
     experts = a("n_routed_experts")
     zero = MoeActivation(0.0, 0.0)
-    if not experts or model.aiter:
-        return zero, zero, zero
+    if not experts:
+        return MoeActivations(zero, zero, zero, 0)
+    layers = spec.num_hidden_layers + model.layout.mtp_layers - min(a("first_k_dense_replace"), spec.num_hidden_layers)
+    if model.aiter:
+        return MoeActivations(zero, zero, zero, layers)
     h, bf = a("hidden_size"), 2  # bf16 intermediates
     width = a("moe_intermediate_size") * model.ep / model.tp
     pairs = a("num_experts_per_tok") / model.ep
@@ -366,9 +375,10 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[MoeActiva
         gemm = pairs * (h + 2 * width + width + h * bf)
         kernels = pairs * (2 * width + width + h * bf) + h * bf + quant
         act = MoeActivation(gemm, kernels)
-        return act, act, zero
+        return MoeActivations(act, act, zero, layers)
+    # the input rows, the gate / up outputs (bf16), the product, the outputs (bf16): DeepGEMM's and Triton's alike
+    gemm = pairs * (h * x + 2 * width * bf + width * x + h * bf)
     if model.moe_a2a == "deepep":
-        gemm = pairs * (h * x + 2 * width * bf + width * x + h * bf)
         low_latency = MoeActivation(gemm, pairs * (2 * width * bf + width * x))
         ranks = normal_dispatch_ranks(
             experts, a("num_experts_per_tok"), a("n_group") or 1, a("topk_group") or 1, model.ep
@@ -377,19 +387,16 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> tuple[MoeActiva
         per_pair = h * x + silu_quant + h * bf  # the scatter's write, the two kernels, the gather's read
         received = ranks / model.ep * (h * x + h * bf)  # the scatter's read of a received row, the gather's write
         normal = MoeActivation(gemm, pairs * per_pair + received + quant / model.ep)
-        return low_latency, normal, zero
-    gemm = pairs * (h * x + 2 * width * bf + width * x + h * bf)
+        return MoeActivations(low_latency, normal, zero, layers)
     per_pair = 2 * width * bf + width * bf + h * bf  # SiLU-and-mul, the top-k sum's read
     if fp8:
         per_pair += width * bf + width  # the product's quantisation
     triton = MoeActivation(gemm, pairs * per_pair + h * bf + quant)
     deep_gemm = zero
-    if model.moe_deep_gemm_min_tokens:  # fp8 only (``vllm_deep_gemm_moe_min_tokens``)
-        deep_gemm = MoeActivation(
-            pairs * (h + 2 * width * bf + width + h * bf),
-            pairs * (h + 2 * width * bf + width + h * bf) + h + h * bf + quant,  # scatter, SiLU-quantise, gather
-        )
-    return triton, triton, deep_gemm
+    if model.moe_deep_gemm_min_tokens:  # fp8 only (``vllm_deep_gemm_moe_min_tokens``): the scatter's copy, the fused
+        # SiLU-and-mul-quantise, the gather's read a pair; a token's quantisation, the scatter's read, the gather's write
+        deep_gemm = MoeActivation(gemm, pairs * (h + 2 * width * bf + width + h * bf) + h + h * bf + quant)
+    return MoeActivations(triton, triton, deep_gemm, layers)
 
 
 def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:
@@ -435,7 +442,6 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
-    moe_act = moe_activation_bytes(model, dtype)
     draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
     return RankFigures(
         hidden=a("hidden_size"),
@@ -452,10 +458,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         lin_bytes=lin_bytes,
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         dispatch_copies=dispatch_copies,
-        moe_act=moe_act[0],
-        moe_act_extend=moe_act[1],
-        moe_act_deep_gemm=moe_act[2],
-        moe_layers=(layers - min(a("first_k_dense_replace"), spec.num_hidden_layers)) if experts else 0,
+        moe_act=moe_activation_bytes(model, dtype),
         mla_flops_per_pair=mla_flops_per_pair,
         mla_decode_flops_per_pair=mla_decode_flops_per_pair,
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one

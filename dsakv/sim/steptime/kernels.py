@@ -448,13 +448,6 @@ def trtllm_gen_mla_heads(heads: float) -> int:
     return -(-heads // TRTLLM_GEN_MLA_HEAD_TILE) * TRTLLM_GEN_MLA_HEAD_TILE
 
 
-# DeepGEMM's M alignment for its contiguous grouped layout (``get_mk_alignment_for_contiguous_layout()[0]``,
-# BLOCK_M): each expert's segment of the permuted rows starts at a multiple of it. vLLM sizes the layout without the
-# experts' counts on the host (``compute_aligned_M``: round_up(M x top-k + local experts x (align - 1), align)), and
-# DeepGEMM's SM90 kernels load and store every row of a segment's last block (they skip only its math).
-DEEPGEMM_MOE_M_ALIGNMENT = 128
-
-
 def vllm_deep_gemm_moe_min_tokens(arch: str, schedule_policy: str, weight_dtype: str, moe_deep_gemm: bool) -> int:
     """The step's MoE tokens at or above which the engine runs the routed experts in DeepGEMM's grouped GEMMs, their
     weights streaming at DeepGEMM's rate (``GEMM_STREAM_EFF``); 0: never (Triton's fused MoE, the fitted ``bw_eff``).

@@ -16,7 +16,7 @@ from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
-from dsakv.sim.steptime.figures import MoeActivation, RankFigures, StepTerms, rank_figures, step_terms
+from dsakv.sim.steptime.figures import RankFigures, StepTerms, rank_figures, step_terms
 from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
 from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF
 from dsakv.sim.steptime.sums import StepSums, batch_sums
@@ -130,8 +130,9 @@ class RooflineStepTime:
     # decode call TILELANG_DECODE_FIXED_S plus its rows' bytes at HBM x TILELANG_DECODE_STREAM_EFF (fact 40), a
     # prefill token's top-k slots at TILELANG_PREFILL_SLOT_S each (fact 41), 16-row head tiles
     mla_tilelang: bool = False
-    # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper: 121,
-    # fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always do, ``moe_a2a``)
+    # from this many MoE tokens in a step the routed experts run DeepGEMM's grouped GEMMs (vLLM on Hopper with its
+    # DeepGEMM switch set: 1, fact 36), their weights at HBM x GEMM_STREAM_EFF; 0: never (DeepEP's experts always
+    # do, ``moe_a2a``)
     moe_deep_gemm_min_tokens: int = 0
     # the routed experts run TensorRT-LLM's fused fp8 MoE at every step size (SGLang on Blackwell without an
     # all-to-all, fact 37), their weights at HBM x TRTLLM_MOE_STREAM_EFF
@@ -307,15 +308,10 @@ class RooflineStepTime:
         # Sparse MLA: each query attends to min(position, top-k) keys.
         mla_bytes, mla_s, pf_pairs, dec_pairs, mha_flops = self._sparse_mla(s, q, breakdown, larger)
         write_bytes = tokens * r.cell_bytes
-        bw = r.bw
-        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend=s.pf_chunks > 0)
+        bw, extend = r.bw, s.pf_chunks > 0
+        coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
-        # the fused MoE's activations (fact 43): the grouped GEMMs' beside their weights, the elementwise kernels' apart
-        act = self._moe_activation(moe_tokens, extend=s.pf_chunks > 0)
-        gemm_act, kernel_act = moe_tokens * r.moe_layers * act.gemm, moe_tokens * r.moe_layers * act.kernels
-        moe_s = (
-            larger(moe_flops / r.moe_rate, moe_bytes / self._expert_bw(moe_tokens) + gemm_act / bw) + kernel_act / bw
-        )
+        moe_s, act_bytes = self._moe_seconds(moe_flops, moe_bytes, moe_tokens, r.moe_act.layers, extend, larger)
         idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
         write_s = write_bytes / bw
         coll_s = coll_bytes / r.link_bw + coll_count * g.link_latency_s
@@ -349,12 +345,7 @@ class RooflineStepTime:
         if mha_flops is not None:
             mla_flops = mla_flops + mha_flops
         flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
-        nbytes = {
-            "linear": r.lin_bytes,
-            "moe": moe_bytes + gemm_act + kernel_act,
-            "sparse_mla": mla_bytes,
-            "indexer": idx_bytes,
-        }
+        nbytes = {"linear": r.lin_bytes, "moe": moe_bytes + act_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
         secs = {"linear": linear_s, "moe": moe_s, "sparse_mla": mla_s, "indexer": idx_s, "cache_write": write_s}
@@ -505,14 +496,21 @@ class RooflineStepTime:
             return self.rank.deep_gemm_bw
         return self.rank.expert_bw
 
-    def _moe_activation(self, moe_tokens: int, extend: bool) -> MoeActivation:
-        """The fused MoE's activation bytes per token and MoE layer (fact 43) of a step with ``moe_tokens`` through
-        the MoE: vLLM's DeepGEMM experts' from their M alignment (``_expert_bw``'s rule), DeepEP's normal mode's on
-        an ``extend`` step, else the step's kernel path's (``rank.moe_act``)."""
+    def _moe_seconds(self, flops, weight_bytes, tokens: int, layers: int, extend: bool, larger) -> tuple:
+        """(seconds, activation bytes) of the routed experts with ``tokens`` through ``layers`` MoE layers: the
+        grouped GEMMs' roofline, their FLOPs at the MoE rate against their weights at ``_expert_bw``'s rate plus their
+        activations at the fitted HBM rate, then the kernels around them at that rate (fact 43). The activations are
+        the step's kind's (``rank.moe_act``): vLLM's DeepGEMM experts' where ``_expert_bw`` takes them, DeepEP's normal
+        mode's on an ``extend`` step, else the decode step's."""
         r = self.rank
-        if self.moe_deep_gemm_min_tokens and moe_tokens >= self.moe_deep_gemm_min_tokens:
-            return r.moe_act_deep_gemm
-        return r.moe_act_extend if extend else r.moe_act
+        acts = r.moe_act
+        use_deep_gemm = self.moe_deep_gemm_min_tokens and tokens >= self.moe_deep_gemm_min_tokens
+        act = acts.deep_gemm if use_deep_gemm else acts.extend if extend else acts.decode
+        gemm_act, kernel_act = tokens * layers * act.gemm, tokens * layers * act.kernels
+        seconds = (
+            larger(flops / r.moe_rate, weight_bytes / self._expert_bw(tokens) + gemm_act / r.bw) + kernel_act / r.bw
+        )
+        return seconds, gemm_act + kernel_act
 
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
         """The draft steps: ``num_speculative_tokens - 1`` passes of the MTP layer over the decodes (SGLang's EAGLE
@@ -535,15 +533,8 @@ class RooflineStepTime:
         linear_s = max(lin_flops / r.gemm_rate, r.mtp_lin_bytes_s)
         expert_bytes = r.mtp.expert_bytes * self._touched(rows)
         moe_s = 0.0
-        if r.mtp.expert_bytes:
-            act = self._moe_activation(rows, extend=False)
-            moe_s = (
-                max(
-                    rows * r.mtp.expert_flops_per_token / r.moe_rate,
-                    expert_bytes / self._expert_bw(rows) + rows * act.gemm / bw,
-                )
-                + rows * act.kernels / bw
-            )
+        if r.mtp.expert_bytes:  # one MoE layer over the draft's rows
+            moe_s = self._moe_seconds(rows * r.mtp.expert_flops_per_token, expert_bytes, rows, 1, False, max)[0]
         padded = self.mla_padded_topk and self.has_indexer  # padded: every top-k slot computed (sparse kernels)
         mla_pairs = n_dec * r.topk if padded else dec_topk
         if self.runs_tilelang:  # one layer's decode call at TileLang's line (fact 40)
