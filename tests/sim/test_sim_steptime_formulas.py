@@ -22,7 +22,7 @@ from dsakv.sim.steptime import (
     tilelang_mla_heads,
     trtllm_gen_mla_heads,
 )
-from dsakv.sim.steptime.figures import normal_dispatch_ranks
+from dsakv.sim.steptime.figures import alignment_rows, normal_dispatch_ranks
 from dsakv.sim.steptime.kernels import (
     AITER_FMOE_MI355X_GLM5_TP8_US,
     AITER_GEMM_DENSE_EFF,
@@ -48,7 +48,7 @@ from dsakv.sim.steptime.kernels import (
 from dsakv.sim.steptime.runs import run_stretch
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
-from tests.sim.moe_reference import fused_moe_activation_bytes, moe_layers
+from tests.sim.moe_reference import fused_moe_activation_bytes, moe_layers, segment_padding_rows
 
 
 @pytest.fixture(scope="module")
@@ -418,10 +418,12 @@ def test_vllm_runs_its_tensor_parallel_experts_in_triton_unless_deepgemm_is_swit
         streamed = weights / (hbm * GEMM_STREAM_EFF) + gemm_act / vllm.rank.bw
         assert on.seconds["moe"] == pytest.approx(streamed + kernel_act / vllm.rank.bw)
         assert streamed > on.flops["moe"] / vllm.rank.moe_rate  # byte-bound: the rate is what moved
-    # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count
+    # the draft passes' MoE: the MTP layer over the decodes, the same rule on their count; at 16 rows the contiguous
+    # layout's whole 128-row block per touched expert (fact 43) moves more than DeepGEMM's faster stream saves
     k3 = dict(weight_dtype="fp8", num_speculative_tokens=3)
     on, off = RooflineStepTime(glm52, moe_deep_gemm_min_tokens=1, **k3), RooflineStepTime(glm52, **k3)
-    assert on.cost([], [4096] * 16).seconds["mtp_draft"] < off.cost([], [4096] * 16).seconds["mtp_draft"]
+    draft_on, draft_off = (m.cost([], [4096] * 16).seconds["mtp_draft"] for m in (on, off))
+    assert draft_on > draft_off
     for bad in (-1, True, 1.5):
         with pytest.raises(DsakvError, match=r"^step time moe_deep_gemm_min_tokens = .*: must be an integer >= 0"):
             RooflineStepTime(glm52, moe_deep_gemm_min_tokens=bad)
@@ -531,7 +533,9 @@ def test_each_moe_path_moves_its_own_activations(glm52):
         tokens = (512 if extend else 16) * st.dp_attention
         act = c.bytes["moe"] - st.rank.linear.expert_bytes * st._touched(tokens)
         assert act == pytest.approx(sum(fused_moe_activation_bytes(st, tokens, layers, extend)))
-        assert act / layers / tokens == pytest.approx(8 / st.ep * per_pair + per_token)
+        # the contiguous layout's padding rows (normal mode only): the GEMMs' 3h + 5I and the two kernels' 9I a row
+        padding = segment_padding_rows(st, tokens) * (3 * h + 14 * width) if extend else 0.0
+        assert (act / layers - padding) / tokens == pytest.approx(8 / st.ep * per_pair + per_token)
 
 
 def _normal_equations_slope(pts: list[tuple[float, float]]) -> float:
@@ -940,3 +944,31 @@ def test_decode_cost_rises_gently_from_4k_to_128k_almost_only_through_the_indexe
     assert costs[-1].seconds["indexer"] - costs[0].seconds["indexer"] > 0.99 * rise
     for a, b in zip(costs, costs[1:], strict=False):  # linear: twice the context, twice the indexer's seconds
         assert b.seconds["indexer"] == pytest.approx(2 * a.seconds["indexer"], rel=0.01)
+
+
+def test_deepgemms_contiguous_layout_computes_each_experts_rows_in_whole_blocks(glm52):
+    # Fact 43: DeepGEMM's contiguous layout (DeepEP's normal mode on an extend step, vLLM's DeepGemmExperts) pads each
+    # local expert's rows to a multiple of 128 and computes the padding: its FLOPs (6hI a row), its GEMM tensors and
+    # the kernels between the GEMMs. Uniform routing: an expert's rows are Binomial(tokens, 8 / 256).
+    h, width = 6144, 2048
+    for tokens, ep in ((1, 8), (8, 8), (64, 8), (1000, 8), (8192, 8), (16, 1), (4096, 1)):
+        model = RooflineStepTime(glm52, weight_dtype="fp8", dp_attention=8, ep=8, moe_a2a="deepep")
+        if ep == 1:
+            model = RooflineStepTime(glm52, weight_dtype="fp8", moe_deep_gemm_min_tokens=1)
+        local = 256 // ep
+        assert alignment_rows(tokens, 256, 8, local, 128) == pytest.approx(segment_padding_rows(model, tokens))
+    assert alignment_rows(256, 8, 8, 8, 128) == 0.0  # every expert picked by every token: 256 rows, none padded
+    assert alignment_rows(100, 8, 8, 8, 128) == pytest.approx(8 * 28)
+    assert alignment_rows(0, 256, 8, 32, 128) == 0.0
+    deepep = RooflineStepTime(glm52, weight_dtype="fp8", dp_attention=8, ep=8, moe_a2a="deepep")
+    layers, tokens = moe_layers(deepep), 512 * 8
+    extend = deepep.cost([(512, 0)], [])
+    pad = segment_padding_rows(deepep, tokens)
+    assert 1000 < pad < 2 * 1000  # about 63.5 rows for each of the 32 local experts at 128 rows each on average
+    per_token = deepep.rank.linear.expert_flops_per_token
+    assert extend.flops["moe"] == pytest.approx(tokens * per_token + layers * pad * 6 * h * width)
+    decode = deepep.cost([], [4096] * 64)  # low-latency mode, the masked layout: no contiguous padding
+    assert decode.flops["moe"] == pytest.approx(64 * 8 * per_token)
+    triton = RooflineStepTime(glm52, weight_dtype="fp8")  # Triton's fused MoE: no contiguous layout
+    assert triton.cost([(4096, 0)], []).flops["moe"] == pytest.approx(4096 * triton.rank.linear.expert_flops_per_token)
+    assert triton.rank.moe_act.extend.align == 0 and triton.rank.moe_act.decode.align == 0

@@ -24,6 +24,7 @@ from dsakv.sim.steptime.kernels import (
     AITER_MOE_COMPUTE_EFF,
     AITER_MOE_STREAM_EFF,
     BATCH1_LAYER_S,
+    DEEPGEMM_CONTIGUOUS_M_ALIGNMENT,
     EAGER_INDEXER_LAUNCHES,
     EAGER_INDEXER_SHORT_LAUNCHES,
     EAGER_LAYER_S,
@@ -308,21 +309,51 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
 class MoeActivation(NamedTuple):
     """The fused MoE's activation bytes per token through one MoE layer of a rank (fact 43): what its grouped GEMMs
     read and write beside their weights (``gemm``: priced in their roofline) and what the kernels around them move
-    (``kernels``: gathers and scatters, the activation, quantisation, the top-k sum; priced apart)."""
+    (``kernels``: gathers and scatters, the activation, quantisation, the top-k sum; priced apart). A path that pads
+    each local expert's rows to a multiple of ``align`` (DeepGEMM's contiguous layout; 0: none) computes every padding
+    row: ``align_gemm`` / ``align_kernels`` are the bytes one such row moves (``alignment_rows`` counts them)."""
 
     gemm: float
     kernels: float
+    align: int = 0
+    align_gemm: float = 0.0
+    align_kernels: float = 0.0
 
 
 class MoeActivations(NamedTuple):
     """A rank's ``MoeActivation`` on a decode step, on an extend step (they differ under DeepEP: its low-latency and
     normal modes) and on a step vLLM runs in DeepGEMM's grouped GEMMs (``moe_deep_gemm_min_tokens``), and the layers
-    with routed experts they go through (MTP cache layers included)."""
+    with routed experts they go through (MTP cache layers included); for the padding rows (``alignment_rows``): the
+    experts a rank holds and the FLOPs one expert row costs it (``6 h I``)."""
 
     decode: MoeActivation
     extend: MoeActivation
     deep_gemm: MoeActivation
     layers: int
+    local_experts: int = 0
+    row_flops: float = 0.0
+
+
+@functools.lru_cache(maxsize=8192)
+def alignment_rows(tokens: int, experts: int, topk: int, local_experts: int, align: int) -> float:
+    """Expected padding rows of one MoE layer on a rank whose ``local_experts`` each get their rows rounded up to a
+    multiple of ``align``, with ``tokens`` tokens routed, each to ``topk`` of ``experts`` (uniform routing, the
+    roofline's rule: an expert's rows ``n`` are Binomial(tokens, topk / experts)): ``local_experts x E[(-n) mod align]``
+    (an expert with no row pads none). The binomial's mass is summed over its mean +- 12 standard deviations (the
+    rest weighs below 1e-30)."""
+    if tokens <= 0 or align <= 1 or not experts:
+        return 0.0
+    p = topk / experts
+    if p >= 1.0:
+        return float(local_experts * (-tokens % align))
+    mean, sd = tokens * p, math.sqrt(tokens * p * (1.0 - p))
+    lo, hi = max(0, math.floor(mean - 12 * sd) - 1), min(tokens, math.ceil(mean + 12 * sd) + 1)
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(tokens + 1)
+    expected = 0.0
+    for n in range(lo, hi + 1):
+        pmf = math.exp(log_n - math.lgamma(n + 1) - math.lgamma(tokens - n + 1) + n * log_p + (tokens - n) * log_q)
+        expected += pmf * (-n % align)
+    return local_experts * expected
 
 
 def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> MoeActivations:
@@ -348,12 +379,16 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> MoeActivations:
       row into the expert's segment (``ep_scatter``), runs SiLU-and-mul and the quantisation as two kernels, and
       ``ep_gather`` weights and sums a received token's pairs: ``6h + 14I`` a pair, ``3h`` (read, write the
       gather's row) per received copy (``normal_dispatch_ranks`` of them a token) and ``3h`` per own token (its
-      quantisation before the dispatch). DeepGEMM's alignment rows are not counted.
+      quantisation before the dispatch). DeepGEMM's contiguous layout pads each local expert's rows to
+      ``DEEPGEMM_CONTIGUOUS_M_ALIGNMENT`` (DeepEP's ``expert_alignment``) and computes the padding rows: each moves the
+      GEMMs' ``3h + 5I`` under fp8 (its input, gate / up outputs, product, output) and the two kernels' ``9I``,
+      and costs the GEMMs' ``6hI`` FLOPs.
     * vLLM's DeepGEMM experts (``moe_deep_gemm_min_tokens``: a launch with its switch set; ``DeepGemmExperts``,
       v0.18.0): the token's quantisation, ``ep_scatter``'s read of its row and write of each pair's copy, the gate /
       up GEMM's ``2I`` bf16 outputs, one fused SiLU-and-mul-quantise kernel (``I`` fp8), the down GEMM's ``2h``,
-      ``ep_gather``'s weighted sum: ``6h + 10I`` a pair, ``6h`` a token. The rows that pad each expert's segment to
-      DeepGEMM's M alignment (128 rows) are not counted (known gap: no row on file sets the switch).
+      ``ep_gather``'s weighted sum: ``6h + 10I`` a pair, ``6h`` a token. The M blocks that hold an expert's rows are
+      computed whole (``DEEPGEMM_CONTIGUOUS_M_ALIGNMENT`` rows), each padding row the GEMMs' ``3h + 5I`` and
+      ``6hI`` FLOPs and the fused kernel's ``5I``.
 
     AITER's fused MoE (``aiter``) is priced from its measured lines, which include this traffic: zero there."""
     spec = model.layout.spec
@@ -386,8 +421,9 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> MoeActivations:
         silu_quant = 2 * width * bf + width * bf + ((width * bf + width) if fp8 else 0)
         per_pair = h * x + silu_quant + h * bf  # the scatter's write, the two kernels, the gather's read
         received = ranks / model.ep * (h * x + h * bf)  # the scatter's read of a received row, the gather's write
-        normal = MoeActivation(gemm, pairs * per_pair + received + quant / model.ep)
-        return MoeActivations(low_latency, normal, zero, layers)
+        align = DEEPGEMM_CONTIGUOUS_M_ALIGNMENT  # a padding row: the GEMMs' tensors and the two kernels between them
+        normal = MoeActivation(gemm, pairs * per_pair + received + quant / model.ep, align, gemm / pairs, silu_quant)
+        return MoeActivations(low_latency, normal, zero, layers, experts // model.ep, 6 * h * width)
     per_pair = 2 * width * bf + width * bf + h * bf  # SiLU-and-mul, the top-k sum's read
     if fp8:
         per_pair += width * bf + width  # the product's quantisation
@@ -395,8 +431,11 @@ def moe_activation_bytes(model: RooflineStepTime, dtype: str) -> MoeActivations:
     deep_gemm = zero
     if model.moe_deep_gemm_min_tokens:  # fp8 only (``vllm_deep_gemm_moe_min_tokens``): the scatter's copy, the fused
         # SiLU-and-mul-quantise, the gather's read a pair; a token's quantisation, the scatter's read, the gather's write
-        deep_gemm = MoeActivation(gemm, pairs * (h + 2 * width * bf + width + h * bf) + h + h * bf + quant)
-    return MoeActivations(triton, triton, deep_gemm, layers)
+        kernels = pairs * (h + 2 * width * bf + width + h * bf) + h + h * bf + quant
+        # a padding row of a computed M block: the GEMMs' tensors and the fused SiLU-and-mul-quantise's read and write
+        fused = 2 * width * bf + width
+        deep_gemm = MoeActivation(gemm, kernels, DEEPGEMM_CONTIGUOUS_M_ALIGNMENT, gemm / pairs, fused)
+    return MoeActivations(triton, triton, deep_gemm, layers, experts // model.ep, 6 * h * width)
 
 
 def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | float]:

@@ -31,6 +31,14 @@ DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
 DEEPGEMM_GROUPED_EFF = (
     math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
 )
+# DeepGEMM's contiguous layout (``m_grouped_fp8_gemm_nt_contiguous``) stacks the experts' rows in segments whose
+# lengths are multiples of its M alignment, ``get_mk_alignment_for_contiguous_layout()[0]`` = 128 rows (one M block of
+# the kernel; deepseek-ai/DeepGEMM): SGLang's DeepEP normal mode has DeepEP's dispatch pad each local expert's received
+# count to it (``expert_alignment``) and computes every row of the segments (``ep_scatter`` writes the expert's id over
+# the whole segment), and vLLM's ``DeepGemmExperts`` runs every M block that holds one of an expert's rows. Each
+# expert with ``n`` rows thus costs ``ceil(n / 128) x 128`` rows of the GEMMs and of the activation between them
+# (``figures.alignment_rows``; docs/steptime.md fact 43).
+DEEPGEMM_CONTIGUOUS_M_ALIGNMENT = 128
 # SGLang's NSA backend runs a prefill batch whose every sequence holds at most top-k keys (prefix + new) as dense,
 # un-absorbed MHA through FlashAttention-3's varlen kernel on Hopper (MHA_ONE_SHOT; sgl-project/sglang#11892, threshold
 # SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD = index_topk, docs/steptime.md fact 24). FA3's measured forward rate

@@ -16,7 +16,7 @@ from dsakv.planner.gpus import GpuKind, gpu_kind
 from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
-from dsakv.sim.steptime.figures import RankFigures, StepTerms, rank_figures, step_terms
+from dsakv.sim.steptime.figures import RankFigures, StepTerms, alignment_rows, rank_figures, step_terms
 from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
 from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF
 from dsakv.sim.steptime.sums import StepSums, batch_sums
@@ -311,7 +311,7 @@ class RooflineStepTime:
         bw, extend = r.bw, s.pf_chunks > 0
         coll_bytes, coll_count = self._collectives(tokens, moe_tokens, layers, r.dense_layers, extend)
         linear_s = larger(lin_flops / r.gemm_rate, r.lin_bytes_s)
-        moe_s, act_bytes = self._moe_seconds(moe_flops, moe_bytes, moe_tokens, r.moe_act.layers, extend, larger)
+        moe_s, act_bytes, pad = self._moe_seconds(moe_flops, moe_bytes, moe_tokens, r.moe_act.layers, extend, larger)
         idx_s = larger(idx_flops / r.idx_rate, idx_bytes / bw)
         write_s = write_bytes / bw
         coll_s = coll_bytes / r.link_bw + coll_count * g.link_latency_s
@@ -344,7 +344,7 @@ class RooflineStepTime:
         mla_flops = layers * (pf_pairs * r.mla_flops_per_pair + dec_pairs * r.mla_decode_flops_per_pair)
         if mha_flops is not None:
             mla_flops = mla_flops + mha_flops
-        flops = {"linear": lin_flops, "moe": moe_flops, "sparse_mla": mla_flops, "indexer": idx_flops}
+        flops = {"linear": lin_flops, "moe": moe_flops + pad, "sparse_mla": mla_flops, "indexer": idx_flops}
         nbytes = {"linear": r.lin_bytes, "moe": moe_bytes + act_bytes, "sparse_mla": mla_bytes, "indexer": idx_bytes}
         flops["cache_write"], nbytes["cache_write"] = 0.0, write_bytes
         flops["collectives"], nbytes["collectives"] = 0.0, coll_bytes
@@ -497,20 +497,27 @@ class RooflineStepTime:
         return self.rank.expert_bw
 
     def _moe_seconds(self, flops, weight_bytes, tokens: int, layers: int, extend: bool, larger) -> tuple:
-        """(seconds, activation bytes) of the routed experts with ``tokens`` through ``layers`` MoE layers: the
-        grouped GEMMs' roofline, their FLOPs at the MoE rate against their weights at ``_expert_bw``'s rate plus their
-        activations at the fitted HBM rate, then the kernels around them at that rate (fact 43). The activations are
-        the step's kind's (``rank.moe_act``): vLLM's DeepGEMM experts' where ``_expert_bw`` takes them, DeepEP's normal
-        mode's on an ``extend`` step, else the decode step's."""
+        """(seconds, activation bytes, padding FLOPs) of the routed experts with ``tokens`` through ``layers`` MoE
+        layers: the grouped GEMMs' roofline, their FLOPs at the MoE rate against their weights at ``_expert_bw``'s rate
+        plus their activations at the fitted HBM rate, then the kernels around them at that rate (fact 43). The
+        activations are the step's kind's (``rank.moe_act``): vLLM's DeepGEMM experts' where ``_expert_bw`` takes them,
+        DeepEP's normal mode's on an ``extend`` step, else the decode step's; a kind that pads each local expert's rows
+        (DeepGEMM's contiguous layout) adds its expected padding rows' FLOPs and bytes (``figures.alignment_rows``)."""
         r = self.rank
         acts = r.moe_act
         use_deep_gemm = self.moe_deep_gemm_min_tokens and tokens >= self.moe_deep_gemm_min_tokens
         act = acts.deep_gemm if use_deep_gemm else acts.extend if extend else acts.decode
         gemm_act, kernel_act = tokens * layers * act.gemm, tokens * layers * act.kernels
+        pad_flops = 0.0
+        if act.align:  # every padding row computed: its FLOPs, its GEMM tensors, the kernels between the GEMMs
+            pad = layers * alignment_rows(tokens, r.experts, r.topk_experts, acts.local_experts, act.align)
+            pad_flops = pad * acts.row_flops
+            flops = flops + pad_flops
+            gemm_act, kernel_act = gemm_act + pad * act.align_gemm, kernel_act + pad * act.align_kernels
         seconds = (
             larger(flops / r.moe_rate, weight_bytes / self._expert_bw(tokens) + gemm_act / r.bw) + kernel_act / r.bw
         )
-        return seconds, gemm_act + kernel_act
+        return seconds, gemm_act + kernel_act, pad_flops
 
     def _draft_seconds(self, n_dec: int, rows: int, dec_sum, dec_topk, larger) -> float | np.ndarray:
         """The draft steps: ``num_speculative_tokens - 1`` passes of the MTP layer over the decodes (SGLang's EAGLE
