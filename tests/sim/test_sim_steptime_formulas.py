@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dsakv.errors import DsakvError
@@ -22,7 +24,13 @@ from dsakv.sim.steptime import (
     tilelang_mla_heads,
     trtllm_gen_mla_heads,
 )
-from dsakv.sim.steptime.figures import alignment_rows, normal_dispatch_ranks
+from dsakv.sim.steptime.figures import (
+    alignment_rows,
+    batch1_head_stream_eff,
+    batch1_heads_seconds,
+    head_weight_bytes,
+    normal_dispatch_ranks,
+)
 from dsakv.sim.steptime.kernels import (
     AITER_FMOE_MI355X_GLM5_TP8_US,
     AITER_GEMM_DENSE_EFF,
@@ -667,9 +675,61 @@ def test_a_step_lasts_at_least_layers_times_the_layer_minimum(glm52):
 def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
     # Fact 14: Kimi-K2 (61 DeepSeek-V3 layers, no indexer), SGLang TP8, concurrency 1, 1,024-token prompts: TPOT
     # 11.4 ms (sgl-project/sglang#13466). The DeepSeek preset without the indexer prices that step at 11.4 ms.
+    # Kimi-K2's rank computes 8 heads (64 over TP 8): the preset's at TP 16 (128 / 16), or at TP 8 less its 8 more
+    # heads' bytes (fact 14, batch1_heads_seconds).
     lay = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="bf16")
     st = RooflineStepTime(lay, gpu_kind("H200"), has_indexer=False, weight_dtype="fp8")
-    assert st.step_seconds([], [1024 + 8]) == pytest.approx(0.0114, rel=0.01)
+    extra = 61 * batch1_heads_seconds(st)
+    assert st.step_seconds([], [1024 + 8]) - extra == pytest.approx(0.0114, rel=0.01)
+    kimi_rank = RooflineStepTime(lay, gpu_kind("H200"), tp=16, has_indexer=False, weight_dtype="fp8")
+    assert batch1_heads_seconds(kimi_rank) == 0.0
+
+
+def test_a_batch_one_layer_takes_longer_for_each_head_a_rank_computes(dsv32, glm52):
+    # Fact 14: the batch-1 minimum is Kimi-K2's TP 8 layer, 8 heads a rank; a rank computing more heads (DP attention:
+    # all of them) streams their q_b / kv_b / o_proj weights beyond it at the rate AIConfigurator's batch-1 module
+    # grows at on its GPU's generation.
+    head = head_weight_bytes(dsv32.spec, "fp8")
+    assert head == (1536 * 192 + 512 * 256 + 128 * 7168) + 4 * (12 * 2 + 4 * 2 + 1 * 56)  # + fp32 128 x 128 scales
+    for gpu in ("H200", "B200"):
+        bw = gpu_kind(gpu).hbm_bytes_per_s * batch1_head_stream_eff(gpu_kind(gpu).arch)
+        dp = RooflineStepTime(dsv32, gpu_kind(gpu), dp_attention=8, weight_dtype="fp8")
+        tp = RooflineStepTime(dsv32, gpu_kind(gpu), weight_dtype="fp8")
+        assert batch1_heads_seconds(dp) == pytest.approx((128 - 8) * head / bw)
+        assert dp.terms.layer_min_s - tp.terms.layer_min_s == pytest.approx(112 * head / bw)
+        one = (dp.step_seconds([], [4096]), tp.step_seconds([], [4096]))
+        assert one[0] > one[1]  # the minimum binds both at one decode; DP attention's rank pays its 112 more heads
+    # GLM-5.2 at TP 8: 8 heads a rank of bigger heads (v_head_dim 256): their extra bytes only
+    glm = RooflineStepTime(glm52, weight_dtype="fp8")
+    extra = 8 * head_weight_bytes(glm52.spec, "fp8") - 8 * head
+    rate = glm.gpu.hbm_bytes_per_s * batch1_head_stream_eff("hopper")
+    assert batch1_heads_seconds(glm) == pytest.approx(extra / rate) and extra > 0
+    assert RooflineStepTime(glm52, layer_min_s=0.0).terms.layer_min_s == 0.0  # a given minimum is kept
+
+
+def test_the_head_term_is_the_rate_aiconfigurators_batch_one_module_grows_at():
+    # AIConfigurator's DSA module (SGLang 0.5.14, one request at context 4,096; bench/calibration/aiconfigurator):
+    # its batch-1 latency grows with the heads a rank computes at a rate of the heads' weight bytes, refitted here
+    # from the extract's unrounded rows with numpy: each model's rate near its generation's derived one.
+    import csv
+
+    table = Path(__file__).resolve().parents[2] / "bench/calibration/aiconfigurator/dsa_module.csv"
+    rows = [r for r in csv.DictReader(table.open()) if r["phase"] == "generation" and r["version"] == "sglang 0.5.14"]
+    for gpu in ("H200", "B200"):
+        for model in ("deepseek-v3.2", "glm-5"):
+            pts = [
+                (int(r["heads"]) * head_weight_bytes(ModelSpec.preset(model), "fp8"), float(r["latency_us"]) / 1e6)
+                for r in rows
+                if (r["gpu"], r["model"], r["batch"], r["context"]) == (gpu, model, "1", "4096")
+                and r["kv_dtype"] == "fp8"
+            ]
+            assert len(pts) >= 4
+            x, y = zip(*pts, strict=True)
+            rate = 1 / np.polyfit(x, y, 1)[0] / gpu_kind(gpu).hbm_bytes_per_s
+            assert rate == pytest.approx(batch1_head_stream_eff(gpu_kind(gpu).arch), rel=0.05), (gpu, model)
+    assert batch1_head_stream_eff("hopper") == pytest.approx(0.619, abs=0.001)
+    assert batch1_head_stream_eff("blackwell") == pytest.approx(0.458, abs=0.001)
+    assert batch1_head_stream_eff("cdna4") == batch1_head_stream_eff("hopper")
 
 
 def test_a_model_without_the_indexer_has_no_indexer_cost(dsv32):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dsakv.errors import DsakvError
 from dsakv.planner.gpus import gpu_kind
-from dsakv.planner.weights import WeightPart, shard_divisors, weight_parts
+from dsakv.planner.weights import WeightPart, matrix_bytes, shard_divisors, weight_parts
 from dsakv.sim.steptime.kernels import (
     AITER_GEMM_DENSE_EFF,
     AITER_GEMM_FIXED_S,
@@ -25,6 +25,7 @@ from dsakv.sim.steptime.kernels import (
     AITER_MOE_STREAM_EFF,
     BATCH1_LAYER_S,
     DEEPGEMM_CONTIGUOUS_M_ALIGNMENT,
+    DSA_MODULE_BATCH1_US,
     EAGER_INDEXER_LAUNCHES,
     EAGER_INDEXER_SHORT_LAUNCHES,
     EAGER_LAYER_S,
@@ -38,6 +39,8 @@ from dsakv.sim.steptime.kernels import (
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
+    KIMI_K2_ATTENTION_HEADS,
+    KIMI_K2_TP,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
     TILELANG_DECODE_FIXED_S,
@@ -45,6 +48,7 @@ from dsakv.sim.steptime.kernels import (
     TILELANG_PREFILL_SLOT_S,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
+    fixed_and_seconds_per_byte,
     flashmla_efficiency,
     tilelang_mla_heads,
     trtllm_gen_mla_heads,
@@ -62,7 +66,8 @@ class StepTerms:
     constants) unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates
     for the GPU's kernel generation), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
     per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
-    lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor) and the host
+    lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor, and the bytes of
+    the heads the rank computes beyond that layer's rank: ``batch1_heads_seconds``) and the host
     time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``), and the
     host's launch work per layer of an eager prefill forward (0 where the engine replays prefill graphs:
     ``prefill_graph``) and what a full indexer layer adds to it, on a prefill longer than top-k and on one within it
@@ -92,7 +97,8 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     floor = given(model.layer_floor_s, chain_fixed_seconds(LAYER_KERNEL_CHAIN, node, gemm_fixed))
     gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
     overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node, gemm_fixed) + gather)
-    batch1 = BATCH1_LAYER_S - floor  # fact 14: Kimi-K2's batch-1 layer beyond this model's floor
+    # fact 14: Kimi-K2's batch-1 layer beyond this model's floor, and the heads' bytes this rank has beyond its rank's
+    batch1 = BATCH1_LAYER_S - floor + batch1_heads_seconds(model)
     eager = 0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S)
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
@@ -106,6 +112,55 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
         eager_indexer_s=eager * EAGER_INDEXER_LAUNCHES,
         eager_indexer_short_s=eager * EAGER_INDEXER_SHORT_LAUNCHES,
     )
+
+
+def head_weight_bytes(spec, dtype: str) -> int:
+    """One attention head's share of a layer's weights: its q_b columns (``q_lora_rank x (qk_nope + qk_rope)``), its
+    kv_b columns (``kv_lora_rank x (qk_nope + v)``) and its o_proj rows (``v x hidden``), in ``dtype`` with their
+    block scales (``planner.weights.matrix_bytes``)."""
+    a = spec.arch_value
+    nope, rope, v = a("qk_nope_head_dim"), spec.qk_rope_head_dim, a("v_head_dim")
+    q_in = a("q_lora_rank") or a("hidden_size")
+    return (
+        matrix_bytes(q_in, nope + rope, dtype)
+        + matrix_bytes(spec.kv_lora_rank, nope + v, dtype)
+        + matrix_bytes(v, a("hidden_size"), dtype)
+    )
+
+
+@functools.cache
+def batch1_head_stream_eff(arch: str) -> float:
+    """The fraction of HBM a batch-1 attention module's head bytes stream at on ``arch``: per (GPU kind, model) of
+    ``DSA_MODULE_BATCH1_US``, the least-squares line of its latency against the heads' bytes (heads x
+    ``head_weight_bytes`` in fp8), its slope's rate over the kind's HBM bandwidth; the mean over the kind's models.
+    Hopper's from H200's rows, Blackwell's from B200's; other generations take Hopper's (as FlashMLA's rates do)."""
+    rates = []
+    for (gpu, model), rows in DSA_MODULE_BATCH1_US.items():
+        kind = gpu_kind(gpu)
+        if kind.arch != (arch if arch == "blackwell" else "hopper"):
+            continue
+        head = head_weight_bytes(load_spec(model, None), "fp8")
+        slope = fixed_and_seconds_per_byte([(heads * head, us / 1e6) for heads, us in rows])[1]
+        rates.append(1 / slope / kind.hbm_bytes_per_s)
+    return sum(rates) / len(rates)
+
+
+def batch1_heads_seconds(model: RooflineStepTime) -> float:
+    """What a batch-1 layer of ``model``'s rank takes beyond Kimi-K2's measured one for its attention heads (fact 14):
+    the bytes of the heads the rank computes (``num_attention_heads / (tp / dp_attention)`` of the model's, at its
+    weight format) less those of Kimi-K2's rank (``KIMI_K2_ATTENTION_HEADS / KIMI_K2_TP`` heads of DeepSeek-V3's
+    dimensions in fp8: the DeepSeek-V3.2 preset's), at the rate AIConfigurator's batch-1 module grows at on the GPU's
+    generation (``batch1_head_stream_eff``). Negative for a rank with fewer head bytes; 0 for a model without MLA
+    heads."""
+    spec = model.layout.spec
+    a = spec.arch_value
+    if not (a("qk_nope_head_dim") and a("v_head_dim")):
+        return 0.0
+    dtype = model.weight_dtype or spec.weight_dtype
+    heads = a("num_attention_heads") / max(model.tp // model.dp_attention, 1)
+    ref = KIMI_K2_ATTENTION_HEADS / KIMI_K2_TP * head_weight_bytes(load_spec("deepseek-v3.2", None), "fp8")
+    rate = model.gpu.hbm_bytes_per_s * batch1_head_stream_eff(model.gpu.arch)
+    return (heads * head_weight_bytes(spec, dtype) - ref) / rate
 
 
 # The roofline fields that change a step's price (efficiencies and fixed costs) and are not the deployment's.

@@ -397,6 +397,21 @@ def chain_fixed_seconds(
 KIMI_K2_BATCH1_TPOT_S = 11.376e-3
 KIMI_K2_LAYERS = 61
 BATCH1_LAYER_S = KIMI_K2_BATCH1_TPOT_S / KIMI_K2_LAYERS
+# That layer's rank computes 8 attention heads: Kimi-K2's 64 (``num_attention_heads`` of moonshotai/Kimi-K2-Instruct,
+# DeepSeek-V3's per-head dimensions) over TP 8. A batch-1 attention module takes longer the more heads a rank
+# computes, by each head's q_b / kv_b / o_proj weight bytes at a rate: AIConfigurator's measured DSA module
+# (ai-dynamo/aiconfigurator 095f58a51, ``systems/data/<system>/dsa_module``-family tables of SGLang 0.5.14, Apache-2.0;
+# ``bench/calibration/aiconfigurator/dsa_module.csv``): one request at context 4,096 with SGLang's fp8 cache, the
+# module's latency by the heads a rank computes, (heads, us), per GPU kind and model. ``figures.batch1_heads_seconds``
+# prices a rank's head bytes beyond the reference at that rate (docs/steptime.md fact 14).
+KIMI_K2_ATTENTION_HEADS = 64
+KIMI_K2_TP = 8
+DSA_MODULE_BATCH1_US = {
+    ("H200", "deepseek-v3.2"): ((16, 93.4), (32, 109.1), (64, 118.3), (128, 145.8)),  # FlashMLA's fp8 decode
+    ("H200", "glm-5"): ((8, 88.0), (16, 104.8), (32, 115.7), (64, 137.1)),
+    ("B200", "deepseek-v3.2"): ((16, 74.5), (32, 77.9), (64, 93.6), (128, 115.4)),  # TensorRT-LLM's trtllm-gen
+    ("B200", "glm-5"): ((8, 72.7), (16, 75.1), (32, 85.1), (64, 106.6)),
+}
 
 # SGLang's EAGLE / MTP without spec v2 (its default: ``SGLANG_ENABLE_SPEC_V2 = EnvBool(False)``) turns the overlap
 # scheduler off ("Overlap scheduler is disabled when spec v2 is off", ``ServerArgs._handle_speculative_decoding`` at
