@@ -145,6 +145,13 @@ def batch1_head_stream_eff(arch: str) -> float:
     return sum(rates) / len(rates)
 
 
+@functools.cache
+def _kimi_k2_rank_head_bytes() -> float:
+    """The head bytes of the batch-1 minimum's reference rank: ``KIMI_K2_ATTENTION_HEADS / KIMI_K2_TP`` heads of
+    DeepSeek-V3's dimensions (the DeepSeek-V3.2 preset's) in fp8."""
+    return KIMI_K2_ATTENTION_HEADS / KIMI_K2_TP * head_weight_bytes(load_spec("deepseek-v3.2", None), "fp8")
+
+
 def batch1_heads_seconds(model: RooflineStepTime) -> float:
     """What a batch-1 layer of ``model``'s rank takes beyond Kimi-K2's measured one for its attention heads (fact 14):
     the bytes of the heads the rank computes (``num_attention_heads / (tp / dp_attention)`` of the model's, at its
@@ -158,7 +165,7 @@ def batch1_heads_seconds(model: RooflineStepTime) -> float:
         return 0.0
     dtype = model.weight_dtype or spec.weight_dtype
     heads = a("num_attention_heads") / max(model.tp // model.dp_attention, 1)
-    ref = KIMI_K2_ATTENTION_HEADS / KIMI_K2_TP * head_weight_bytes(load_spec("deepseek-v3.2", None), "fp8")
+    ref = _kimi_k2_rank_head_bytes()
     rate = model.gpu.hbm_bytes_per_s * batch1_head_stream_eff(model.gpu.arch)
     return (heads * head_weight_bytes(spec, dtype) - ref) / rate
 
