@@ -504,22 +504,22 @@ def test_the_one_batch_client_skips_the_tokenizers_queue_not_the_front_ends_late
 
 
 def test_a_one_batch_replay_waits_the_front_ends_latency_once_and_no_queue(tmp_path, calibrate, capsys):
-    # The batch's four requests reach the scheduler together, FRONTEND_S after the send, with no tokenizer queue
-    # between them: the engine's run is the same with the latency at 0, shifted by it (a queue would spread them).
-    row = {
-        "id": "tiny-one",
-        "client": "one_batch",
-        "conc": "",
-        "published": {"ttft_ms": [1.0, "max"], "duration_s": 1.0},
-    }
-    path = _write_rows(tmp_path, [row])
-    figures = []
-    for extra in ([], ["--set", "frontend_s=0"]):
+    # The batch's four requests reach the scheduler together, FRONTEND_S after the send: with the latency set to 0
+    # the engine's run is the same, shifted by it. A serving client's rows pass the tokenizer's queue as well, which
+    # spreads the same four requests' arrivals, so their last first token comes later than the one batch's.
+    published = {"ttft_ms": [1.0, "max"], "duration_s": 1.0}
+    one = {"id": "tiny-one", "client": "one_batch", "conc": "", "published": published}
+    serving = {"id": "tiny-serving", "conc": "", "published": published}
+    path = _write_rows(tmp_path, [one, serving])
+    runs = {}
+    for name, extra in (("latency", []), ("none", ["--set", "frontend_s=0"])):
         calibrate.main(["--anchors", path, "--json", *extra])
-        figures.append({r["metric"]: r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]})
-    served, bare = figures
-    assert served["ttft_ms"] - bare["ttft_ms"] == pytest.approx(1000 * calibrate.FRONTEND_S)
-    assert served["duration_s"] - bare["duration_s"] == pytest.approx(calibrate.FRONTEND_S)
+        runs[name] = {(r["id"], r["metric"]): r["dsakv"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    served, bare = runs["latency"], runs["none"]
+    ttft, duration = ("tiny-one", "ttft_ms"), ("tiny-one", "duration_s")
+    assert served[ttft] - bare[ttft] == pytest.approx(1000 * calibrate.FRONTEND_S)
+    assert served[duration] - bare[duration] == pytest.approx(calibrate.FRONTEND_S)
+    assert bare[("tiny-serving", "ttft_ms")] > bare[ttft] + 1000 * 3 * calibrate.FRONTEND_REQUEST_S
 
 
 def test_percentiles_interpolate_between_ranks_as_the_benchmark_clients_do(calibrate):
