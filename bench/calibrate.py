@@ -113,7 +113,10 @@ SETTABLE = (
     "frontend_s",
 )
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv, the least loss on a line
-# search (2026-12-03: 0.20 / 0.225 / 0.25 s give 0.392 / 0.382 / 0.407; docs/steptime-log.md).
+# search (2026-12-03: 0.20 / 0.225 / 0.25 s give 0.392 / 0.382 / 0.407; docs/steptime-log.md). Not SGLang's own
+# front-end, which its concurrency-1 TTFTs bound at about 29 ms (sgl-project/sglang#13466: 95.2 ms for a 1,024-token
+# prompt dsakv prefills in 66.0 ms): the anchors' InferenceX rows spend it outside the engine's steps, since a prefill
+# long enough to hold it would stall their decodes (docs/steptime.md, Known gaps).
 FRONTEND_S = 0.22
 # One serving front-end's time per request before the engine starts it (docs/steptime.md, fact 18): vLLM 0.19's API
 # server, one request at a time (concurrency 1), (prompt tokens, seconds from the client's send to the first byte
