@@ -28,6 +28,14 @@ def redis_server_binary() -> str:
     return binary
 
 
+# How many free ports a first start tries before it gives up.
+START_PORT_TRIES = 3
+
+
+class _PortTaken(Exception):
+    """The server could not bind its port: another process holds it."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -43,22 +51,44 @@ class LocalRedisServer:
         self.start_timeout_s = start_timeout_s
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.started = False  # once started, the port is kept across restarts
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        """Start and wait until it answers PING; raises ``DsakvError`` if it exits or stays silent."""
+        """Start and wait until it answers PING; raises ``DsakvError`` if it exits or stays silent. The first start
+        moves to another free port when the one it was given was taken before the server bound it (another process,
+        e.g. a parallel test worker, between ``free_port`` and the bind); a restart keeps its port (its ``url``)."""
+        tries = 1 if self.started else START_PORT_TRIES
+        for attempt in range(1, tries + 1):
+            try:
+                self._start_once()
+            except _PortTaken:
+                if attempt == tries:
+                    raise DsakvError(
+                        f"redis-server: port {self.port} is taken by another process ({tries} tries)"
+                    ) from None
+                self.port = free_port()
+            else:
+                self.started = True
+                return
+
+    def _start_once(self) -> None:
         binary = self.binary or redis_server_binary()
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        args += ["--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning"]
+        log = self.workdir / f"redis-{self.port}.log"  # where redis-server says why it could not start
+        args += ["--dir", str(self.workdir), "--daemonize", "no", "--loglevel", "warning", "--logfile", str(log)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace").strip().replace("\n", " ")
+                err = self.proc.stderr.read().decode(errors="replace") + (log.read_text() if log.exists() else "")
+                err = err.strip().replace("\n", " ")
                 self.proc = None
+                if "Address already in use" in err:
+                    raise _PortTaken
                 raise DsakvError(f"redis-server: exited at start on port {self.port}: {err[-300:]}")
             if self.answers_ping():
                 return
@@ -67,10 +97,15 @@ class LocalRedisServer:
         raise DsakvError(f"redis-server: no answer to PING on port {self.port} within {self.start_timeout_s} s")
 
     def answers_ping(self) -> bool:
+        """This server answers: a PING is answered on its port by the process it started (``INFO``'s
+        ``process_id``), not by another server that holds the port."""
         import redis
 
+        if self.proc is None:
+            return False
         try:
-            return bool(self.client(timeout=0.2).ping())
+            client = self.client(timeout=0.2)
+            return bool(client.ping()) and client.info("server").get("process_id") == self.proc.pid
         except redis.RedisError:
             return False
 
