@@ -53,6 +53,14 @@ padding at FlashMLA's efficiency for the AMD rows (docs/steptime.md, known gaps)
 | GB300  | 2500 / 5000              | 8.0      | NVLink 5 switch, 900 GB/s | GB300 NVL72 per GPU, dense (verda.com/blog/gb300-nvl72-architecture: FP8 5 PFLOPS, BF16 2.5 PFLOPS without sparsity, 8 TB/s, NVLink 5 900 GB/s one direction; the rack's 360 PFLOPS dense FP8 / 72) |
 | MI300X | 1307.4 / 2614.9          | 5.3      | Infinity Fabric, 448 GB/s | AMD Instinct MI300X datasheet; computed: 304 CUs x 4,096 FP8 FLOP per CU per clock x 2.1 GHz |
 | MI355X | 2516.6 / 5033.2          | 8.0      | Infinity Fabric, 537.6 GB/s | computed: 256 CUs x 8,192 FP8 FLOP per CU per clock (CDNA 4, doubled from the MI300X's 4,096; ISSCC 2026 as reported by world-today-news.com/?p=7253162) x 2.4 GHz = 5033.2 TFLOP/s, bf16 half; 8 TB/s (theregister.com, above); links: 7 x 153.6 GB/s bidirectional / 2 |
+
+Streaming multiprocessors (``sm_count``; AMD: compute units), the CTAs one wave of a kernel runs: H100 / H800 / H200
+132 (H100 SXM5; the H800 and H200 are that board with other links and HBM), H20 / H20-3e 78 (as engines tune for it:
+SGLang's DeepEP runs on H20 need ``num_sms`` below 96, "H20 has 78 SMs"), B200 148, B300 and GB300 160, GB200 152 (as
+kernel code sizes its grids and clusters for each: "B200 (148 SMs) -> 74, B300 (160 SMs) -> 80", "tuned on GB300 (160
+SMs)", "GB200 (152 SMs)"), MI300X 304 and MI355X 256 CUs (the counts the peaks above are computed from). The step time
+uses them for FlashMLA's sparse prefill kernel, which runs one query row's heads per CTA (pair) and so fills the GPU
+only with enough rows (docs/steptime.md, fact 44).
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from dsakv.errors import check_choice
+from dsakv.errors import DsakvError, check_choice
 
 MIB = 2**20
 TERA = 1e12
@@ -112,6 +120,11 @@ class GpuKind:
     gpus_per_node: int = 8  # GPUs sharing one host's memory (an HGX board; a GB200 / GB300 compute tray has 4)
     arch: str = "hopper"  # kernel generation: which published kernel rates apply (hopper, blackwell, cdna3, cdna4)
     kernel_node_s: float = H200_GRAPH_KERNEL_NODE_S  # one kernel of a replayed CUDA graph (Hopper's measured figure)
+    sm_count: int = 0  # streaming multiprocessors (AMD: compute units): how many CTAs one wave of a kernel runs
+
+    def __post_init__(self) -> None:
+        if self.sm_count < 1:
+            raise DsakvError(f"gpu {self.name!r}: sm_count = {self.sm_count}: must be at least 1 (its datasheet's SMs)")
 
 
 GPU_KINDS: dict[str, GpuKind] = {
@@ -120,53 +133,64 @@ GPU_KINDS: dict[str, GpuKind] = {
         GpuKind(
             "H100", 81_559 * MIB, "80GB HBM3 (SXM)", "nvidia-smi memory.total 81559 MiB",
             989.4 * TERA, 1978.9 * TERA, 3.35 * TERA, 450e9, "NVIDIA H100 SXM datasheet",
+            sm_count=132,
         ),
         GpuKind(
             "H800", 81_559 * MIB, "80GB HBM3 (SXM)", "the H100 SXM board's 81559 MiB",
             989.4 * TERA, 1978.9 * TERA, 3.35 * TERA, 200e9,
             "H100 SXM datasheet compute; NVLink 400 GB/s bidirectional (DeepSeek-V3 report)",
+            sm_count=132,
         ),
         GpuKind(
             "H200", 143_771 * MIB, "141GB HBM3e", "nvidia-smi memory.total 143771 MiB",
             989.4 * TERA, 1978.9 * TERA, 4.8 * TERA, 450e9, "NVIDIA H200 SXM datasheet",
+            sm_count=132,
         ),
         GpuKind(
             "H20", 97_871 * MIB, "96GB HBM3", "nvidia-smi memory.total 97871 MiB (NVIDIA/nccl-tests#338)",
             148 * TERA, 296 * TERA, 4.0 * TERA, 450e9, "NVIDIA H20 product brief",
+            sm_count=78,
         ),
         GpuKind(
             "H20-3e", 143_771 * MIB, "141GB HBM3e", "nvidia-smi memory.total 143771 MiB (the H200's HBM3e stacks)",
             148 * TERA, 296 * TERA, 4.8 * TERA, 450e9, "H20 compute; HBM3e 4.8 TB/s (NVIDIA/nvbandwidth#48)",
+            sm_count=78,
         ),
         GpuKind(
             "B200", 183_359 * MIB, "180GB HBM3e", "nvidia-smi memory.total 183359 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B200 datasheet (dense)",
             "NVLink 5", 8e-6, 128, arch="blackwell",
+            sm_count=148,
         ),
         GpuKind(
             "B300", 275_040 * MIB, "288GB HBM3e", "nvidia-smi memory.total 275040 MiB",
             2250 * TERA, 4500 * TERA, 8.0 * TERA, 900e9, "NVIDIA HGX B300 datasheet (dense = sparse / 2)",
             "NVLink 5", 8e-6, 128, arch="blackwell",
+            sm_count=160,
         ),
         GpuKind(
             "GB200", 189_471 * MIB, "186GB HBM3e", "nvidia-smi memory.total 189471 MiB",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "NVIDIA GB200 NVL72 datasheet, per GPU, dense",
             "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
+            sm_count=152,
         ),
         GpuKind(
             "GB300", 284_208 * MIB, "288GB HBM3e", "nvidia-smi memory.total 284208 MiB",
             2500 * TERA, 5000 * TERA, 8.0 * TERA, 900e9, "GB300 NVL72 per GPU, dense (rack: 360 PFLOPS fp8 / 72)",
             "NVLink 5 switch", 8e-6, 128, "NVLink-C2C", NVLINK_C2C_PER_GPU_BYTES_PER_S, 4, "blackwell",
+            sm_count=160,
         ),
         GpuKind(
             "MI300X", 205_822_885_888, "192GB HBM3", "rocm-smi VRAM Total Memory 205822885888 B",
             MI300X_FP8 / 2, MI300X_FP8, 5.3 * TERA, 448e9, "AMD Instinct MI300X datasheet (304 CUs x 4,096 x 2.1 GHz)",
             "Infinity Fabric", 12e-6, 64, arch="cdna3",
+            sm_count=304,
         ),
         GpuKind(
             "MI355X", 308_902_100_992, "288GB HBM3E", "rocm-smi VRAM Total Memory 308902100992 B (MI350 series)",
             MI355X_FP8 / 2, MI355X_FP8, 8.0 * TERA, 537.6e9, "CDNA 4: 256 CUs x 8,192 FP8 FLOP/clock x 2.4 GHz (ISSCC 2026)",
             "Infinity Fabric", 12e-6, 64, arch="cdna4",
+            sm_count=256,
         ),
     )
 }  # fmt: skip

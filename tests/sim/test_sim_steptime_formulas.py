@@ -796,10 +796,12 @@ def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_r
     flops = layers * pairs * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64
     rates = ((plain, plain.terms.mla_prefill_eff), (mixed, mixed.terms.mla_decode_eff))
     compute = {st: flops / (st.gpu.bf16_flops * eff) for st, eff in rates}
+    # the prefill kernel's 1,000 one-SM rows run in 8 waves of 132 (fact 44); the decode kernel splits its keys
+    waves = {plain: 8 * 132 / n, mixed: 1.0}
     for st in (plain, mixed):
         c = st.cost([(n, 0)], [])
         bw = c.bytes["sparse_mla"] / (st.gpu.hbm_bytes_per_s * st.bw_eff)
-        assert c.seconds["sparse_mla"] == pytest.approx(max(compute[st], bw))
+        assert c.seconds["sparse_mla"] == pytest.approx(waves[st] * max(compute[st], bw))
     assert plain.cost([], [3000] * 4).seconds == mixed.cost([], [3000] * 4).seconds  # decodes: the same kernel
 
 
@@ -825,12 +827,13 @@ def test_vllm_bf16_cache_runs_every_query_through_the_sparse_prefill_kernel(dsv3
     assert plain.cost([(n, 0)], []).bytes["sparse_mla"] == layers * n * row  # SGLang-like: each row once a chunk
     decodes = [3000] * 4
     dec_flops = layers * 4 * 2048 * 64 * 2 * (512 + 64 + 512)  # 16 heads padded to 64, top-k 2048 each
-    for st, eff in ((one, one.terms.mla_prefill_eff), (plain, plain.terms.mla_decode_eff)):
+    # the prefill kernel runs the 4 queries on 4 of the H200's 132 SMs (fact 44); the decode kernel splits their keys
+    for st, eff, waves in ((one, one.terms.mla_prefill_eff, 132 / 4), (plain, plain.terms.mla_decode_eff, 1.0)):
         c = st.cost([], decodes)
         compute = dec_flops / (st.gpu.bf16_flops * eff)
         bw = layers * 4 * 2048 * row / (st.gpu.hbm_bytes_per_s * st.bw_eff)
         assert c.bytes["sparse_mla"] == layers * 4 * 2048 * row
-        assert c.seconds["sparse_mla"] == pytest.approx(max(compute, bw))
+        assert c.seconds["sparse_mla"] == pytest.approx(waves * max(compute, bw))
     with pytest.raises(DsakvError, match="one kernel"):
         RooflineStepTime(dsv32, mla_mixed_batch=True, mla_prefill_kernel_all=True)
 
@@ -852,8 +855,10 @@ def test_padded_sparse_prefill_on_b200_takes_vllms_measured_kernel_time(dsv32):
         tokens = sum(n for n, _ in chunks)
         flops = tokens * 2048 * 128 * 2 * (512 + 64 + 512)  # every token: top-k 2048 slots x 128 padded heads
         compute = flops / (b200.bf16_flops * st.terms.mla_prefill_eff)
+        units = tokens * 128 // 64  # a token's 128 padded heads on a CTA pair (fact 44): whole waves of 148 SMs
+        waves = -(-units // 148) * 148 / units
         per_layer = st.cost(chunks, []).seconds["sparse_mla"] / layers
-        assert per_layer == pytest.approx(compute)  # compute-bound: the padded FLOPs at the published rate
+        assert per_layer == pytest.approx(compute * waves)  # compute-bound: the padded FLOPs at the published rate
         assert per_layer == pytest.approx(measured_s, rel=0.02)
 
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("source", "derived", "fitted", "engine", "input", "implementation")
 # GpuKind fields the step time prices with (the rest is memory, labels and the host link: docs/planner.md, tiers.md)
 GPU_SPEEDS = ("bf16_flops", "fp8_flops", "hbm_bytes_per_s", "link_bytes_per_s", "link_latency_s", "mla_head_pad")
-GPU_SPEEDS += ("arch", "kernel_node_s")
+GPU_SPEEDS += ("arch", "kernel_node_s", "sm_count")
 # RooflineStepTime's fields that describe the deployment or the model, not a constant
 DEPLOYMENT = ("layout", "gpu", "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "has_indexer")
 DEPLOYMENT += ("num_draft_tokens", "num_speculative_tokens", "mtp_index_share")

@@ -36,6 +36,7 @@ from dsakv.sim.steptime.kernels import (
     FA3_MHA_EFF,
     FLASHMLA_SPARSE_DECODE,
     FLASHMLA_SPARSE_PREFILL,
+    FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
@@ -255,6 +256,9 @@ class RankFigures:
     cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
     mla_layer_flops: float  # attn_layers x mla_flops_per_pair
     mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
+    # FlashMLA's sparse prefill kernel (fact 44): the SMs one query row's padded heads occupy, and the GPU's SMs
+    prefill_kernel_row_sms: int
+    sms: int
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
@@ -575,6 +579,8 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
         mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
         mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,
+        prefill_kernel_row_sms=max(int(padded) // FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM, 1),
+        sms=gpu.sm_count,
         bw=bw,
         expert_bw=expert_bw,
         deep_gemm_bw=deep_gemm_bw,

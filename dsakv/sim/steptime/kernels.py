@@ -57,6 +57,24 @@ B200_BF16_TFLOPS = B200.bf16_flops / TERA
 FLASHMLA_SPARSE_DECODE = {"hopper": (410.0, H800_BF16_TFLOPS), "blackwell": (350.0, B200_BF16_TFLOPS)}
 FLASHMLA_SPARSE_PREFILL = {"hopper": (640.0, H800_BF16_TFLOPS), "blackwell": (1450.0, B200_BF16_TFLOPS)}
 
+# FlashMLA's sparse prefill kernel (``flash_mla_sparse_fwd``; vLLM's every query with a bf16 cache, SGLang's sparse
+# prefill chunks) gives each query row's heads to one CTA and loops that CTA over all of the row's top-k blocks: on
+# SM90 ``q_h_idx = blockIdx.x % (h_q/B_H)``, ``s_q_idx = blockIdx.x / (h_q/B_H)`` with ``B_H = 64``
+# (``csrc/kernels/sm90/prefill/sparse/phase1.cuh``); on SM100 ``B_H = 128 // For 2 CTAs`` (a CTA pair's 2x1SM MMA,
+# ``csrc/cuda_kernels/sm100/prefill/sparse/fwd/head128/config.h``; deepseek-ai/FlashMLA). So a row's padded heads
+# occupy ``padded / 64`` SMs and nothing splits its keys: a step with fewer such units than the GPU has SMs leaves the
+# rest idle, and a partial last wave runs as long as a full one (``prefill_kernel_waves``; docs/steptime.md fact 44).
+FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM = 64
+
+
+def prefill_kernel_waves(units: int, sms: int) -> float:
+    """How much longer FlashMLA's sparse prefill kernel runs than its work at the whole GPU's rate: ``units`` CTAs of
+    equal work (``FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM`` heads of one query row each) in ``ceil(units / sms)`` waves of
+    ``sms`` at once, so ``waves x sms / units`` (1 with no units; 132 on an H200 for one decode: one SM does it all)."""
+    if units <= 0:
+        return 1.0
+    return -(-units // sms) * sms / units
+
 
 def flashmla_efficiency(table: dict[str, tuple[float, float]], arch: str) -> float:
     """A FlashMLA kernel's published rate over its GPU's bf16 peak, for ``arch`` (Hopper's for a kind without one)."""

@@ -18,7 +18,7 @@ from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
 from dsakv.sim.steptime.figures import RankFigures, StepTerms, alignment_rows, rank_figures, step_terms
 from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
-from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF
+from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF, prefill_kernel_waves
 from dsakv.sim.steptime.sums import StepSums, batch_sums
 from dsakv.spec.layout import CacheLayout
 
@@ -418,10 +418,23 @@ class RooflineStepTime:
             pf_slots = pick(dense, 0, pf_tokens * topk)
             pf_s = layers * pf_slots * r.tilelang_prefill_slot_s
             return mla_bytes, dense_s + pf_s + dec_s, pf_slots, dec_pairs, mha_flops
+        # FlashMLA's sparse prefill kernel fills the GPU only with enough query rows (fact 44): its queries' work at
+        # the whole GPU's rate, times its waves; vLLM's bf16 path runs every query of the step in one call
+        if self.mla_prefill_kernel_all and sparse:
+            pf_waves = dec_waves = prefill_kernel_waves((pf_tokens + n_dec * q) * r.prefill_kernel_row_sms, r.sms)
+        elif sparse and not self.mla_mixed_batch:  # the prefill chunks (not a dense step's), decodes elsewhere
+            pf_waves = pick(dense, 1.0, prefill_kernel_waves(pf_tokens * r.prefill_kernel_row_sms, r.sms))
+            dec_waves = 1.0
+        else:
+            pf_waves = dec_waves = 1.0
         # each kernel's FLOPs over its efficiency: the FLOPs the bf16 peak would take as long for
-        at_peak = r.mla_layer_flops * pf_pairs / pf_eff + r.mla_decode_layer_flops * dec_pairs / dec_eff
+        at_peak = (
+            r.mla_layer_flops * pf_pairs / pf_eff * pf_waves
+            + r.mla_decode_layer_flops * dec_pairs / dec_eff * dec_waves
+        )
         mla_compute_s = at_peak / g.bf16_flops + dense_s
-        return mla_bytes, larger(mla_compute_s, mla_bytes / r.bw), pf_pairs, dec_pairs, mha_flops
+        bytes_s = layers * (pf_rows * pf_waves + dec_rows * dec_waves) * r.mla_row_bytes / r.bw
+        return mla_bytes, larger(mla_compute_s, bytes_s), pf_pairs, dec_pairs, mha_flops
 
     def run_seconds(
         self,
@@ -548,6 +561,8 @@ class RooflineStepTime:
             mla_s = r.tilelang_decode_fixed_s + dec_topk * r.mla_row_bytes / r.tilelang_decode_bw
         else:
             mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
+            if self.mla_prefill_kernel_all and self.has_indexer:  # one query a decode in the prefill kernel (fact 44)
+                mla_s = mla_s * prefill_kernel_waves(n_dec * r.prefill_kernel_row_sms, r.sms)
         idx_s = 0.0
         # the MTP layer has its own full indexer, every context key scored; with index_share_for_mtp_iteration the
         # draft steps attend the draft extend's top-k instead (the new token's indexer key is still written, the
