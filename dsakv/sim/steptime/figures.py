@@ -256,9 +256,7 @@ class RankFigures:
     cell_bytes: float  # bytes both caches write per token (main + indexer; main only without the indexer)
     mla_layer_flops: float  # attn_layers x mla_flops_per_pair
     mla_decode_layer_flops: float  # attn_layers x mla_decode_flops_per_pair
-    # FlashMLA's sparse prefill kernel (fact 44): the SMs one query row's padded heads occupy, and the GPU's SMs
-    prefill_kernel_row_sms: int
-    sms: int
+    prefill_kernel_row_sms: int  # the SMs a query row's padded heads take in FlashMLA's sparse prefill kernel (fact 44)
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
     expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
@@ -518,6 +516,25 @@ def _mla_heads(model: RooflineStepTime, heads: float) -> tuple[float, int | floa
     return padded, padded
 
 
+def _sparse_mla_figures(model: RooflineStepTime, heads: float) -> dict[str, float | int]:
+    """The sparse-MLA kernels' figures of a rank of ``heads`` heads: absorbed MLA per (query, key) pair and layer
+    (scores over latent + rope, values over the latent) at each kernel's padded heads, and over the attention layers;
+    the SMs one query row takes in FlashMLA's sparse prefill kernel (fact 44); the draft passes' kernel rate."""
+    spec, lay, terms = model.layout.spec, model.layout, model.terms
+    padded, decode_heads = _mla_heads(model, heads)
+    per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
+    mla_flops_per_pair, mla_decode_flops_per_pair = padded * per_head, decode_heads * per_head
+    draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
+    return {
+        "mla_flops_per_pair": mla_flops_per_pair,
+        "mla_decode_flops_per_pair": mla_decode_flops_per_pair,
+        "mla_layer_flops": lay.num_attention_layers * mla_flops_per_pair,
+        "mla_decode_layer_flops": lay.num_attention_layers * mla_decode_flops_per_pair,
+        "prefill_kernel_row_sms": max(int(padded) // FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM, 1),
+        "draft_mla_rate": model.gpu.bf16_flops * draft_eff,
+    }
+
+
 def rank_figures(model: RooflineStepTime) -> RankFigures:
     """``model``'s per-rank figures (docs/steptime.md gives each formula)."""
     spec, lay, gpu = model.layout.spec, model.layout, model.gpu
@@ -528,7 +545,6 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # Under an all-to-all MoE the shared experts are whole on every rank and run on its own rows (``replicated``).
     lin = split_weights(weight_parts(spec, lay.mtp_layers, dtype, model.moe_a2a), div, model.has_indexer, a)
     heads = a("num_attention_heads") / attn_tp
-    padded, decode_heads = _mla_heads(model, heads)
     nope, v_dim = a("qk_nope_head_dim"), a("v_head_dim")
     idx_layers = lay.num_indexer_layers if model.has_indexer else 0
     experts, topk_experts = a("n_routed_experts"), a("num_experts_per_tok")
@@ -541,13 +557,8 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
     # the linear layers' weights at the fitted HBM rate, or at AITER's GEMMs' (fact 39; the bf16 lm_head and router too)
     lin_bw = gpu.hbm_bytes_per_s * AITER_GEMM_STREAM_EFF if model.aiter else bw
     gemm_rate = gpu.fp8_flops * AITER_GEMM_DENSE_EFF if model.aiter else lin_peak * model.gemm_eff
-    # Absorbed MLA per (query, key) pair and layer: scores over latent + rope, values over the latent.
-    per_head = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim + spec.kv_lora_rank)
-    mla_flops_per_pair = padded * per_head
-    mla_decode_flops_per_pair = decode_heads * per_head
     mtp = split_weights(mtp_layer_parts(spec, dtype, model.moe_a2a), div, model.has_indexer, a)
     terms = model.terms
-    draft_eff = terms.mla_prefill_eff if model.mla_prefill_kernel_all else terms.mla_decode_eff
     return RankFigures(
         hidden=a("hidden_size"),
         experts=experts,
@@ -564,8 +575,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         expert_miss=1.0 - topk_experts / experts if experts else 0.0,
         dispatch_copies=dispatch_copies,
         moe_act=moe_activation_bytes(model, dtype),
-        mla_flops_per_pair=mla_flops_per_pair,
-        mla_decode_flops_per_pair=mla_decode_flops_per_pair,
+        **_sparse_mla_figures(model, heads),
         # Dense MHA per pair and layer: scores over nope + rope, values over v_head_dim; the up-projection of one
         # cached key's latent into every head's K (nope) and V (fact 24).
         mha_flops_per_pair=heads * 2 * (nope + spec.qk_rope_head_dim + v_dim),
@@ -577,10 +587,6 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         tilelang_decode_bw=gpu.hbm_bytes_per_s * TILELANG_DECODE_STREAM_EFF,
         tilelang_prefill_slot_s=TILELANG_PREFILL_SLOT_S,
         cell_bytes=lay.cell_bytes if model.has_indexer else lay.main_bytes_per_token,
-        mla_layer_flops=lay.num_attention_layers * mla_flops_per_pair,
-        mla_decode_layer_flops=lay.num_attention_layers * mla_decode_flops_per_pair,
-        prefill_kernel_row_sms=max(int(padded) // FLASHMLA_SPARSE_PREFILL_HEADS_PER_SM, 1),
-        sms=gpu.sm_count,
         bw=bw,
         expert_bw=expert_bw,
         deep_gemm_bw=deep_gemm_bw,
@@ -598,5 +604,4 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         mtp_lin_bytes_s=(mtp.attn_bytes + mtp.mlp_bytes + lin.lm_head_bytes) / lin_bw,
         mtp_cell_bytes=lay.main_row_bytes + (idx_key_bytes if idx_layers else 0.0),
         mtp_floor_s=terms.layer_floor_s + (terms.indexer_floor_s if idx_layers else 0.0),
-        draft_mla_rate=gpu.bf16_flops * draft_eff,
     )

@@ -421,9 +421,11 @@ class RooflineStepTime:
         # FlashMLA's sparse prefill kernel fills the GPU only with enough query rows (fact 44): its queries' work at
         # the whole GPU's rate, times its waves; vLLM's bf16 path runs every query of the step in one call
         if self.mla_prefill_kernel_all and sparse:
-            pf_waves = dec_waves = prefill_kernel_waves((pf_tokens + n_dec * q) * r.prefill_kernel_row_sms, r.sms)
+            pf_waves = dec_waves = prefill_kernel_waves(
+                (pf_tokens + n_dec * q) * r.prefill_kernel_row_sms, self.gpu.sm_count
+            )
         elif sparse and not self.mla_mixed_batch:  # the prefill chunks (not a dense step's), decodes elsewhere
-            pf_waves = pick(dense, 1.0, prefill_kernel_waves(pf_tokens * r.prefill_kernel_row_sms, r.sms))
+            pf_waves = pick(dense, 1.0, prefill_kernel_waves(pf_tokens * r.prefill_kernel_row_sms, self.gpu.sm_count))
             dec_waves = 1.0
         else:
             pf_waves = dec_waves = 1.0
@@ -562,7 +564,7 @@ class RooflineStepTime:
         else:
             mla_s = larger(mla_pairs * r.mla_decode_flops_per_pair / r.draft_mla_rate, dec_topk * r.mla_row_bytes / bw)
             if self.mla_prefill_kernel_all and self.has_indexer:  # one query a decode in the prefill kernel (fact 44)
-                mla_s = mla_s * prefill_kernel_waves(n_dec * r.prefill_kernel_row_sms, r.sms)
+                mla_s = mla_s * prefill_kernel_waves(n_dec * r.prefill_kernel_row_sms, self.gpu.sm_count)
         idx_s = 0.0
         # the MTP layer has its own full indexer, every context key scored; with index_share_for_mtp_iteration the
         # draft steps attend the draft extend's top-k instead (the new token's indexer key is still written, the
