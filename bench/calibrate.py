@@ -915,10 +915,10 @@ def _per_request(metric: str, values: list[float], how: str) -> float:
     return _stat(values, how)
 
 
-def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
-    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields
-    (and ``frontend_s``, the config's). Raises ``DsakvError`` when the row cannot be replayed."""
-    published = published_of(anchor)
+def run_replay(anchor: dict, traces: Path, step_params: dict | None = None):
+    """Simulate one anchor's benchmark as its client ran it: (its ``SimConfig``, the run's result, whose
+    ``records`` hold every request). ``step_params`` override the roofline's fields (and ``frontend_s``, the
+    config's). Raises ``DsakvError`` when the row cannot be replayed."""
     cfg = sim_config(anchor)
     step_params = dict(step_params or {})
     if "frontend_s" in step_params:
@@ -930,7 +930,15 @@ def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[
     with tempfile.TemporaryDirectory() as tmp:
         opened = open_source(Source(trace=str(trace_of(anchor, traces, Path(tmp)))))
         requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
-    figures = _figures(run(cfg, requests, setup=setup, counters=opened.counters), cfg)
+    return cfg, run(cfg, requests, setup=setup, counters=opened.counters)
+
+
+def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:
+    """Run one anchor and compare every figure it publishes; ``step_params`` override the roofline's fields
+    (and ``frontend_s``, the config's). Raises ``DsakvError`` when the row cannot be replayed."""
+    published = published_of(anchor)
+    cfg, result = run_replay(anchor, traces, step_params)
+    figures = _figures(result, cfg)
     rows, family = [], family_of(anchor)
     for metric, value, how in published:
         ours = figures[metric](how)

@@ -862,3 +862,33 @@ def test_a_row_without_the_indexer_pools_the_latent_cache_alone(calibrate, engin
     assert cfg.pool_tokens > planner.capacity.pool_tokens * (1_152 + 132) / 1_152  # more than the latent's share
     assert calibrate.build_setup(cfg).num_pages == cfg.pool_tokens // 64
     assert calibrate.sim_config({**row, "id": "x", "indexer": "1"}).pool_tokens is None  # DSA: the planner's pool
+
+
+def test_ttft_waves_splits_a_closed_loops_first_wave_from_the_rest(tmp_path, load_file_module, repo_dir, capsys):
+    waves = load_file_module(repo_dir / "bench" / "ttft_waves.py")
+
+    class Done:  # the two fields ``waves`` reads of a finished request's record
+        outcome = "finished"
+
+        def __init__(self, arrival_s: float, ttft_s: float) -> None:
+            self.arrival_s, self.ttft_s = arrival_s, ttft_s
+
+    first, rest = waves.waves([Done(0.0, 0.5), Done(0.0, 0.3), Done(1.0, 0.1)])
+    assert (first, rest) == ([500.0, 300.0], [100.0])
+    # The published mean m over a first wave of share f and the rest: m = f x first + (1 - f) x rest, either way round.
+    assert waves.first_wave_needed(330.0, 0.1, 100.0) == pytest.approx((330.0 - 0.9 * 100.0) / 0.1)
+    assert waves.rest_needed(330.0, 0.1, 2000.0) == pytest.approx((330.0 - 0.1 * 2000.0) / 0.9)
+    # The tiny closed loop (four requests, two at once): its first wave is the two sent at the client's start.
+    path = _write(tmp_path, {"ttft_ms": [50.0, "mean"], "tpot_ms": [1.0, "mean"]})
+    assert waves.main(["--anchors", path, "--p99", "tiny-sgl-c2=80"]) == 0
+    line, summary = capsys.readouterr().out.splitlines()
+    assert line.startswith("tiny-sgl-c2: 4 requests, first wave 2; replay TTFT mean ")
+    assert "published mean 50.0 ms: the first wave alone would average " in line
+    assert line.endswith(f"the rest would average {waves.rest_needed(50.0, 0.5, 80.0):,.1f} ms")
+    assert summary == "ttft waves: 1 closed-loop rows replayed, 0 other rows left out"
+    # A burst is not a closed loop: left out. A malformed --p99 is bad input: one line, exit 2.
+    burst = _write(tmp_path, {"ttft_ms": [50.0, "mean"]}, conc="")
+    assert waves.main(["--anchors", burst]) == 0
+    assert capsys.readouterr().out.strip() == "ttft waves: 0 closed-loop rows replayed, 1 other rows left out"
+    assert waves.main(["--anchors", path, "--p99", "tiny-sgl-c2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --p99 'tiny-sgl-c2': ID=MS with MS a number of milliseconds"

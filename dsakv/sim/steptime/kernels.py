@@ -410,7 +410,8 @@ def chain_fixed_seconds(
 # without the indexer, in no calibration file: Kimi-K2, SGLang TP8, concurrency 1, 1,024-token prompts, mean TPOT
 # 11.376 ms (sgl-project/sglang#13466, bench_serving, max_concurrency 1), 61 layers. Per layer: TPOT / 61 (the
 # step's own overhead is left in: it is microseconds). ``RooflineStepTime.layer_min_s`` subtracts the layer floor from
-# it: what a batch-1 layer's big kernels take beyond their fixed cost (fact 14). The GPU kind is not printed: one
+# it: what a batch-1 layer's big kernels take beyond their fixed cost (fact 14). The GPU kind is not printed; the
+# log's cache line (8,050 tokens, 0.53 GB beside ~129 GB of fp8 weights a rank) fits only a ~141 GB Hopper part. One
 # figure for every kind (docs/steptime.md, known gaps).
 KIMI_K2_BATCH1_TPOT_S = 11.376e-3
 KIMI_K2_LAYERS = 61
