@@ -1,6 +1,6 @@
 """Replay published serving benchmarks through ``dsakv simulate`` and compare (docs/steptime-log.md, calibration).
 
-    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--set NAME=VALUE ...]
+    python bench/calibrate.py --anchors PATH/anchors.csv [--json] [--only ID,ID] [--set NAME=VALUE ...] [--jobs N]
     python bench/calibrate.py --anchors PATH/anchors.csv --fit [--json]
     python bench/calibrate.py --anchors PATH/anchors.csv --refine [--json]
 
@@ -45,6 +45,8 @@ rows and metrics of log(ratio)^2); the best point's table follows.
 ``--refine`` starts from the defaults and moves one free parameter at a time (``REFINE_BOUNDS``, multiplying or
 dividing by a step factor that shrinks over four rounds) while (rows out of band, loss) improves; the refined
 point's table follows.
+``--jobs N`` replays the rows in N forked processes (0: one per CPU); each replay is independent and seeded, so the
+table is the same at any N.
 """
 
 from __future__ import annotations
@@ -58,11 +60,14 @@ import importlib.util
 import itertools
 import json
 import math
+import multiprocessing
+import os
 import random
 import re
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -979,6 +984,24 @@ def replay_or_error(anchor: dict, traces: Path, step_params: dict | None = None)
         return [Row(anchor["id"], m, v, nan, nan, False, family, text) for m, v, _ in published_of(anchor)]
 
 
+def replay_rows(anchors: list[dict], traces: Path, step_params: dict | None = None, jobs: int = 1) -> list[Row]:
+    """Every anchor's rows (``replay_or_error``), in file order, replayed in ``jobs`` forked processes (one where
+    ``fork`` is not available); each replay is independent and seeded, so the rows are the same at any ``jobs``."""
+    jobs = min(jobs, len(anchors))
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [row for a in anchors for row in replay_or_error(a, traces, step_params)]
+    work = functools.partial(replay_or_error, traces=traces, step_params=step_params)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        return [row for rows in pool.map(work, anchors) for row in rows]
+
+
+def jobs_of(value: int) -> int:
+    """``--jobs``: a count of processes, 0 for one per CPU; a negative one raises ``DsakvError``."""
+    if value < 0:
+        raise DsakvError(f"--jobs {value}: must be 0 (one per CPU) or a count of processes")
+    return value or os.cpu_count() or 1
+
+
 def check_anchors(anchors: list[dict], traces: Path) -> None:
     """A malformed file fails before any replay (exit 2): every row has an id, known metrics and a trace (committed,
     or n / isl / osl to generate it from)."""
@@ -1116,27 +1139,29 @@ def settings_of(items: list[str]) -> dict[str, float]:
     return out
 
 
-def fit(anchors: list[dict], traces: Path) -> list[tuple[float, int, dict]]:
+def fit(anchors: list[dict], traces: Path, jobs: int = 1) -> list[tuple[float, int, dict]]:
     """Replay every anchor at every ``FIT_GRID`` point; (loss, rows out of band, params), best first (fewest
     rows out of band, then the smallest loss)."""
     points = []
     for values in itertools.product(*FIT_GRID.values()):
         params = dict(zip(FIT_GRID, values))
-        rows = [row for a in anchors for row in replay_or_error(a, traces, params)]
+        rows = replay_rows(anchors, traces, params, jobs)
         points.append((loss(rows), sum(not r.band_ok for r in rows), params))
     return sorted(points, key=lambda p: (p[1], p[0]))
 
 
-def evaluate(anchors: list[dict], traces: Path, params: dict) -> tuple[int, float]:
+def evaluate(anchors: list[dict], traces: Path, params: dict, jobs: int = 1) -> tuple[int, float]:
     """(rows out of band, loss) of every anchor replayed with ``params``; error rows count as out of band."""
-    rows = [row for a in anchors for row in replay_or_error(a, traces, params)]
+    rows = replay_rows(anchors, traces, params, jobs)
     return sum(not r.band_ok for r in rows), loss(rows)
 
 
-def refine(anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=print) -> tuple[dict, tuple]:
+def refine(
+    anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=print, jobs: int = 1
+) -> tuple[dict, tuple]:
     """Coordinate descent from ``start`` over ``REFINE_BOUNDS``: each parameter in turn is multiplied / divided by
     a step factor while (rows out, loss) improves; the factor shrinks 1.5 -> 1.22 -> 1.1 -> 1.05 over the rounds."""
-    best, score = dict(start), evaluate(anchors, traces, start)
+    best, score = dict(start), evaluate(anchors, traces, start, jobs)
     log(f"refine start out {score[0]} loss {score[1]:.4f}")
     for factor in (1.5, 1.22, 1.1, 1.05)[:rounds]:
         for name, (lo, hi) in REFINE_BOUNDS.items():
@@ -1147,7 +1172,7 @@ def refine(anchors: list[dict], traces: Path, start: dict, rounds: int = 4, log=
                     if value == best[name]:
                         break
                     trial = {**best, name: value}
-                    got = evaluate(anchors, traces, trial)
+                    got = evaluate(anchors, traces, trial, jobs)
                     if got >= score:
                         break
                     best, score, moved = trial, got, True
@@ -1164,6 +1189,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
+    ap.add_argument("--jobs", type=int, default=1, help="replay in N forked processes (0: one per CPU; default 1)")
     ap.add_argument(
         "--set",
         action="append",
@@ -1227,14 +1253,14 @@ def _search(args, anchors: list[dict], traces: Path) -> dict | None:
     """--fit / --refine: the best point found (the fit's table printed unless --json), else None."""
     best = None
     if args.fit:
-        points = fit(anchors, traces)
+        points = fit(anchors, traces, args.jobs)
         best = points[0][2]
         if not args.json:
             for value, out, params in points:
                 print(f"fit loss {value:8.3f}  out {out:2d}  " + "  ".join(f"{k} {v:g}" for k, v in params.items()))
     if args.refine:
         start = {name: getattr(RooflineStepTime, name) for name in REFINE_BOUNDS if name != "frontend_s"}
-        best, _ = refine(anchors, traces, {**start, "frontend_s": FRONTEND_S})
+        best, _ = refine(anchors, traces, {**start, "frontend_s": FRONTEND_S}, jobs=args.jobs)
         print("refined: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()))
     return best
 
@@ -1244,13 +1270,14 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.anchors)
     try:
         settings = settings_of(args.set)
+        args.jobs = jobs_of(args.jobs)
         if settings and (args.fit or args.refine):
             raise DsakvError("--set: replays the rows at the given values; not with --fit / --refine")
         anchors = read_anchors(path, args.only)
         if not anchors:
             raise DsakvError(f"no anchor rows in {path}")
         best = _search(args, anchors, path.parent / "traces")
-        rows = [row for a in anchors for row in replay_or_error(a, path.parent / "traces", best or settings)]
+        rows = replay_rows(anchors, path.parent / "traces", best or settings, args.jobs)
     except (OSError, KeyError, ValueError, DsakvError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2

@@ -6,6 +6,8 @@ import csv
 import importlib.util
 import json
 import math
+import os
+import sys
 
 import pytest
 
@@ -892,3 +894,26 @@ def test_ttft_waves_splits_a_closed_loops_first_wave_from_the_rest(tmp_path, loa
     assert capsys.readouterr().out.strip() == "ttft waves: 0 closed-loop rows replayed, 1 other rows left out"
     assert waves.main(["--anchors", path, "--p99", "tiny-sgl-c2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --p99 'tiny-sgl-c2': ID=MS with MS a number of milliseconds"
+
+
+def _pid_rows(anchor: dict, traces, step_params=None) -> list:
+    """A stand-in for ``replay_or_error`` that reports the process it ran in (module level: a forked worker finds it)."""
+    return [(anchor["id"], os.getpid())]
+
+
+def test_replay_rows_in_forked_processes_gives_the_serial_rows(tmp_path, calibrate, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, calibrate.__name__, calibrate)  # workers find the module's functions by name
+    published = {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "mean"]}
+    path = _write_rows(
+        tmp_path, [{"id": f"tiny-sgl-c2-{i}", "published": published, "conc": str(i)} for i in (1, 2, 4)]
+    )
+    anchors = calibrate.read_anchors(tmp_path / "anchors.csv")
+    serial = calibrate.replay_rows(anchors, tmp_path / "traces")
+    assert len(serial) == 6 and calibrate.replay_rows(anchors, tmp_path / "traces", jobs=2) == serial
+    # The rows come back in file order from processes other than this one.
+    monkeypatch.setattr(calibrate, "replay_or_error", _pid_rows)
+    ran = calibrate.replay_rows(anchors, tmp_path / "traces", jobs=2)
+    assert [a for a, _ in ran] == [a["id"] for a in anchors] and os.getpid() not in {pid for _, pid in ran}
+    assert calibrate.main(["--anchors", path, "--jobs", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "calibrate: --jobs -1: must be 0 (one per CPU) or a count of processes"
+    assert calibrate.jobs_of(0) == (os.cpu_count() or 1) and calibrate.jobs_of(3) == 3
