@@ -45,8 +45,8 @@ rows and metrics of log(ratio)^2); the best point's table follows.
 ``--refine`` starts from the defaults and moves one free parameter at a time (``REFINE_BOUNDS``, multiplying or
 dividing by a step factor that shrinks over four rounds) while (rows out of band, loss) improves; the refined
 point's table follows.
-``--jobs N`` replays the rows in N forked processes (0: one per CPU); each replay is independent and seeded, so the
-table is the same at any N.
+``--jobs N`` replays the rows in N forked processes on Linux (0: one per CPU; one process elsewhere); each replay is
+independent and seeded, so the table is the same at any N.
 """
 
 from __future__ import annotations
@@ -985,10 +985,11 @@ def replay_or_error(anchor: dict, traces: Path, step_params: dict | None = None)
 
 
 def replay_rows(anchors: list[dict], traces: Path, step_params: dict | None = None, jobs: int = 1) -> list[Row]:
-    """Every anchor's rows (``replay_or_error``), in file order, replayed in ``jobs`` forked processes (one where
-    ``fork`` is not available); each replay is independent and seeded, so the rows are the same at any ``jobs``."""
+    """Every anchor's rows (``replay_or_error``), in file order, replayed in ``jobs`` forked processes on Linux (in
+    this one elsewhere: macOS's system libraries are not safe to fork, Windows cannot); each replay is independent
+    and seeded, so the rows are the same at any ``jobs``."""
     jobs = min(jobs, len(anchors))
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs <= 1 or not sys.platform.startswith("linux"):
         return [row for a in anchors for row in replay_or_error(a, traces, step_params)]
     work = functools.partial(replay_or_error, traces=traces, step_params=step_params)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -1189,7 +1190,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", help="comma-separated anchor ids to replay")
     ap.add_argument("--fit", action="store_true", help="search FIT_GRID for the roofline's free parameters")
     ap.add_argument("--refine", action="store_true", help="coordinate descent over REFINE_BOUNDS from the defaults")
-    ap.add_argument("--jobs", type=int, default=1, help="replay in N forked processes (0: one per CPU; default 1)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="replay in N forked processes on Linux (0: one per CPU; default 1)"
+    )
     ap.add_argument(
         "--set",
         action="append",
