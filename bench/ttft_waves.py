@@ -1,6 +1,6 @@
 """Where a closed-loop replay's TTFT goes: the first wave (the requests the client sends at its start, all at once)
-against the rest, and what a published mean TTFT then asks of each (docs/steptime-log.md, "The front-end latency
-against the first wave").
+against the rest, and what a published mean TTFT then asks of each (docs/steptime-log.md, 2026-12-07, eleventh
+sitting).
 
     python bench/ttft_waves.py --anchors ../shared/data/calibration/anchors.csv [--only ID,ID]
         [--set frontend_s=0] [--p99 ID=MS ...]
@@ -9,8 +9,7 @@ Rows replay as ``bench/calibrate.py`` replays them (``--set`` as there). Per row
 into the first wave's mean and the rest's, and its P99 (linear interpolation, as the benchmark clients' NumPy
 percentile). Where the row publishes a mean TTFT: the mean the first wave alone would need for the published mean
 (the rest as replayed), and, for a row given its published P99 (``--p99``), the mean the rest would need were the
-first wave at that P99 (the first wave's mean is at most its largest TTFT, so this is a lower bound on the rest).
-Then one summary line.
+first wave to average that P99. Then one summary line.
 """
 
 from __future__ import annotations
