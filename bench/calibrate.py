@@ -1268,6 +1268,17 @@ def _search(args, anchors: list[dict], traces: Path) -> dict | None:
     return best
 
 
+def run_cli(main_fn) -> int:
+    """A bench script's ``main()``, ended quietly when its reader closes the pipe early (``| head``): exit status 1,
+    no traceback. stdout then points at /dev/null, so Python's flush at exit cannot fail again (the Python docs'
+    "Note on SIGPIPE")."""
+    try:
+        return main_fn()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     path = Path(args.anchors)
@@ -1306,4 +1317,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -917,3 +917,20 @@ def test_replay_rows_in_forked_processes_gives_the_serial_rows(tmp_path, calibra
     assert calibrate.main(["--anchors", path, "--jobs", "-1"]) == 2
     assert capsys.readouterr().err.strip() == "calibrate: --jobs -1: must be 0 (one per CPU) or a count of processes"
     assert calibrate.jobs_of(0) == (os.cpu_count() or 1) and calibrate.jobs_of(3) == 3
+
+
+def test_a_bench_script_ends_quietly_when_its_reader_closes_the_pipe(calibrate, monkeypatch):
+    moved = []
+    monkeypatch.setattr(calibrate.os, "dup2", lambda fd, to: moved.append(to))
+
+    class Stdout:  # the script's stdout, a pipe whose reader went away
+        def fileno(self) -> int:
+            return 99
+
+    monkeypatch.setattr(calibrate.sys, "stdout", Stdout())
+
+    def closed() -> int:
+        raise BrokenPipeError
+
+    assert calibrate.run_cli(lambda: 0) == 0 and moved == []
+    assert calibrate.run_cli(closed) == 1 and moved == [99]  # stdout now /dev/null: the flush at exit cannot fail
