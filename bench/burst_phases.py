@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
-import dataclasses
 import json
 import math
 import statistics
@@ -35,8 +34,6 @@ from pathlib import Path
 from dsakv.errors import DsakvError
 from dsakv.sim import run
 from dsakv.sim.cluster import AppliedSteps
-from dsakv.sim.config import build_setup
-from dsakv.sim.source import Source, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate  # noqa: E402
@@ -75,17 +72,9 @@ def phases(anchor: dict, traces: Path, settings: dict[str, float] | None = None)
     """One row's replay: dsakv's mean phases (s), duration, peak output tok/s and largest step (tokens); its
     finished records and timeline under ``records`` / ``timeline``. ``settings``: ``calibrate.settings_of``'s
     overrides (roofline fields, ``frontend_s``)."""
-    step_params = dict(settings or {})
-    cfg = calibrate.sim_config(anchor)
-    if "frontend_s" in step_params:
-        cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
-    setup = build_setup(cfg)
-    step_params.setdefault("has_indexer", calibrate.has_indexer(anchor))
-    setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
-    opened = open_source(Source(trace=str(traces / f"{anchor['id']}.jsonl")))
-    requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
+    cfg, setup, requests, counters = calibrate.replay_inputs(anchor, traces, settings)
     sim = TokenClock()
-    result = sim.run(cfg, setup, requests, opened.counters)
+    result = sim.run(cfg, setup, requests, counters)
     done = [r for r in result.records if r.outcome == "finished"]
     start = min(r.arrival_s for r in done)
     return {

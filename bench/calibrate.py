@@ -920,9 +920,9 @@ def _per_request(metric: str, values: list[float], how: str) -> float:
     return _stat(values, how)
 
 
-def run_replay(anchor: dict, traces: Path, step_params: dict | None = None):
-    """Simulate one anchor's benchmark as its client ran it: (its ``SimConfig``, the run's result, whose
-    ``records`` hold every request). ``step_params`` override the roofline's fields (and ``frontend_s``, the
+def replay_inputs(anchor: dict, traces: Path, step_params: dict | None = None) -> tuple:
+    """What a replay of one anchor runs, as its client ran it: (its ``SimConfig``, its ``SimSetup``, the client's
+    requests, the trace's counters). ``step_params`` override the roofline's fields (and ``frontend_s``, the
     config's). Raises ``DsakvError`` when the row cannot be replayed."""
     cfg = sim_config(anchor)
     step_params = dict(step_params or {})
@@ -930,12 +930,18 @@ def run_replay(anchor: dict, traces: Path, step_params: dict | None = None):
         cfg = dataclasses.replace(cfg, frontend_s=step_params.pop("frontend_s"))
     setup = build_setup(cfg)
     step_params.setdefault("has_indexer", has_indexer(anchor))
-    if step_params:
-        setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
+    setup = dataclasses.replace(setup, step_time=dataclasses.replace(setup.step_time, **step_params))
     with tempfile.TemporaryDirectory() as tmp:
         opened = open_source(Source(trace=str(trace_of(anchor, traces, Path(tmp)))))
         requests = client_lengths(list(opened.requests), range_ratio_of(anchor))
-    return cfg, run(cfg, requests, setup=setup, counters=opened.counters)
+    return cfg, setup, requests, opened.counters
+
+
+def run_replay(anchor: dict, traces: Path, step_params: dict | None = None):
+    """Simulate one anchor's benchmark (``replay_inputs``): (its ``SimConfig``, the run's result, whose ``records``
+    hold every request)."""
+    cfg, setup, requests, counters = replay_inputs(anchor, traces, step_params)
+    return cfg, run(cfg, requests, setup=setup, counters=counters)
 
 
 def replay(anchor: dict, traces: Path, step_params: dict | None = None) -> list[Row]:

@@ -16,12 +16,9 @@ import csv
 import dataclasses
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from dsakv.sim import run as simulate
-from dsakv.sim.config import build_setup
-from dsakv.sim.source import Source, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate  # noqa: E402
@@ -55,16 +52,12 @@ def weighted_median(pairs: list[tuple[float, int]]) -> float:
 
 
 def decode_steps(anchor: dict, traces: Path) -> str:
-    cfg = calibrate.sim_config(anchor)
-    setup = build_setup(cfg)
-    model = dataclasses.replace(setup.step_time, has_indexer=calibrate.has_indexer(anchor))
+    cfg, setup, requests, counters = calibrate.replay_inputs(anchor, traces)
+    model = setup.step_time
     recorder = RecordingStepTime(model)
-    with tempfile.TemporaryDirectory() as tmp:  # the committed trace, or the one make_traces.py writes (as calibrate)
-        opened = open_source(Source(trace=str(calibrate.trace_of(anchor, traces, Path(tmp)))))
-        requests = calibrate.client_lengths(list(opened.requests), calibrate.range_ratio_of(anchor))
     # step by step (no run advanced at once), so the recorder sees every step: the same records either way
     setup = dataclasses.replace(setup, step_time=recorder)
-    simulate(cfg, requests, setup=setup, counters=opened.counters, analytic_decode=False)
+    simulate(cfg, requests, setup=setup, counters=counters, analytic_decode=False)
     steps = recorder.steps
     kinds = {
         "decode-only": [s for s in steps if s[1] and not s[0]],

@@ -236,10 +236,9 @@ def test_burst_phases_counts_every_output_token_in_vllm_benchs_one_second_bucket
     # The replay's token clock sees every output token once, analytic decode runs included.
     path = _write(tmp_path, {"tpot_ms": [1.0, "mean"], "ttft_ms": [1.0, "mean"]})
     anchor = next(csv.DictReader(open(path, newline="")))
-    cfg = phases.calibrate.sim_config(anchor)
-    requests = list(phases.open_source(phases.Source(trace=str(tmp_path / "traces" / "tiny-sgl-c2.jsonl"))).requests)
+    cfg, setup, requests, _ = phases.calibrate.replay_inputs(anchor, tmp_path / "traces")
     clock = phases.TokenClock()
-    records = clock.run(cfg, phases.build_setup(cfg), requests).records
+    records = clock.run(cfg, setup, requests).records
     assert sum(t for _, t in clock.emitted) == sum(r.output_tokens for r in records) == 4 * 5
     peaks = tmp_path / "peaks.csv"
     peaks.write_text("id,peak_out_tok_s,median_itl_ms,src\ntiny-sgl-c2,100,10,x\n")
