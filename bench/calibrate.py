@@ -92,14 +92,13 @@ BANDS = {"ttft_ms": (0.6, 1.6), "e2e_ms": (0.6, 1.6), "e2e_per_token_ms": (0.6, 
 DEFAULT_BAND = (0.8, 1.25)
 # Every metric's geometric mean over the rows must lie in this band too (issue 25: "geometric means within 0.9-1.1").
 GEOMEAN_BAND = (0.9, 1.1)
-# A grid over the free parameters that --fit searches: the step time's three fitted efficiencies
+# A grid over the free parameters that --fit searches: the step time's two fitted efficiencies
 # (``dsakv.sim.steptime.fitted``; every other term is derived, docs/steptime.md, Constants) and ``frontend_s`` (the
 # SimConfig's front-end latency, client send -> scheduler queue: the replay's one fitted time). --refine moves the
 # same parameters from the defaults instead.
 FIT_GRID = {
     "bw_eff": (0.5, 0.56, 0.62),
     "link_eff": (0.25, 0.35, 0.5),
-    "indexer_eff": (0.5, 0.64, 0.8),
     "frontend_s": (0.2, 0.25, 0.3),
 }
 # Bounds of the free parameters that --refine moves (coordinate descent on log scale): each efficiency up to its
@@ -108,7 +107,6 @@ FIT_GRID = {
 REFINE_BOUNDS = {
     "bw_eff": (0.3, GEMM_STREAM_EFF),
     "link_eff": (0.1, NCCL_NVLINK_BUS_EFF),
-    "indexer_eff": (0.1, 1.0),
     "frontend_s": (0.1, 0.6),
 }
 # The roofline's numeric fields --set may override (its efficiencies, floors and overheads; not mtp_accept, which the

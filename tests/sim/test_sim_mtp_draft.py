@@ -49,7 +49,7 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
     mla_flops = sel * padded * 2 * (2 * spec.kv_lora_rank + spec.qk_rope_head_dim)
     mla = max(mla_flops / (gpu.bf16_flops * model.terms.mla_decode_eff), sel * layout.main_row_bytes / bw)
     idx_flops = ctx * 2 * spec.index_n_heads * spec.index_head_dim
-    scoring = max(idx_flops / (gpu.fp8_flops * model.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
+    scoring = max(idx_flops / (gpu.fp8_flops * model.terms.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
     write = (layout.main_row_bytes + layout.indexer_row_bytes) / bw
     activations = sum(fused_moe_activation_bytes(model, 1, 1)) / bw  # its MoE's (fact 43), one row
     reads = drafted.weight_bytes / bw + activations

@@ -786,6 +786,22 @@ def dsv32():
     return CacheLayout(ModelSpec.preset("deepseek-v3.2"))
 
 
+@pytest.mark.parametrize("gpu", ["H200", "H20-3e", "B200", "MI355X"])
+def test_indexer_efficiency_is_deepgemms_measured_mqa_logits_rate(dsv32, gpu):
+    # Fact 45: DeepGEMM's own test of fp8_mqa_logits on a Hopper GPU (sgl-project/sglang#11989): 64 heads x 128,
+    # 2,048 rows each scoring the keys before it, 4K / 8K / 16K / 32K keys; over the Hopper SXM fp8 peak, on every kind.
+    measured = (1004 * 1081 * 1126 * 1144) ** (1 / 4) / 1978.9
+    model = RooflineStepTime(dsv32, gpu_kind(gpu))
+    assert model.indexer_eff is None  # derived, not fitted
+    assert model.terms.indexer_eff == pytest.approx(measured) == pytest.approx(0.549, abs=1e-3)
+    assert model.to_dict()["indexer_eff"] == model.terms.indexer_eff
+    # a long chunk's scoring binds at that rate: its seconds are its FLOPs at the fp8 peak's fraction
+    cost = model.cost([(4096, 28672)], [])
+    assert cost.seconds["indexer"] == pytest.approx(cost.flops["indexer"] / (gpu_kind(gpu).fp8_flops * measured))
+    # a value given overrides it (experiments, --set, --step-settings)
+    assert RooflineStepTime(dsv32, gpu_kind(gpu), indexer_eff=0.3).terms.indexer_eff == 0.3
+
+
 def test_vllm_mixed_batch_prefill_reads_each_tokens_rows_at_the_decode_kernels_rate(dsv32):
     # vLLM, fp8 cache, 16 heads per rank (< 32): every prefill token is a decode query reading its own top-k rows.
     plain, mixed = RooflineStepTime(dsv32), RooflineStepTime(dsv32, mla_mixed_batch=True)

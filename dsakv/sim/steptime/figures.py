@@ -25,6 +25,7 @@ from dsakv.sim.steptime.kernels import (
     AITER_MOE_STREAM_EFF,
     BATCH1_LAYER_S,
     DEEPGEMM_CONTIGUOUS_M_ALIGNMENT,
+    DEEPGEMM_MQA_LOGITS_EFF,
     DSA_MODULE_BATCH1_US,
     EAGER_INDEXER_LAUNCHES,
     EAGER_INDEXER_SHORT_LAUNCHES,
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
 class StepTerms:
     """The roofline's kernel efficiencies and fixed costs for one GPU kind, each derived (docs/steptime.md,
     constants) unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates
-    for the GPU's kernel generation), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
+    for the GPU's kernel generation) and the indexer logits' (DeepGEMM's measured rate), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
     per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
     lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor, and the bytes of
     the heads the rank computes beyond that layer's rank: ``batch1_heads_seconds``) and the host
@@ -76,6 +77,7 @@ class StepTerms:
 
     mla_prefill_eff: float
     mla_decode_eff: float
+    indexer_eff: float
     layer_floor_s: float
     indexer_floor_s: float
     overhead_s: float
@@ -104,6 +106,7 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
         mla_decode_eff=given(model.mla_decode_eff, flashmla_efficiency(FLASHMLA_SPARSE_DECODE, gpu.arch)),
+        indexer_eff=given(model.indexer_eff, DEEPGEMM_MQA_LOGITS_EFF),
         layer_floor_s=floor,
         indexer_floor_s=given(model.indexer_floor_s, chain_fixed_seconds(INDEXER_KERNEL_CHAIN, node, gemm_fixed)),
         overhead_s=overhead,
@@ -595,7 +598,7 @@ def rank_figures(model: RooflineStepTime) -> RankFigures:
         link_bw=gpu.link_bytes_per_s * model.link_eff,
         gemm_rate=gemm_rate,
         moe_rate=gpu.fp8_flops * AITER_MOE_COMPUTE_EFF if model.aiter else lin_peak * model.moe_eff,
-        idx_rate=gpu.fp8_flops * model.indexer_eff,
+        idx_rate=gpu.fp8_flops * terms.indexer_eff,
         mha_rate=gpu.bf16_flops * FA3_MHA_EFF,
         lin_bytes_s=lin_bytes / lin_bw,
         floor_s=layers * terms.layer_floor_s + idx_layers * terms.indexer_floor_s,

@@ -31,6 +31,19 @@ DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
 DEEPGEMM_GROUPED_EFF = (
     math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
 )
+# DeepGEMM's fp8 MQA logits, the lightning indexer's scoring of a prefill's rows (``fp8_mqa_logits``), as its own test
+# prints them (``tests/test_attention.py`` at v2.1.1.post3, run by a user on a Hopper GPU and pasted in
+# sgl-project/sglang#11989, 2026-01-21): 64 heads of dim 128, 2,048 query rows, each scoring the keys before it
+# (``CP=0``: row i scores [0, SKV - 2,048 + i), a prefill chunk's windows after its prefix), FLOPs as the test counts
+# them (2 x heads x dim per scored (row, key) pair): (SKV, TFLOP/s). The GPU is not named: rates near 1,100 TFLOP/s
+# rule out the H20 (296 dense), and H100 / H800 / H200 SXM share the catalogue's 1,978.9 peak. Their geometric mean
+# over it, 0.549, prices every indexer's logits (``indexer_eff``; the paged decode kernel's bytes bind it anyway). No
+# rate is settled for the kernels Blackwell and CDNA parts run (docs/steptime.md, known gaps): they take Hopper's.
+DEEPGEMM_MQA_LOGITS_S2048_TFLOPS = ((4096, 1004), (8192, 1081), (16384, 1126), (32768, 1144))
+DEEPGEMM_MQA_LOGITS_EFF = (
+    math.prod(rate for _, rate in DEEPGEMM_MQA_LOGITS_S2048_TFLOPS) ** (1 / len(DEEPGEMM_MQA_LOGITS_S2048_TFLOPS))
+    / H800_FP8_TFLOPS
+)
 # DeepGEMM's contiguous layout (``m_grouped_fp8_gemm_nt_contiguous``) stacks the experts' rows in segments whose
 # lengths are multiples of its M alignment, ``get_mk_alignment_for_contiguous_layout()[0]`` = 128 rows (one M block of
 # the kernel; deepseek-ai/DeepGEMM): SGLang's DeepEP normal mode has DeepEP's dispatch pad each local expert's received

@@ -17,7 +17,7 @@ from dsakv.planner.weights import MOE_A2A
 from dsakv.sim.steptime import runs
 from dsakv.sim.steptime.acceptance import check_accept, tokens_per_decode
 from dsakv.sim.steptime.figures import RankFigures, StepTerms, alignment_rows, rank_figures, step_terms
-from dsakv.sim.steptime.fitted import BW_EFF, INDEXER_EFF, LINK_EFF
+from dsakv.sim.steptime.fitted import BW_EFF, LINK_EFF
 from dsakv.sim.steptime.kernels import DEEPGEMM_DENSE_EFF, DEEPGEMM_GROUPED_EFF, prefill_kernel_waves
 from dsakv.sim.steptime.sums import StepSums, batch_sums
 from dsakv.spec.layout import CacheLayout
@@ -150,9 +150,9 @@ class RooflineStepTime:
         None  # FlashMLA sparse prefill's published rate: 640 / 989.4 Hopper, 1450 / 2250 B200
     )
     mla_decode_eff: float | None = None  # FlashMLA sparse fp8 decode's: 410 / 989.4 Hopper, 350 / 2250 Blackwell
-    indexer_eff: float = INDEXER_EFF  # fitted (one of three, fitted.py)
-    bw_eff: float = BW_EFF  # fitted (one of three, fitted.py)
-    link_eff: float = LINK_EFF  # fitted (one of three, fitted.py)
+    indexer_eff: float | None = None  # DeepGEMM's fp8 MQA logits' measured rate: 1,087 / 1,978.9 (fact 45)
+    bw_eff: float = BW_EFF  # fitted (one of two, fitted.py)
+    link_eff: float = LINK_EFF  # fitted (one of two, fitted.py)
     layer_floor_s: float | None = None  # derived: the layer's kernel chain (kernels.LAYER_KERNEL_CHAIN)
     indexer_floor_s: float | None = None  # derived: the indexer's kernel chain per full indexer layer
     layer_min_s: float | None = None  # derived: Kimi-K2's batch-1 layer beyond its floor (fact 14)
@@ -595,12 +595,13 @@ class RooflineStepTime:
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "mla_decode_trtllm_gen", "mla_tilelang", "moe_deep_gemm_min_tokens", "moe_trtllm", "aiter",
             "has_indexer",
-            "gemm_eff", "moe_eff", "indexer_eff", "bw_eff", "link_eff",
+            "gemm_eff", "moe_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
         for name in (
             "mla_prefill_eff",
             "mla_decode_eff",
+            "indexer_eff",
             "layer_floor_s",
             "indexer_floor_s",
             "layer_min_s",
