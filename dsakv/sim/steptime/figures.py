@@ -64,16 +64,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class StepTerms:
-    """The roofline's kernel efficiencies and fixed costs for one GPU kind, each derived (docs/steptime.md,
-    constants) unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates
-    for the GPU's kernel generation) and the indexer logits' (DeepGEMM's measured rate), the fixed cost of a layer's and an indexer layer's kernel chain (a graph node
-    per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead (the kernels outside the layers and the
-    lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1 layer beyond its floor, and the bytes of
-    the heads the rank computes beyond that layer's rank: ``batch1_heads_seconds``) and the host
-    time a speculative step exposes where the engine does not overlap it (0 where it does: ``spec_overlap``), and the
-    host's launch work per layer of an eager prefill forward (0 where the engine replays prefill graphs:
-    ``prefill_graph``) and what a full indexer layer adds to it, on a prefill longer than top-k and on one within it
-    (the layer's per launch times the indexer chain's launches)."""
+    """The roofline's kernel efficiencies and fixed costs for one GPU kind, each derived (docs/steptime.md, constants)
+    unless the model was given a value: the sparse-MLA kernels' efficiencies (FlashMLA's published rates for the
+    GPU's kernel generation) and the indexer logits' (DeepGEMM's measured rate), the fixed cost of a layer's and an
+    indexer layer's kernel chain (a graph node per kernel, DeepGEMM's fixed cost per GEMM), the per-step overhead
+    (the kernels outside the layers and the lm_head's vocabulary gather), the per-layer minimum (Kimi-K2's batch-1
+    layer beyond its floor, and the bytes of the heads the rank computes beyond that layer's rank:
+    ``batch1_heads_seconds``) and the host time a speculative step exposes where the engine does not overlap it (0
+    where it does: ``spec_overlap``), and the host's launch work per layer of an eager prefill forward (0 where the
+    engine replays prefill graphs: ``prefill_graph``) and what a full indexer layer adds to it, on a prefill longer
+    than top-k and on one within it (the layer's per launch times the indexer chain's launches)."""
 
     mla_prefill_eff: float
     mla_decode_eff: float
