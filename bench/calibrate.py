@@ -116,11 +116,13 @@ SETTABLE = (
     "frontend_s",
 )
 # Front-end latency of every replayed request (SimConfig.frontend_s): fitted on anchors.csv, the least loss on a line
-# search (2026-12-03: 0.20 / 0.225 / 0.25 s give 0.392 / 0.382 / 0.407; docs/steptime-log.md). Not SGLang's own
-# front-end, which its concurrency-1 TTFTs bound at about 29 ms (sgl-project/sglang#13466: 95.2 ms for a 1,024-token
-# prompt dsakv prefills in 66.0 ms): the anchors' InferenceX rows spend it outside the engine's steps, since a prefill
-# long enough to hold it would stall their decodes (docs/steptime.md, Known gaps).
-FRONTEND_S = 0.22
+# search (2026-12-07, twelfth sitting, once SGLang rows replay the overlap scheduler's step of lag,
+# ``engine_overlap_schedule``: 0.17 / 0.19 / 0.195 / 0.20 / 0.21 s give 0.388 / 0.368 / 0.365 / 0.366 / 0.370; 0.22
+# before it; docs/steptime-log.md). Not SGLang's own front-end, which its concurrency-1 TTFTs bound at about 29 ms
+# (sgl-project/sglang#13466: 95.2 ms for a 1,024-token prompt dsakv prefills in 66.0 ms): the anchors' InferenceX rows
+# spend it outside the engine's steps, since a prefill long enough to hold it would stall their decodes
+# (docs/steptime.md, Known gaps).
+FRONTEND_S = 0.20
 # One serving front-end's time per request before the engine starts it (docs/steptime.md, fact 18): vLLM 0.19's API
 # server, one request at a time (concurrency 1), (prompt tokens, seconds from the client's send to the first byte
 # back, before the prefill: HTTP parsing, tokenization, scheduling, "HTTP OH"); MiniMax-M2.5 FP8 on 2 x MI300X,
@@ -434,6 +436,14 @@ def engine_spec_overlap(anchor: dict) -> bool:
         return True
     built = sglang_build_date(anchor)
     return built is not None and built >= SGLANG_SPEC_V2_DATE
+
+
+def engine_overlap_schedule(anchor: dict) -> bool:
+    """Whether the row's engine plans each step while the one before it runs (``SimConfig.overlap_schedule``):
+    SGLang's overlap scheduler does, unless EAGLE V1 turns it off (``engine_spec_overlap``; ``Scheduler.
+    event_loop_overlap``, ``ServerArgs._handle_speculative_decoding``). vLLM rows keep the synchronous loop: the
+    builds on file were not read for their async scheduling (docs/steptime.md, Known gaps)."""
+    return policy_of(anchor) == "prefill_first" and engine_spec_overlap(anchor)
 
 
 # SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and
@@ -764,6 +774,7 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp_accept=accept_of(anchor),
         mtp_accept_shared=accept_shared(anchor),
         spec_overlap=engine_spec_overlap(anchor),
+        overlap_schedule=engine_overlap_schedule(anchor),
         prefill_graph=engine_prefill_graph(anchor),
         dense_short_prefill=engine_dense_short_prefill(anchor),
         moe_deep_gemm=engine_moe_deep_gemm(anchor),

@@ -170,6 +170,13 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("cache and scheduler")
+    s.add_argument(
+        "--overlap-schedule",
+        action="store_true",
+        help="the scheduler plans each step while the one before it runs, as SGLang's overlap scheduler does: a "
+        "request that reaches a busy engine joins the second step after, not the next (docs/steptime.md, closed-loop "
+        "replay)",
+    )
     s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
     s.add_argument(
         "--eviction-policy", "--policy", default=DEFAULT.eviction_policy, help=f"eviction policy: {', '.join(POLICIES)}"

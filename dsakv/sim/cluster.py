@@ -16,6 +16,12 @@ stepping in lockstep, fed by one router (``dsakv.sim.routing``). The driver alon
 * **Events.** An event-driven loop over the instances: the next arrival (ties first, so requests that arrive
   together are queued before a step starts), or the instance whose step ends first. An instance with nothing
   to run sleeps until a request is routed to it, or until its first load-back ends.
+* **The overlap scheduler** (``SimConfig.overlap_schedule``). SGLang's ``Scheduler.event_loop_overlap`` plans
+  the next step while the current one runs: a loop iteration starts as a step starts, receives what reached the
+  scheduler by then, plans the step after it and launches that behind the running one. So a request that reaches
+  a busy instance during a step joins the step after the next; the driver holds it in the instance's inbox until
+  a step starts whose predecessor started after the request reached it (``Cluster._receive``). An instance with
+  nothing to run receives at once.
 * **Closed loop** (``max_concurrency = C``): one client of ``C`` concurrent requests for the whole cluster, as a
   benchmark client against a load balancer. Request ``k`` is sent when a slot is free (a request leaving any
   group frees one, at its finish: the groups push to the driver's one heap of slots), or at its trace time if
@@ -44,8 +50,9 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -85,6 +92,18 @@ class StepObserver(Protocol):
     def __call__(self, steps: AppliedSteps) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request routed to an instance whose overlap scheduler has not received it yet: its group, trace request,
+    send time, id and when it reached the scheduler."""
+
+    group: Group
+    request: TraceRequest
+    arrival_s: float
+    request_id: int
+    queued_s: float
+
+
 @dataclass
 class Instance:
     """One engine instance: its DP groups (stepped in lockstep) and the samples of its waiting queue."""
@@ -102,6 +121,11 @@ class Instance:
     # plans, and whether its last step finishes requests (then it is applied at that step's start)
     run: tuple[list[float], list[tuple[Group, RunPlan]], bool] | None = None
     version: int = 0  # bumped when an arrival cuts the run short: the heap entry of its old end is stale
+    # the start and end of its latest step (the overlap scheduler receives at step starts: ``Cluster._receive``)
+    last_start: float = float("-inf")
+    last_end: float = float("-inf")
+    # requests routed here that its overlap scheduler has not received yet, in routing order
+    inbox: deque[Routed] = field(default_factory=deque)
 
     def tally(self, first: int) -> InstanceTally:
         return InstanceTally(
@@ -248,15 +272,33 @@ class Cluster:
         tokens = req.input_length + req.output_length
         inst.routed_tokens += tokens
         inst.routed_requests += 1
+        if self._track_loads:
+            self._load.add(target, tokens)
+            self._held[rid] = (target, tokens)
+        if self.cfg.overlap_schedule and inst.scheduled:  # a step in flight, or a wake-up: received at a step start
+            inst.inbox.append(Routed(group, req, arrival_s, rid, queued_s))
+            return inst
+        self._add(group, req, arrival_s, rid)
+        return inst
+
+    def _add(self, group: Group, req: TraceRequest, arrival_s: float, rid: int) -> None:
+        """Queue ``req`` in ``group`` (one refused or done on arrival leaves at once and frees its load)."""
         if not self._track_loads:
             group.add(req, arrival_s, rid)
-            return inst
-        self._load.add(target, tokens)
-        self._held[rid] = (target, tokens)
+            return
         before = len(group.records)
         group.add(req, arrival_s, rid)
         self._settle(group, before)
-        return inst
+
+    def _receive(self, inst: Instance, now: float) -> None:
+        """The overlap scheduler's loop iteration that plans the step starting at ``now`` began as the step before
+        it started (back to back), or at ``now`` when the instance was not stepping: the requests that had reached
+        the scheduler by then join their groups' queues, in routing order."""
+        cutoff = inst.last_start if inst.last_end == now else now
+        inbox = inst.inbox
+        while inbox and inbox[0].queued_s <= cutoff:
+            routed = inbox.popleft()
+            self._add(routed.group, routed.request, routed.arrival_s, routed.request_id)
 
     def _assign(self, req: TraceRequest) -> tuple[int, int]:
         """The target the router picks for ``req`` and the request's id (its serial in the stream); in a
@@ -285,7 +327,7 @@ class Cluster:
         The run is applied then, or cut by the first request routed to ``inst`` before it (``_cut_run``).
         Nothing the router sees changes before a run's last step (no request leaves, no page enters or leaves
         the prefix cache), so no other instance waits on it."""
-        if not self.analytic_decode:
+        if not self.analytic_decode or inst.inbox:  # requests not yet received: step by step until they are
             return None
         steps, busy = None, []
         for group in inst.groups:
@@ -329,6 +371,8 @@ class Cluster:
         ends, busy, finishes = inst.run
         inst.run = None
         done = ends[1 : steps + 1]
+        if steps:
+            inst.last_start, inst.last_end = ends[steps - 1], ends[steps]
         if finishes and steps == len(ends) - 1:
             self._clock(ends[-1])  # what the last step stores when it finishes requests happens at its end
         observer = self.observer
@@ -356,9 +400,22 @@ class Cluster:
     # ----- one lockstep step ----------------------------------------------------------------------
     def _step(self, inst: Instance, now: float) -> float | None:
         """Plan every group of ``inst`` at ``now``; run the non-empty plans to the slowest group's end.
-        Returns that end, or None when no group could run anything (the instance sleeps)."""
-        if len(inst.groups) == 1:
-            return self._step_one(inst, inst.groups[0], now)
+        Returns that end, or None when no group could run anything (the instance sleeps). Under the overlap
+        scheduler the requests it has received join first (``_receive``); when no step runs without the others,
+        its loop finds nothing to launch and receives them at once: the instance steps again at ``now``."""
+        if inst.inbox:
+            self._receive(inst, now)
+        steps = inst.steps
+        end = self._step_one(inst, inst.groups[0], now) if len(inst.groups) == 1 else self._step_groups(inst, now)
+        if inst.steps > steps:
+            inst.last_start, inst.last_end = now, end
+        elif inst.inbox:
+            inst.last_end = float("-inf")  # no step ran: the next plan starts a new iteration
+            return now
+        return end
+
+    def _step_groups(self, inst: Instance, now: float) -> float | None:
+        """``_step`` of an instance of several DP groups, stepped in lockstep."""
         self._clock(now)
         plans = []
         for group in inst.groups:

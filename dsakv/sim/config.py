@@ -77,7 +77,10 @@ class SimConfig:
     ``index_share_for_mtp_iteration``, the draft steps reuse the draft extend's top-k instead of scoring the
     MTP layer's indexer (step time only; no effect at k 0 or 1, so a sweep over k may keep it on); ``spec_overlap``:
     False runs speculative steps as SGLang's EAGLE V1 does, without the overlap scheduler (the host's work of each
-    step exposed: the step time's ``spec_host_s``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
+    step exposed: the step time's ``spec_host_s``); ``overlap_schedule``: the scheduler plans each step while the one
+    before it runs, as SGLang's overlap scheduler does (``Scheduler.event_loop_overlap``; on by default there, off
+    under EAGLE V1): a request that reaches a busy engine joins the second step after, not the next
+    (``dsakv.sim.cluster``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
     does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
@@ -132,6 +135,7 @@ class SimConfig:
     mtp_accept_shared: bool = False  # one acceptance draw per step for the batch (SGLANG_SIMULATE_ACC_LEN)
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft steps reuse the draft extend's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
+    overlap_schedule: bool = False  # True: SGLang's overlap scheduler (a request reaching a busy engine waits a step)
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
     moe_deep_gemm: bool = False  # True: vLLM's VLLM_MOE_USE_DEEP_GEMM=1 (DeepGEMM's grouped GEMMs at every step size)
@@ -202,8 +206,8 @@ class SimConfig:
                 raise DsakvError(f"{name} = {v!r}: must be an integer >= 0")
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         for name in (
-            "mtp_accept_shared", "mtp_index_share", "spec_overlap", "prefill_graph", "dense_short_prefill",
-            "moe_deep_gemm", "moe_trtllm", "aiter",
+            "mtp_accept_shared", "mtp_index_share", "spec_overlap", "overlap_schedule", "prefill_graph",
+            "dense_short_prefill", "moe_deep_gemm", "moe_trtllm", "aiter",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")

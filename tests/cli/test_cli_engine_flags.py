@@ -123,3 +123,22 @@ def test_mtp_accept_takes_one_probability_per_draft_position(capsys, trace):
     chain = _run(capsys, trace, "--num-speculative-tokens", "3", "--mtp-accept", "0.9,0.6,0.3")
     low = _run(capsys, trace, "--num-speculative-tokens", "3", "--mtp-accept", "0.3")
     assert chain["finished"] == low["finished"] == 8 and chain["steps"] < low["steps"]
+
+
+def test_overlap_schedule_flag_delays_a_request_reaching_a_busy_engine(capsys, tmp_path):
+    # Requests every 40 ms into a busy engine: SGLang's overlap scheduler receives each one step late (fact 46), so
+    # the mean TTFT grows; the config reports the flag.
+    path = tmp_path / "staggered.jsonl"
+    path.write_text(
+        "".join(
+            f'{{"timestamp": {40 * k}, "input_length": 1000, "output_length": 64, "hash_ids": [{2 * k}, {2 * k + 1}]}}\n'
+            for k in range(8)
+        )
+    )
+    sync = _run(capsys, str(path), "--schedule-policy", "prefill_first")
+    overlap = _run(capsys, str(path), "--schedule-policy", "prefill_first", "--overlap-schedule")
+    assert (
+        sync["config"]["config"]["overlap_schedule"] is False
+        and overlap["config"]["config"]["overlap_schedule"] is True
+    )
+    assert overlap["ttft_s"]["mean"] > sync["ttft_s"]["mean"]

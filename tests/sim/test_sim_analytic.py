@@ -57,8 +57,9 @@ def _same_runs(step, analytic):
             victim_order="fewest_outputs",
             requeue="back",
         ),
+        SimConfig(pool_tokens=40_000, schedule_policy="prefill_first", overlap_schedule=True),  # SGLang's loop
     ],
-    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop", "sglang-admission"],
+    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop", "sglang-admission", "overlap"],
 )
 def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
@@ -80,8 +81,15 @@ def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
         SimConfig(instances=2, gpu=GpuSetting(dp_attention=2), router="least-loaded", pool_tokens=40_000),
         SimConfig(instances=3, router="kv-aware", pool_tokens=40_000),
         SimConfig(instances=3, router="oracle"),
+        SimConfig(  # the overlap scheduler's inbox, in lockstep DP groups
+            instances=2,
+            gpu=GpuSetting(dp_attention=2),
+            router="least-loaded",
+            pool_tokens=40_000,
+            overlap_schedule=True,
+        ),
     ],
-    ids=["round-robin", "dp2-least-loaded", "kv-aware", "oracle"],
+    ids=["round-robin", "dp2-least-loaded", "kv-aware", "oracle", "dp2-overlap"],
 )
 def test_a_cluster_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)

@@ -85,3 +85,27 @@ def test_the_loop_refuses_a_late_arrival_before_it_enters_the_clock():
     reqs = [TraceRequest(0.0, 10, 2, (1,), 1), TraceRequest(1e308, 10, 2, (2,), 2)]
     with pytest.raises(DsakvError, match="trace line 2"):
         simulate(SimConfig(step_model="constant", pool_tokens=6400), reqs)
+
+
+@pytest.mark.parametrize("analytic", [True, False])
+def test_the_overlap_scheduler_receives_a_request_at_the_second_step_start_after_it(analytic):
+    # SGLang's event_loop_overlap plans each step while the one before runs: a request that reaches a busy engine
+    # during a step is received when that step's successor starts, and joins the step after. Constant 20 ms steps:
+    # request 1 decodes from 0; request 2 arrives at 30 ms, during the step [20, 40) ms.
+    reqs = [TraceRequest(0.0, 64, 40, (1,), 1), TraceRequest(30.0, 64, 4, (2,), 2)]
+    admitted = {}
+    for overlap in (False, True):
+        cfg = SimConfig(step_model="constant", schedule_policy="prefill_first", overlap_schedule=overlap)
+        result = simulate(cfg, reqs, analytic_decode=analytic, check_every=1)
+        admitted[overlap] = {r.line: r.admit_s for r in result.records}
+        assert result.summary["finished"] == 2
+    assert admitted[False] == pytest.approx({1: 0.0, 2: 0.04})  # the next step start
+    assert admitted[True] == pytest.approx({1: 0.0, 2: 0.06})  # the second: [40, 60) ms was planned without it
+
+
+def test_an_idle_overlap_scheduler_receives_at_once():
+    # No step in flight: the loop has nothing to launch and receives the request as it comes.
+    reqs = [TraceRequest(0.0, 64, 2, (1,), 1), TraceRequest(500.0, 64, 2, (2,), 2)]
+    cfg = SimConfig(step_model="constant", schedule_policy="prefill_first", overlap_schedule=True)
+    result = simulate(cfg, reqs, check_every=1)
+    assert {r.line: r.admit_s for r in result.records} == pytest.approx({1: 0.0, 2: 0.5})
