@@ -438,12 +438,30 @@ def engine_spec_overlap(anchor: dict) -> bool:
     return built is not None and built >= SGLANG_SPEC_V2_DATE
 
 
+# vLLM's first release with async scheduling on by default (vllm-project/vllm#27614; v0.14.0's release notes: "Async
+# scheduling is now enabled by default", except pipeline parallelism, the CPU backend and speculative decoding other
+# than MTP / EAGLE, which #31998 brought in). Its ``EngineCore.step_with_batch_queue`` then keeps two batches in
+# flight: a request that arrives while batch N runs is read after N's result and scheduled into N + 2, as SGLang's
+# overlap loop does (docs/steptime.md fact 46). v0.13.0 and earlier ran the synchronous ``step``.
+VLLM_ASYNC_SCHEDULING_SINCE = (0, 14, 0)
+
+
+def vllm_release(anchor: dict) -> tuple[int, int, int] | None:
+    """The row's vLLM release (``v0.18.0`` -> (0, 18, 0)); None for no version or a nightly wheel (the one on file,
+    the DeepSeek-V3.2 recipe's install of 2025-12-04, vllm-project/recipes 008786cb, predates v0.14.0)."""
+    release = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", (anchor.get("version") or "").strip())
+    return None if release is None else tuple(int(part) for part in release.groups())
+
+
 def engine_overlap_schedule(anchor: dict) -> bool:
     """Whether the row's engine plans each step while the one before it runs (``SimConfig.overlap_schedule``):
     SGLang's overlap scheduler does, unless EAGLE V1 turns it off (``engine_spec_overlap``; ``Scheduler.
-    event_loop_overlap``, ``ServerArgs._handle_speculative_decoding``). vLLM rows keep the synchronous loop: the
-    builds on file were not read for their async scheduling (docs/steptime.md, Known gaps)."""
-    return policy_of(anchor) == "prefill_first" and engine_spec_overlap(anchor)
+    event_loop_overlap``, ``ServerArgs._handle_speculative_decoding``); vLLM's async scheduling does from
+    ``VLLM_ASYNC_SCHEDULING_SINCE``."""
+    if policy_of(anchor) == "prefill_first":
+        return engine_spec_overlap(anchor)
+    release = vllm_release(anchor)
+    return release is not None and release >= VLLM_ASYNC_SCHEDULING_SINCE
 
 
 # SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and

@@ -713,6 +713,21 @@ def test_sglang_spec_v2_builds_replay_with_the_overlap_scheduler(calibrate):
     assert calibrate.sim_config({**row, "model": "glm-5.2", "weight_dtype": "fp8", "version": "v0.5.14"}).spec_overlap
 
 
+def test_the_engines_overlapped_loops_receive_a_request_one_step_late(calibrate):
+    # Fact 46: SGLang's overlap scheduler (off under EAGLE V1) and vLLM's async scheduling (default from v0.14.0)
+    sgl = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1"}
+    assert calibrate.engine_overlap_schedule({**sgl, "mtp": "0"}) is True
+    assert calibrate.engine_overlap_schedule({**sgl, "mtp": "3", "version": "commit 947927bdb"}) is False  # EAGLE V1
+    assert calibrate.engine_overlap_schedule({**sgl, "mtp": "3", "version": "v0.5.14"}) is True  # spec v2
+    vllm = {"id": "x-vllm-tp8", "engine": "vllm", "gpu": "H200", "gpus": "8", "dp": "1"}
+    assert calibrate.vllm_release({**vllm, "version": "v0.18.0"}) == (0, 18, 0)
+    assert [
+        calibrate.engine_overlap_schedule({**vllm, "version": v})
+        for v in ("v0.13.0", "v0.14.0", "v0.24.0", "nightly wheel (the recipe's install)", "")
+    ] == [False, True, True, False, False]
+    assert calibrate.sim_config({**vllm, "model": "glm-5", "version": "v0.18.0", "mtp": "3"}).overlap_schedule
+
+
 def test_sglang_serves_a_dsa_model_on_blackwell_in_its_builds_default_cache(calibrate):
     # SGLang's ServerArgs picks a DSA model's cache on SM >= 10 when --kv-cache-dtype is auto: FlashMLA's fp8 rows
     # (656 B) from #11655, only under DP attention from #20086, bf16 from #21337, TensorRT-LLM's plain fp8 rows
