@@ -290,11 +290,9 @@ class Cluster:
         group.add(req, arrival_s, rid)
         self._settle(group, before)
 
-    def _receive(self, inst: Instance, now: float) -> None:
-        """The overlap scheduler's loop iteration that plans the step starting at ``now`` began as the step before
-        it started (back to back), or at ``now`` when the instance was not stepping: the requests that had reached
-        the scheduler by then join their groups' queues, in routing order."""
-        cutoff = inst.last_start if inst.last_end == now else now
+    def _receive(self, inst: Instance, cutoff: float) -> None:
+        """The requests routed to ``inst`` that had reached its scheduler by ``cutoff`` join their groups' queues, in
+        routing order."""
         inbox = inst.inbox
         while inbox and inbox[0].queued_s <= cutoff:
             routed = inbox.popleft()
@@ -401,17 +399,18 @@ class Cluster:
     def _step(self, inst: Instance, now: float) -> float | None:
         """Plan every group of ``inst`` at ``now``; run the non-empty plans to the slowest group's end.
         Returns that end, or None when no group could run anything (the instance sleeps). Under the overlap
-        scheduler the requests it has received join first (``_receive``); when no step runs without the others,
-        its loop finds nothing to launch and receives them at once: the instance steps again at ``now``."""
+        scheduler the loop iteration that plans this step began as the step before it started (back to back), or at
+        ``now``: what had reached the scheduler by then joins first (``_receive``). When no step runs without the
+        others, the loop finds nothing to launch and receives them at once, and the instance steps again."""
         if inst.inbox:
-            self._receive(inst, now)
+            self._receive(inst, inst.last_start if inst.last_end == now else now)
         steps = inst.steps
         end = self._step_one(inst, inst.groups[0], now) if len(inst.groups) == 1 else self._step_groups(inst, now)
         if inst.steps > steps:
             inst.last_start, inst.last_end = now, end
         elif inst.inbox:
-            inst.last_end = float("-inf")  # no step ran: the next plan starts a new iteration
-            return now
+            self._receive(inst, now)  # routed in time order: every one has reached the scheduler by now
+            return self._step(inst, now)
         return end
 
     def _step_groups(self, inst: Instance, now: float) -> float | None:

@@ -6,6 +6,7 @@ docs/steptime.md; the roofline (``roofline.py``) only reads them.
 from __future__ import annotations
 
 import math
+from statistics import geometric_mean
 
 from dsakv.planner.gpus import GPU_KINDS, TERA
 from dsakv.planner.weights import matrix_bytes
@@ -23,14 +24,12 @@ DEEPGEMM_DENSE_M4096_TFLOPS = (1058, 990, 590, 1358, 1304, 1025)
 # The peaks the kernels were measured against come from the GPU catalogue (``dsakv.planner.gpus``), in TFLOP/s.
 H800, H100, B200 = (GPU_KINDS[name] for name in ("H800", "H100", "B200"))
 H800_FP8_TFLOPS = H800.fp8_flops / TERA
-DEEPGEMM_DENSE_EFF = math.prod(DEEPGEMM_DENSE_M4096_TFLOPS) ** (1 / len(DEEPGEMM_DENSE_M4096_TFLOPS)) / H800_FP8_TFLOPS
+DEEPGEMM_DENSE_EFF = geometric_mean(DEEPGEMM_DENSE_M4096_TFLOPS) / H800_FP8_TFLOPS
 # The grouped MoE GEMMs at prefill / large-batch shapes: DeepGEMM's masked-layout rows with 256 tokens per expert
 # (4 groups x M 256: N x K = 4096 x 7168 and 7168 x 2048; a DP8 prefill of 8 x 1,024 tokens gives 8,192 x 8 / 256
 # = 256 tokens per expert), over the same peak: 0.44.
 DEEPGEMM_GROUPED_M256_TFLOPS = (932, 815)
-DEEPGEMM_GROUPED_EFF = (
-    math.prod(DEEPGEMM_GROUPED_M256_TFLOPS) ** (1 / len(DEEPGEMM_GROUPED_M256_TFLOPS)) / H800_FP8_TFLOPS
-)
+DEEPGEMM_GROUPED_EFF = geometric_mean(DEEPGEMM_GROUPED_M256_TFLOPS) / H800_FP8_TFLOPS
 # DeepGEMM's fp8 MQA logits, the lightning indexer's scoring of a prefill's rows (``fp8_mqa_logits``), as its own test
 # prints them (``tests/test_attention.py`` at v2.1.1.post3, run by a user on a Hopper GPU and pasted in
 # sgl-project/sglang#11989, 2026-01-21): 64 heads of dim 128, 2,048 query rows, each scoring the keys before it
@@ -40,10 +39,7 @@ DEEPGEMM_GROUPED_EFF = (
 # over it, 0.549, prices every indexer's logits (``indexer_eff``; the paged decode kernel's bytes bind it anyway). No
 # rate is settled for the kernels Blackwell and CDNA parts run (docs/steptime.md, known gaps): they take Hopper's.
 DEEPGEMM_MQA_LOGITS_S2048_TFLOPS = ((4096, 1004), (8192, 1081), (16384, 1126), (32768, 1144))
-DEEPGEMM_MQA_LOGITS_EFF = (
-    math.prod(rate for _, rate in DEEPGEMM_MQA_LOGITS_S2048_TFLOPS) ** (1 / len(DEEPGEMM_MQA_LOGITS_S2048_TFLOPS))
-    / H800_FP8_TFLOPS
-)
+DEEPGEMM_MQA_LOGITS_EFF = geometric_mean(rate for _, rate in DEEPGEMM_MQA_LOGITS_S2048_TFLOPS) / H800_FP8_TFLOPS
 # DeepGEMM's contiguous layout (``m_grouped_fp8_gemm_nt_contiguous``) stacks the experts' rows in segments whose
 # lengths are multiples of its M alignment, ``get_mk_alignment_for_contiguous_layout()[0]`` = 128 rows (one M block of
 # the kernel; deepseek-ai/DeepGEMM): SGLang's DeepEP normal mode has DeepEP's dispatch pad each local expert's received
@@ -59,7 +55,7 @@ DEEPGEMM_CONTIGUOUS_M_ALIGNMENT = 128
 # over H100's dense bf16 peak: its geometric mean prices that kernel.
 FA3_FWD_HDIM128_TFLOPS = (517.099, 565.544)
 H100_BF16_TFLOPS = H100.bf16_flops / TERA
-FA3_MHA_EFF = math.prod(FA3_FWD_HDIM128_TFLOPS) ** (1 / len(FA3_FWD_HDIM128_TFLOPS)) / H100_BF16_TFLOPS
+FA3_MHA_EFF = geometric_mean(FA3_FWD_HDIM128_TFLOPS) / H100_BF16_TFLOPS
 # FlashMLA's published sparse-MLA rates per kernel generation (README at deepseek-ai/FlashMLA 9241ae3, the 2025-09-29
 # release): "410 TFLOPS in compute-bound configuration on H800 SXM5 ... up to 350 TFlops on B200 (which is not really
 # optimized yet)" for the fp8-cache decode kernel, "up to 640 TFlops ... on H800 SXM5 ... 1450 TFlops on B200" for the
@@ -294,7 +290,7 @@ def aiter_gemm_dense_eff() -> float:
         for m, us in rows
         if m == AITER_GEMM_DENSE_M
     ]
-    return math.prod(rates) ** (1 / len(rates)) / MI355X.fp8_flops
+    return geometric_mean(rates) / MI355X.fp8_flops
 
 
 AITER_GEMM_FIXED_S, AITER_GEMM_STREAM_EFF = aiter_gemm_fixed_and_stream()
