@@ -74,7 +74,9 @@ def test_routing_over_zmq_equals_routing_in_process(chat, in_process):
     assert result.summary["evicted_tokens"] > 0 and len({r.id for r in result.records}) == len(chat)
     subs = cluster.router.feed.subscribers
     assert len(subs) == 3 and all(s.next_seq > 0 for s in subs)  # every instance's events crossed its socket
-    assert sum(s.received for s in subs) + sum(s.replayed for s in subs) == sum(s.next_seq for s in subs)
+    # every batch applied once: from PUB, or from a replay when its PUB copy was late (that copy then arrives
+    # as a duplicate, which a loaded machine makes happen: catch_up replays a tail silent for 0.2 s)
+    assert all(s.received - s.duplicates + s.replayed == s.next_seq and s.unrecovered == 0 for s in subs)
     assert_same_run(over_zmq, in_process)
 
 
