@@ -364,6 +364,9 @@ SGLANG_RELEASE_DATES = {
     # no later than in use: the docs' image table of a3291b565 (2026-04-20) names ``lmsysorg/sglang:v0.5.10.post1``
     # (after 0.5.9; only the fit file's DeepSeek-V3 rows run it, and no rule here turns on a date in between)
     "0.5.10.post1": datetime.date(2026, 4, 20),
+    # no later than in use: InferenceX moved its DeepSeek-R1 B300 configuration to ``lmsysorg/sglang:v0.5.12-cu130``
+    # on 2026-05-16 (506258aea, its #1419; v0.5.11 was in use there from 2026-05-12); the held-out R1 rows run it
+    "0.5.12": datetime.date(2026, 5, 16),
     "0.5.13.post1": datetime.date(2026, 6, 15),
     "0.5.14": datetime.date(2026, 7, 10),
 }

@@ -12,6 +12,8 @@ import sys
 import pytest
 
 from dsakv.planner.deployment import rank_memory
+from dsakv.sim.steptime.figures import batch1_layer_seconds
+from dsakv.sim.steptime.kernels import BATCH1_LAYER_S
 
 COLUMNS = (
     "id,model,weight_dtype,gpu,gpus,dp,mtp,accept,kv,mem,n,isl,osl,rate,fixed,conc,cap,chunk,budget,note,src,published"
@@ -287,7 +289,11 @@ def test_heldout_rows_record_only_the_settings_their_sources_name(calibrate, rep
     # is the engine's default at the row's build, which every row names.
     with (repo_dir / "bench" / "calibration" / "heldout.csv").open(newline="") as f:
         rows = {a["id"]: a for a in csv.DictReader(f)}
-    assert all(a["kv"] == "" and a["engine"] and a["version"] for a in rows.values())
+    # only InferenceX's Blackwell R1 command names a cache format (--kv-cache-dtype fp8_e4m3: TensorRT-LLM MLA's rows)
+    assert all(a["engine"] and a["version"] for a in rows.values())
+    named = {i for i, a in rows.items() if a["kv"]}
+    assert named == {i for i, a in rows.items() if "--kv-cache-dtype fp8_e4m3" in a["note"]}
+    assert named and all(rows[i]["kv"] == "fp8" and rows[i]["gpu"] in ("B200", "B300") for i in named)
     assert all(a["mem"] == "" for a in rows.values() if "gpustack" in a["src"])
     assert calibrate.sim_config(rows["ds-vllm-tp8-128x4"]).kv_dtype == "bf16"  # vLLM v0.13: bf16 unless told
     assert calibrate.sim_config(rows["ds-sgl-dp8-128x4"]).kv_dtype == "bf16"  # SGLang on Hopper
@@ -325,6 +331,31 @@ def test_the_env_column_turns_vllms_deepgemm_experts_on(calibrate, repo_dir):
     assert step(rows["ds-vllm-tp8-h20-2k1k-r10"]).moe_deep_gemm_min_tokens == 0
     assert step(rows["glm52-vllm-tp8-8k1k-c512"]).moe_deep_gemm_min_tokens == 0
     assert step(rows["glm52-sgl-h200-tp8-mtp5-8k1k-c1"]).moe_deep_gemm_min_tokens == 0
+
+
+def test_blackwell_rows_take_the_batch_one_layer_their_decode_path_measured(calibrate, repo_dir):
+    # Fact 14: the batch-1 layer scales with HBM, except SGLang's DSA decode on Blackwell from FlashMLA's fp8_ds_mla rows
+    # or a bf16 cache (the cache format each row's build defaults to, SGLANG_BLACKWELL_DSA_KV). The held-out early-2026
+    # DSA rows keep the reference layer; the GLM-5.2 cookbook's June build (TensorRT-LLM's fp8 rows) and every
+    # dense-MLA row (InferenceX's DeepSeek-R1 on B200 / B300) scale.
+    def layer(a):
+        _, setup, _, _ = calibrate.replay_inputs(a, repo_dir / "bench" / "calibration" / "traces")
+        return batch1_layer_seconds(setup.step_time)
+
+    folder = repo_dir / "bench" / "calibration"
+    held = {a["id"]: a for a in calibrate.read_anchors(folder / "heldout.csv")}
+    check = {a["id"]: a for a in calibrate.read_anchors(folder / "check.csv")}
+    for rid in (
+        "glm5-sgl-tp8-b200-c1",
+        "glm5-sgl-tp8-b200-mtp3-c1",
+        "dsexp-sgl-b200-tp8-mtp3-c1",
+        "ds-sgl-b200-dp8-4k512-b1",
+    ):
+        assert layer(held[rid]) == BATCH1_LAYER_S, rid
+    for rid in ("r1-sgl0512-b200-tp8-1k1k-c1", "r1-sgl0512-b300-tp4-8k1k-c1"):
+        assert layer(held[rid]) == pytest.approx(BATCH1_LAYER_S * 0.6), rid
+    assert layer(check["glm52-sgl-b200-tp8-mtp5-8k1k-c1"]) == pytest.approx(BATCH1_LAYER_S * 0.6)
+    assert layer(check["glm52-sgl-h200-tp8-mtp5-8k1k-c1"]) == pytest.approx(BATCH1_LAYER_S)
 
 
 def test_sglang_rows_on_blackwell_run_trtllms_fused_moe_from_its_build_by_model(calibrate, repo_dir):

@@ -28,6 +28,7 @@ from dsakv.sim.steptime.figures import (
     alignment_rows,
     batch1_head_stream_eff,
     batch1_heads_seconds,
+    batch1_layer_seconds,
     head_weight_bytes,
     normal_dispatch_ranks,
 )
@@ -39,9 +40,11 @@ from dsakv.sim.steptime.kernels import (
     AITER_GEMM_STREAM_EFF,
     AITER_MOE_COMPUTE_EFF,
     AITER_MOE_STREAM_EFF,
+    BATCH1_LAYER_S,
     GEMM_FIXED_S,
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
+    KIMI_K2_GPU,
     LAYER_KERNEL_CHAIN,
     TILELANG_DECODE_FIXED_S,
     TILELANG_DECODE_MI355X_US,
@@ -51,6 +54,7 @@ from dsakv.sim.steptime.kernels import (
     TRTLLM_MOE_B300_MXFP8_MS,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
+    sglang_batch1_at_reference,
     vllm_deep_gemm_moe_min_tokens,
 )
 from dsakv.sim.steptime.runs import run_stretch
@@ -705,6 +709,52 @@ def test_a_batch_one_layer_takes_longer_for_each_head_a_rank_computes(dsv32, glm
     rate = glm.gpu.hbm_bytes_per_s * batch1_head_stream_eff("hopper")
     assert batch1_heads_seconds(glm) == pytest.approx(extra / rate) and extra > 0
     assert RooflineStepTime(glm52, layer_min_s=0.0).terms.layer_min_s == 0.0  # a given minimum is kept
+
+
+def test_the_batch_one_layer_streams_at_one_fraction_of_hbm_on_every_kind(dsv32):
+    # Fact 14: Kimi-K2's batch-1 layer was measured on a ~141 GB Hopper part (4.8 TB/s, KIMI_K2_GPU); another kind's is
+    # that time x 4.8 TB/s / its HBM bandwidth. The minimum over the floor shrinks by exactly the scaled difference.
+    dense = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="fp8")
+    ref = gpu_kind(KIMI_K2_GPU).hbm_bytes_per_s
+    assert ref == gpu_kind("H20-3e").hbm_bytes_per_s == 4.8e12
+    for gpu in ("H200", "H20-3e", "H100", "B200", "B300", "GB300", "MI355X"):
+        st = RooflineStepTime(dense, gpu_kind(gpu), has_indexer=False, weight_dtype="fp8")
+        assert batch1_layer_seconds(st) == pytest.approx(BATCH1_LAYER_S * ref / gpu_kind(gpu).hbm_bytes_per_s)
+        t = st.terms
+        assert t.layer_min_s == pytest.approx(batch1_layer_seconds(st) - t.layer_floor_s + batch1_heads_seconds(st))
+    h200, b200 = (RooflineStepTime(dense, gpu_kind(g), has_indexer=False, weight_dtype="fp8") for g in ("H200", "B200"))
+    assert batch1_layer_seconds(b200) == pytest.approx(BATCH1_LAYER_S * 0.6)  # 8 TB/s: 112 us where H200 has 186.5
+    # at one decode the minimum binds on both; B200's step is shorter by 61 scaled layers (floors and heads aside)
+    gap = h200.step_seconds([], [1032]) - b200.step_seconds([], [1032])
+    heads = 61 * (batch1_heads_seconds(h200) - batch1_heads_seconds(b200))
+    floors = 61 * (h200.terms.layer_floor_s - b200.terms.layer_floor_s) + h200.terms.overhead_s - b200.terms.overhead_s
+    assert gap == pytest.approx(61 * BATCH1_LAYER_S * 0.4 + heads + floors, rel=0.02)
+
+
+def test_sglangs_older_blackwell_dsa_path_keeps_the_reference_layer():
+    # Fact 14's exception (kernels.sglang_batch1_at_reference): SGLang (prefill_first) decoding a DSA model on Blackwell
+    # from FlashMLA's fp8_ds_mla rows or a bf16 cache keeps Kimi-K2's 186.5 us; TensorRT-LLM's fp8 rows, a dense-MLA
+    # model, another engine (vLLM's mixed policy) and a Hopper GPU follow the HBM scaling.
+    def terms_of(kv: str, gpu: str = "B200", policy: str = "prefill_first", indexer: bool = True):
+        cfg = SimConfig(
+            model="glm-5.2", kv_dtype=kv, gpu=GpuSetting(gpu=gpu), schedule_policy=policy, pool_tokens=1 << 16
+        )
+        st = dataclasses.replace(build_setup(cfg).step_time, has_indexer=indexer)
+        return st, batch1_layer_seconds(st)
+
+    for kv in ("fp8_ds_mla", "bf16"):
+        st, layer = terms_of(kv)
+        assert st.batch1_at_reference and layer == BATCH1_LAYER_S
+        assert terms_of(kv, indexer=False)[1] == pytest.approx(BATCH1_LAYER_S * 0.6)  # dense MLA: trtllm_mla
+        assert terms_of(kv, policy="mixed")[1] == pytest.approx(BATCH1_LAYER_S * 0.6)
+        assert terms_of(kv, gpu="H200")[1] == pytest.approx(BATCH1_LAYER_S)
+    st, layer = terms_of("fp8")
+    assert not st.batch1_at_reference and layer == pytest.approx(BATCH1_LAYER_S * 0.6)
+    assert sglang_batch1_at_reference(
+        CacheLayout(ModelSpec.preset("glm-5.2"), kv_dtype="fp8_ds_mla"), "blackwell", "prefill_first"
+    )
+    with pytest.raises(DsakvError, match="batch1_at_reference"):
+        RooflineStepTime(CacheLayout(ModelSpec.preset("glm-5.2")), gpu_kind("B200"), batch1_at_reference=1)
 
 
 def test_the_head_term_is_the_rate_aiconfigurators_batch_one_module_grows_at():

@@ -42,6 +42,7 @@ from dsakv.sim.steptime.kernels import (
     GEMM_STREAM_EFF,
     INDEXER_KERNEL_CHAIN,
     KIMI_K2_ATTENTION_HEADS,
+    KIMI_K2_GPU,
     KIMI_K2_TP,
     LAYER_KERNEL_CHAIN,
     STEP_KERNEL_CHAIN,
@@ -101,7 +102,7 @@ def step_terms(model: RooflineStepTime) -> StepTerms:
     gather = gpu.link_latency_s if model.tp > 1 else 0.0  # the lm_head's vocabulary shards gathered: one collective
     overhead = given(model.overhead_s, chain_fixed_seconds(STEP_KERNEL_CHAIN, node, gemm_fixed) + gather)
     # fact 14: Kimi-K2's batch-1 layer beyond this model's floor, and the heads' bytes this rank has beyond its rank's
-    batch1 = BATCH1_LAYER_S - floor + batch1_heads_seconds(model)
+    batch1 = batch1_layer_seconds(model) - floor + batch1_heads_seconds(model)
     eager = 0.0 if model.prefill_graph else given(model.eager_layer_s, EAGER_LAYER_S)
     return StepTerms(
         mla_prefill_eff=given(model.mla_prefill_eff, flashmla_efficiency(FLASHMLA_SPARSE_PREFILL, gpu.arch)),
@@ -147,6 +148,15 @@ def batch1_head_stream_eff(arch: str) -> float:
         slope = fixed_and_seconds_per_byte([(heads * head, us / 1e6) for heads, us in rows])[1]
         rates.append(1 / slope / kind.hbm_bytes_per_s)
     return sum(rates) / len(rates)
+
+
+def batch1_layer_seconds(model: RooflineStepTime) -> float:
+    """Kimi-K2's measured batch-1 layer (``BATCH1_LAYER_S``) on ``model``'s GPU: scaled by the reference part's HBM
+    bandwidth over the kind's (a batch-1 layer streams its weights at one fraction of HBM on every kind), or as
+    measured where a DSA model's engine decodes outside the scaling's kernels (``batch1_at_reference``; fact 14)."""
+    if model.batch1_at_reference and model.has_indexer:
+        return BATCH1_LAYER_S
+    return BATCH1_LAYER_S * gpu_kind(KIMI_K2_GPU).hbm_bytes_per_s / model.gpu.hbm_bytes_per_s
 
 
 @functools.cache

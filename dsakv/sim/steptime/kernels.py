@@ -425,6 +425,14 @@ def chain_fixed_seconds(
 KIMI_K2_BATCH1_TPOT_S = 11.376e-3
 KIMI_K2_LAYERS = 61
 BATCH1_LAYER_S = KIMI_K2_BATCH1_TPOT_S / KIMI_K2_LAYERS
+# That ~141 GB Hopper part streams HBM at 4.8 TB/s, as both candidates do (the H200 and the H20-3e share its HBM3e
+# stacks, ``planner.gpus``). A batch-1 layer reads its weights at low occupancy, at one fraction of HBM on every
+# kind, so another kind's minimum is BATCH1_LAYER_S x this bandwidth / its own (``figures.batch1_layer_seconds``;
+# fact 14).
+# Measured so: the GLM-5.2 cookbook's EAGLE steps at 1 (H200 17.7 ms, B200 11.3 ms: 1.57x against HBM's 1.67x) and
+# InferenceX's DeepSeek-R1 runs of SGLang v0.5.12 (B200 / B300 TPOT at 1: 7.18 / 7.04 ms for 61 layers, 118 / 115
+# us a layer against the reference's 186 us). The exception is ``sglang_batch1_at_reference``.
+KIMI_K2_GPU = "H200"
 # That layer's rank computes 8 attention heads: Kimi-K2's 64 (``num_attention_heads`` of moonshotai/Kimi-K2-Instruct,
 # DeepSeek-V3's per-head dimensions) over TP 8. A batch-1 attention module takes longer the more heads a rank
 # computes, by each head's q_b / kv_b / o_proj weight bytes at a rate: AIConfigurator's measured DSA module
@@ -554,6 +562,18 @@ def sglang_trtllm_gen_decode(layout: CacheLayout, arch: str, schedule_policy: st
     (``flashmla_kv``). ``arg_groups/overrides.py`` at 06ad7b2b0: "Blackwell FP8 defaults to trtllm"; bf16:
     ``dsa_decode_backend = "trtllm" if major >= 10``. docs/steptime.md, fact 29."""
     return schedule_policy == "prefill_first" and arch == "blackwell" and layout.kv_dtype in ("bf16", "fp8")
+
+
+def sglang_batch1_at_reference(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:
+    """Whether a DSA model's batch-1 layer takes the Kimi-K2 part's time on this GPU, not scaled by HBM
+    (``RooflineStepTime.batch1_at_reference``; it applies to a model with the indexer): SGLang (the ``prefill_first``
+    stand-in) on Blackwell with FlashMLA's 656-byte ``fp8_ds_mla`` rows (its SM100 sparse kernels, ``flashmla_kv``)
+    or a bf16 cache. Every such row on file ran at the H200's per-layer time at batch 1: the DeepSeek-V3.2
+    cookbook's B200 runs (0.5.6), sgl-project/sglang#15025's DP 8 nightly of 2026-01-08, the GLM-5 B200 report
+    (2026-02; B200 7.69 ms against H200 7.54 at the same flags) and AIConfigurator's GLM-5 B200 / B300 rows (a
+    nightly of 2026-03-17, bf16). TensorRT-LLM's own fp8 rows (``fp8``, sgl-project/sglang#21914) and a dense-MLA
+    model (``trtllm_mla``) scale. docs/steptime.md, fact 14."""
+    return schedule_policy == "prefill_first" and arch == "blackwell" and layout.kv_dtype in ("fp8_ds_mla", "bf16")
 
 
 def sglang_tilelang(layout: CacheLayout, arch: str, schedule_policy: str) -> bool:

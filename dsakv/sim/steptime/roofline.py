@@ -126,6 +126,9 @@ class RooflineStepTime:
     mla_padded_topk: bool = False
     mla_dense_short_prefill: bool = False
     mla_decode_trtllm_gen: bool = False  # decodes in TensorRT-LLM's trtllm-gen kernel (SGLang on Blackwell, fact 29)
+    # a DSA model's batch-1 layer at the Kimi-K2 part's time, not scaled by HBM (SGLang's FlashMLA / bf16 decode on
+    # Blackwell, kernels.sglang_batch1_at_reference; fact 14); a dense-MLA model (has_indexer False) always scales
+    batch1_at_reference: bool = False
     # the sparse MLA in TileLang's split-K kernels at their published MI355X timings (SGLang on CDNA 4): a layer's
     # decode call TILELANG_DECODE_FIXED_S plus its rows' bytes at HBM x TILELANG_DECODE_STREAM_EFF (fact 40), a
     # prefill token's top-k slots at TILELANG_PREFILL_SLOT_S each (fact 41), 16-row head tiles
@@ -210,7 +213,10 @@ class RooflineStepTime:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise DsakvError(f"step time {name} = {v!r}: must be >= 0 (or None: derived)")
-        for name in ("mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "aiter", "mla_tilelang"):
+        for name in (
+            "mtp_index_share", "spec_overlap", "prefill_graph", "moe_trtllm", "aiter", "mla_tilelang",
+            "batch1_at_reference",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"step time {name} = {getattr(self, name)!r}: must be True or False")
         object.__setattr__(
@@ -594,7 +600,7 @@ class RooflineStepTime:
             "tp", "dp_attention", "dcp", "ep", "moe_a2a", "weight_dtype", "num_speculative_tokens", "mtp_accept", "mla_mixed_batch",
             "mtp_index_share", "spec_overlap", "prefill_graph", "mla_prefill_kernel_all", "mla_padded_topk", "mla_dense_short_prefill",
             "mla_decode_trtllm_gen", "mla_tilelang", "moe_deep_gemm_min_tokens", "moe_trtllm", "aiter",
-            "has_indexer",
+            "batch1_at_reference", "has_indexer",
             "gemm_eff", "moe_eff", "bw_eff", "link_eff",
         ):  # fmt: skip
             out[name] = getattr(self, name)
