@@ -711,7 +711,7 @@ def test_a_batch_one_layer_takes_longer_for_each_head_a_rank_computes(dsv32, glm
     assert RooflineStepTime(glm52, layer_min_s=0.0).terms.layer_min_s == 0.0  # a given minimum is kept
 
 
-def test_the_batch_one_layer_streams_at_one_fraction_of_hbm_on_every_kind(dsv32):
+def test_the_batch_one_layer_streams_at_one_fraction_of_hbm_on_every_kind():
     # Fact 14: Kimi-K2's batch-1 layer was measured on a ~141 GB Hopper part (4.8 TB/s, KIMI_K2_GPU); another kind's is
     # that time x 4.8 TB/s / its HBM bandwidth. The minimum over the floor shrinks by exactly the scaled difference.
     dense = CacheLayout(ModelSpec.preset("deepseek-v3.2"), kv_dtype="fp8")
