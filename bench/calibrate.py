@@ -467,6 +467,50 @@ def engine_overlap_schedule(anchor: dict) -> bool:
     return release is not None and release >= VLLM_ASYNC_SCHEDULING_SINCE
 
 
+def engine_recv_interval(anchor: dict) -> int:
+    """The row's ``recv_interval`` column: SGLang's ``--scheduler-recv-interval`` as the source's command passes it
+    (``SimConfig.scheduler_recv_interval``; empty: 1, the engine's default, receiving every loop turn). A value on a
+    row of another engine, or other than a positive integer, is an error naming the row."""
+    text = (anchor.get("recv_interval") or "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise DsakvError(f"anchor {anchor['id']}: recv_interval = {text}: must be a positive integer or empty (1)")
+    if policy_of(anchor) != "prefill_first":
+        raise DsakvError(
+            f"anchor {anchor['id']}: recv_interval = {text}: SGLang's --scheduler-recv-interval; leave it empty "
+            "on another engine's row"
+        )
+    return int(text)
+
+
+def engine_mixed_chunk(anchor: dict) -> bool:
+    """The row's ``mixed_chunk`` column: ``1`` where the source's deployment runs SGLang with ``--enable-mixed-chunk``
+    (``SimConfig.mixed_chunk``: a prefill step carries the running decodes); empty or ``0``: off, SGLang's default.
+    On another engine's row, or with speculative decoding (which SGLang turns it off for), it is an error naming the
+    row."""
+    text = (anchor.get("mixed_chunk") or "").strip()
+    if text not in ("", "0", "1"):
+        raise DsakvError(f"anchor {anchor['id']}: mixed_chunk = {text}: must be 1, 0 or empty (off)")
+    if text != "1":
+        return False
+    if policy_of(anchor) != "prefill_first" or (_int(anchor.get("mtp"), 0) or 0) > 0:
+        raise DsakvError(
+            f"anchor {anchor['id']}: mixed_chunk = 1: SGLang's --enable-mixed-chunk, which it runs only without "
+            "speculative decoding; leave it empty on this row"
+        )
+    return True
+
+
+def engine_step_tokens(anchor: dict, chunk: int) -> int:
+    """The prompt tokens one step may carry (``GpuSetting.max_batched_tokens``): the row's ``budget``
+    (``--max-prefill-tokens`` / ``--max-num-batched-tokens``), else ``chunk``. SGLang's ``PrefillAdder`` counts a
+    batch's prompt tokens against both ``--max-prefill-tokens`` and ``--chunked-prefill-size`` (``rem_input_tokens``,
+    ``rem_chunk_tokens``), so an SGLang row takes the smaller."""
+    budget = _int(anchor.get("budget"), chunk)
+    return min(budget, chunk) if policy_of(anchor) == "prefill_first" else budget
+
+
 # SGLang's piecewise prefill graphs (default since c64274c74, 2026-03-02) listed DeepseekV32ForCausalLM and
 # GlmMoeDsaForCausalLM in ``piecewise_cuda_graph_disabled_model_archs`` until sgl-project/sglang#23351 ("Support
 # piecewise CUDA graph with NSA", cadfa2d02) took them off; ``ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible``
@@ -781,7 +825,7 @@ def sim_config(anchor: dict) -> SimConfig:
         dp_attention=_int(anchor.get("dp"), 1),
         mem_fraction_static=engine_mem_fraction(anchor),
         weight_dtype=(anchor.get("weight_dtype") or None),
-        max_batched_tokens=_int(anchor.get("budget"), chunk),
+        max_batched_tokens=engine_step_tokens(anchor, chunk),
         moe_a2a=moe_a2a,
         activation_bytes=DEFAULT_ACTIVATION_BYTES + engine_workspace_bytes(anchor),
     )
@@ -796,6 +840,8 @@ def sim_config(anchor: dict) -> SimConfig:
         mtp_accept_shared=accept_shared(anchor),
         spec_overlap=engine_spec_overlap(anchor),
         overlap_schedule=engine_overlap_schedule(anchor),
+        scheduler_recv_interval=engine_recv_interval(anchor),
+        mixed_chunk=engine_mixed_chunk(anchor),
         prefill_graph=engine_prefill_graph(anchor),
         dense_short_prefill=engine_dense_short_prefill(anchor),
         moe_deep_gemm=engine_moe_deep_gemm(anchor),

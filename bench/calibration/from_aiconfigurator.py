@@ -10,7 +10,10 @@ DeepSeek ones under both R1 and V3).
 What a row carries is what the dump states: engine and image, GPU kind and count (= TP), ISL / OSL, concurrency
 (``conc``, a closed loop) and the measured TTFT / TPOT (``silicon_ttft_ms`` / ``silicon_tpot_ms``; the dump does not
 say which statistic: recorded as means, the figure AIConfigurator predicts). It sets no memory fraction, KV dtype,
-running cap, chunk or budget: those cells stay empty (the engine's defaults). The request count is not in the dump:
+running cap or chunk: those cells stay empty (the engine's defaults). What AIConfigurator's own generator launches
+SGLang aggregated serving with, a row measured after the rule was in, fills two more: ``budget`` (``--max-prefill-
+tokens`` = ISL + 1,500) and ``mixed_chunk`` (``--enable-mixed-chunk``): ``AIC_SGLANG_AGG_RULES``; whether the dump's
+measurements were launched from the generator is not stated. The request count is not in the dump:
 ``n`` = ``MULTI_ROUND`` x concurrency. AIConfigurator's own benchmark template sends 20 rounds (bench_run.sh.j2:
 ``--num-requests concurrency x BENCH_MULTI_ROUND``, default 20, after ``2 x concurrency`` warm-up requests it does
 not count); 10 rounds keep the heaviest replay (1K/8K at concurrency 128) under a minute on one core, with the first
@@ -37,8 +40,16 @@ MODELS = {  # model_path -> (dsakv preset, indexer, short name)
 }
 COLUMNS = (
     "id,model,weight_dtype,gpu,gpus,dp,mtp,accept,kv,mem,n,isl,osl,rate,fixed,conc,cap,chunk,budget,"
-    "engine,version,indexer,range_ratio,note,src,published"
+    "engine,version,indexer,range_ratio,mixed_chunk,note,src,published"
 ).split(",")
+# AIConfigurator's generator rules for SGLang aggregated serving (src/aiconfigurator/generator/rule_plugin/sglang.rule,
+# and rule_plugin/benchmark/sglang.rule, its benchmark mode, from 71bb3d00e, 2026-01-30), with the day each came in:
+# ``agg_prefill_decode max_prefill_tokens = SlaConfig.isl + 1500`` with the generator's SGLang support (95ddf241a,
+# 2025-12-04), ``agg enable_mixed_chunk = true`` from fa895ffb1 / 07a377923 (2026-01-19). The other rules set nothing
+# a replay here reads: a running cap and CUDA-graph sizes no smaller than the concurrency, and a KV dtype from a
+# configuration the dump does not give.
+AIC_PREFILL_TOKENS_OVER_ISL = 1500
+AIC_SGLANG_AGG_RULES = {"budget": "2025-12-04", "mixed_chunk": "2026-01-19"}
 
 
 def _source_fields(text: str) -> dict[str, str]:
@@ -70,9 +81,24 @@ def anchor_row(row: dict) -> dict:
     image = source.get("image", "")
     version = row["backend_version"] or image
     flags = "; AIC marks it wip=True" if source.get("wip") == "True" else ""
+    measured = source.get("measured", "")[:10]  # an ISO date sorts as text
+    rules = {name: measured >= since for name, since in AIC_SGLANG_AGG_RULES.items()} if measured else {}
+    launched = [
+        text
+        for name, text in (
+            ("budget", f"--max-prefill-tokens {isl + AIC_PREFILL_TOKENS_OVER_ISL} (ISL + 1500)"),
+            ("mixed_chunk", "--enable-mixed-chunk"),
+        )
+        if rules.get(name)
+    ]
+    generator = (
+        f"; AIConfigurator's SGLang agg rules in force then (rule_plugin/sglang.rule): {', '.join(launched)}"
+        if launched
+        else "; measured before AIConfigurator's SGLang agg rules set --enable-mixed-chunk"
+    )
     note = (
         f"AIConfigurator silicon {row['id']} ({row['model_path']}, SGLang {version or 'version not stated'}, "
-        f"measured {source.get('measured', '?')}{flags}); TP{tp}, MoE TP{tp} EP1; n = {MULTI_ROUND} x conc"
+        f"measured {source.get('measured', '?')}{flags}); TP{tp}, MoE TP{tp} EP1; n = {MULTI_ROUND} x conc{generator}"
     )
     published = {"ttft_ms": [round(float(row["silicon_ttft_ms"]), 3), "mean"]}
     published["tpot_ms"] = [round(float(row["silicon_tpot_ms"]), 4), "mean"]
@@ -82,6 +108,8 @@ def anchor_row(row: dict) -> dict:
         model=preset, weight_dtype="fp8", gpu=gpu, gpus=tp, dp="1", mtp="0", n=str(MULTI_ROUND * conc),
         isl=str(isl), osl=str(osl), fixed="False", conc=str(conc), engine="sglang", version=image or version,
         indexer=indexer, note=note, src=SRC, published=json.dumps(published),
+        budget=str(isl + AIC_PREFILL_TOKENS_OVER_ISL) if rules.get("budget") else "",
+        mixed_chunk="1" if rules.get("mixed_chunk") else "",
     )  # fmt: skip
     return out
 

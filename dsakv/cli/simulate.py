@@ -177,6 +177,17 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         "request that reaches a busy engine joins the second step after, not the next (docs/steptime.md, closed-loop "
         "replay)",
     )
+    s.add_argument(
+        "--mixed-chunk",
+        action="store_true",
+        help="SGLang's --enable-mixed-chunk (with --schedule-policy prefill_first): a step with prefill work also "
+        "carries every running decode, the prompt tokens cut by their count",
+    )
+    s.add_argument(
+        "--scheduler-recv-interval",
+        help="receive new requests as SGLang's --scheduler-recv-interval N does: after a prefill step the next loop "
+        "turn receives, in a stretch of decode steps every N-th (default 1: every turn; dsakv.sim.cluster)",
+    )
     s.add_argument("--pool-tokens", help="pool size in tokens (overrides the planner's capacity)")
     s.add_argument(
         "--eviction-policy", "--policy", default=DEFAULT.eviction_policy, help=f"eviction policy: {', '.join(POLICIES)}"

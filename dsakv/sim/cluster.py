@@ -22,6 +22,13 @@ stepping in lockstep, fed by one router (``dsakv.sim.routing``). The driver alon
   a busy instance during a step joins the step after the next; the driver holds it in the instance's inbox until
   a step starts whose predecessor started after the request reached it (``Cluster._receive``). An instance with
   nothing to run receives at once.
+* **The receive interval** (``SimConfig.scheduler_recv_interval``, SGLang's ``--scheduler-recv-interval n``). SGLang's
+  ``SchedulerRecvSkipper`` lets a loop turn receive only when its count reaches n: each turn adds the weight of the
+  batch the turn before launched (1 for a decode or verify batch, or none; 1,000 for any batch with prefill tokens)
+  and the receiving turn starts it again at 0. So after a prefill step the next turn receives, and in a stretch of
+  decode steps every n-th does: a request reaching a decoding engine waits up to n - 1 more steps in the inbox
+  (``Cluster._turn_receives``; a run of decode steps counts its turns in ``Cluster._count_run``). An idle loop turns
+  in microseconds and receives at once.
 * **Closed loop** (``max_concurrency = C``): one client of ``C`` concurrent requests for the whole cluster, as a
   benchmark client against a load balancer. Request ``k`` is sent when a slot is free (a request leaving any
   group frees one, at its finish: the groups push to the driver's one heap of slots), or at its trace time if
@@ -69,6 +76,13 @@ from dsakv.sim.report import Counters, RequestRecord, SimResult
 from dsakv.sim.routing import Affinity, KvAware, Oracle, RoundRobin, Router, make_router
 from dsakv.sim.target_loads import TargetLoads
 from dsakv.workloads.traces import TraceRequest
+
+# SGLang's SchedulerRecvSkipper (sglang/srt/managers/scheduler_recv_skipper.py, v0.5.12; environ.py): the weight a
+# loop turn adds for the batch the turn before launched: SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_DECODE (also its
+# TARGET_VERIFY and "no batch" weights) and SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_DEFAULT (every other mode: extend,
+# mixed), at their defaults
+RECV_WEIGHT_DECODE = 1
+RECV_WEIGHT_EXTEND = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +138,11 @@ class Instance:
     # the start and end of its latest step (the overlap scheduler receives at step starts: ``Cluster._receive``)
     last_start: float = float("-inf")
     last_end: float = float("-inf")
-    # requests routed here that its overlap scheduler has not received yet, in routing order
+    # requests routed here that its scheduler has not received yet, in routing order
     inbox: deque[Routed] = field(default_factory=deque)
+    # the receive interval's count (``Cluster._turn_receives``) and whether the latest step carried prefill tokens
+    recv_count: int = 0
+    last_extend: bool = False
 
     def tally(self, first: int) -> InstanceTally:
         return InstanceTally(
@@ -196,6 +213,9 @@ class Cluster:
         self._check_every = 0
         self._heap: list[tuple[float, int, int]] = []  # (time, instance, version): a step ends or an instance wakes
         self._steps = 0  # instance steps so far
+        self._recv_interval = cfg.scheduler_recv_interval
+        # a busy instance holds what reaches it in its inbox until a loop turn receives it
+        self._holds_arrivals = cfg.overlap_schedule or self._recv_interval > 1
 
     def _make_groups(self, record_sink: Callable[[RequestRecord], None] | None) -> None:
         """Every DP group of every instance, in target order; the KV-aware router indexes the trees' events
@@ -275,7 +295,7 @@ class Cluster:
         if self._track_loads:
             self._load.add(target, tokens)
             self._held[rid] = (target, tokens)
-        if self.cfg.overlap_schedule and inst.scheduled:  # a step in flight, or a wake-up: received at a step start
+        if self._holds_arrivals and inst.scheduled:  # a step in flight, or a wake-up: received at a step start
             inst.inbox.append(Routed(group, req, arrival_s, rid, queued_s))
             return inst
         self._add(group, req, arrival_s, rid)
@@ -370,6 +390,8 @@ class Cluster:
         inst.run = None
         done = ends[1 : steps + 1]
         if steps:
+            if self._recv_interval > 1:
+                self._count_run(inst, ends[0], steps, max(len(run.chunks) for _, run in busy))
             inst.last_start, inst.last_end = ends[steps - 1], ends[steps]
         if finishes and steps == len(ends) - 1:
             self._clock(ends[-1])  # what the last step stores when it finishes requests happens at its end
@@ -395,22 +417,56 @@ class Cluster:
             for group in inst.groups:
                 group.scheduler.check_integrity()
 
+    # ----- the loop turns that receive ------------------------------------------------------------
+    def _turn_receives(self, inst: Instance, now: float) -> bool:
+        """Whether the loop turn that plans ``inst``'s step at ``now`` receives (SGLang's ``SchedulerRecvSkipper``,
+        ``SimConfig.scheduler_recv_interval``): it adds the weight of the step before (back to back) and receives if
+        that brings the count to the interval, starting it again. After no step (the loop was idle, turning in
+        microseconds) it receives at once."""
+        n = self._recv_interval
+        if n <= 1:
+            return True
+        if inst.last_end != now:
+            inst.recv_count = 0
+            return True
+        count = inst.recv_count + (RECV_WEIGHT_EXTEND if inst.last_extend else RECV_WEIGHT_DECODE)
+        inst.recv_count = 0 if count >= n else count
+        return count >= n
+
+    def _count_run(self, inst: Instance, start: float, steps: int, extend_steps: int) -> None:
+        """Count the loop turns of ``steps`` steps of a run from ``start`` (the first ``extend_steps`` of them with a
+        prefill chunk), as ``_turn_receives`` does step by step; a run starts with an empty inbox and is cut by the
+        first arrival, so these turns receive nothing."""
+        n = self._recv_interval
+        self._turn_receives(inst, start)  # the turn of the run's first step: the step before it weighs
+        explicit = min(steps, extend_steps + 1)  # turns after a chunk step weigh RECV_WEIGHT_EXTEND
+        count = inst.recv_count
+        for j in range(1, explicit):
+            count += RECV_WEIGHT_EXTEND if j - 1 < extend_steps else RECV_WEIGHT_DECODE
+            count = 0 if count >= n else count
+        inst.recv_count = (count + (steps - explicit) * RECV_WEIGHT_DECODE) % n  # decode turns: one each
+        inst.last_extend = steps <= extend_steps
+
     # ----- one lockstep step ----------------------------------------------------------------------
-    def _step(self, inst: Instance, now: float) -> float | None:
+    def _step(self, inst: Instance, now: float, spun: bool = False) -> float | None:
         """Plan every group of ``inst`` at ``now``; run the non-empty plans to the slowest group's end.
         Returns that end, or None when no group could run anything (the instance sleeps). Under the overlap
         scheduler the loop iteration that plans this step began as the step before it started (back to back), or at
-        ``now``: what had reached the scheduler by then joins first (``_receive``). When no step runs without the
-        others, the loop finds nothing to launch and receives them at once, and the instance steps again."""
-        if inst.inbox:
-            self._receive(inst, inst.last_start if inst.last_end == now else now)
+        ``now``: what had reached the scheduler by then joins first (``_receive``), if that turn receives
+        (``_turn_receives``). When no step runs without the others, the loop finds nothing to launch, turns idle and
+        receives them at once (``spun``), and the instance steps again."""
+        receives = True if spun else self._turn_receives(inst, now)
+        if inst.inbox and receives:
+            back_to_back = self.cfg.overlap_schedule and inst.last_end == now
+            self._receive(inst, inst.last_start if back_to_back else now)
         steps = inst.steps
         end = self._step_one(inst, inst.groups[0], now) if len(inst.groups) == 1 else self._step_groups(inst, now)
         if inst.steps > steps:
             inst.last_start, inst.last_end = now, end
         elif inst.inbox:
+            inst.recv_count = 0
             self._receive(inst, now)  # routed in time order: every one has reached the scheduler by now
-            return self._step(inst, now)
+            return self._step(inst, now, spun=True)
         return end
 
     def _step_groups(self, inst: Instance, now: float) -> float | None:
@@ -438,6 +494,8 @@ class Cluster:
             dp_decodes = sum(len(decode) for _, decode in shapes)
         end = now + max(group.transfer(plan, now) + group.price(plan, dp_tokens, dp_decodes) for group, plan in running)
         self._clock(end)  # what the step stores (or frees) when it completes happens at its end
+        if self._recv_interval > 1:
+            inst.last_extend = any(_extends(plan) for _, plan in running)
         observer = self.observer
         for group, plan in running:
             before = len(group.records)
@@ -474,6 +532,8 @@ class Cluster:
             return None if load_s is None else max(now, load_s)  # wake when a load-back ends, else sleep
         end = now + (group.transfer(plan, now) + group.price(plan))
         self._clock(end)
+        if self._recv_interval > 1:
+            inst.last_extend = _extends(plan)
         before = len(group.records)
         group.run_step(plan, now, end)
         self._settle(group, before)
@@ -608,3 +668,9 @@ class ShardView(Protocol):
     count: int
 
     def take(self) -> tuple[int, int]: ...
+
+
+def _extends(plan: BatchPlan) -> bool:
+    """Whether a step computes prompt tokens (an extend or mixed batch to SGLang's loop: ``RECV_WEIGHT_EXTEND``): a
+    chunk of more than one token, or a first token of a prompt (a one-token prompt, a recomputed one)."""
+    return any(item.end - item.start > 1 or item.start < item.request.prompt_len for item in plan.items)

@@ -81,7 +81,14 @@ class SimConfig:
     step exposed: the step time's ``spec_host_s``); ``overlap_schedule``: the scheduler plans each step while the one
     before it runs, as SGLang's overlap scheduler does (``Scheduler.event_loop_overlap``; on by default there, off
     under EAGLE V1): a request that reaches a busy engine joins the second step after, not the next
-    (``dsakv.sim.cluster``); ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
+    (``dsakv.sim.cluster``); ``scheduler_recv_interval``: n > 1 receives new requests as SGLang's
+    ``SchedulerRecvSkipper`` does (``--scheduler-recv-interval n``): each loop turn adds 1 after a decode (or verify)
+    step and 1,000 after a step with prefill tokens, and the turn that brings the count to n receives and starts it
+    again, so a request reaching a decoding engine waits up to n - 1 more steps (an idle loop receives at once);
+    ``mixed_chunk``: SGLang's ``--enable-mixed-chunk`` (``Scheduler._get_new_batch_prefill_raw`` mixes the running
+    decodes into a prefill batch whose prompt tokens it cuts by their count): the scheduler plans as the ``mixed``
+    policy does while the engine stays ``prefill_first``'s (its kernels and admission); only with ``prefill_first``
+    and without speculative decoding, which SGLang refuses it with; ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
     does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
@@ -137,6 +144,8 @@ class SimConfig:
     mtp_index_share: bool = False  # index_share_for_mtp_iteration: draft steps reuse the draft extend's top-k
     spec_overlap: bool = True  # False: SGLang EAGLE V1 (no overlap scheduler on speculative steps)
     overlap_schedule: bool = False  # True: SGLang's overlap scheduler (a request reaching a busy engine waits a step)
+    scheduler_recv_interval: int = 1  # SGLang's --scheduler-recv-interval: a busy loop receives every n-th decode turn
+    mixed_chunk: bool = False  # SGLang's --enable-mixed-chunk: a step with prefill work carries every running decode
     prefill_graph: bool = True  # False: eager prefill forwards (SGLang on a DSA model)
     dense_short_prefill: bool = True  # False: no dense MHA for prefills within top-k (SGLang GLM-5, Blackwell)
     moe_deep_gemm: bool = False  # True: vLLM's VLLM_MOE_USE_DEEP_GEMM=1 (DeepGEMM's grouped GEMMs at every step size)
@@ -201,6 +210,11 @@ class SimConfig:
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
             raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")
+        n = self.scheduler_recv_interval
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise DsakvError(
+                f"scheduler_recv_interval = {n!r}: must be a positive integer (1: receive every loop turn)"
+            )
         for name in ("num_speculative_tokens", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -208,7 +222,7 @@ class SimConfig:
         object.__setattr__(self, "mtp_accept", check_accept(self.mtp_accept, self.num_speculative_tokens))
         for name in (
             "mtp_accept_shared", "mtp_index_share", "spec_overlap", "overlap_schedule", "prefill_graph",
-            "dense_short_prefill", "moe_deep_gemm", "moe_trtllm", "aiter",
+            "dense_short_prefill", "moe_deep_gemm", "moe_trtllm", "aiter", "mixed_chunk",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise DsakvError(f"{name} = {getattr(self, name)!r}: must be True or False")
@@ -219,6 +233,15 @@ class SimConfig:
             if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
                 raise DsakvError(f"{name} = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        if self.mixed_chunk and self.schedule_policy != "prefill_first":
+            raise DsakvError(
+                f"mixed_chunk = True: SGLang's --enable-mixed-chunk needs schedule_policy prefill_first, not "
+                f"{self.schedule_policy} (the mixed policy mixes already)"
+            )
+        if self.mixed_chunk and self.num_speculative_tokens:
+            raise DsakvError(
+                "mixed_chunk = True: SGLang turns mixed chunks off under speculative decoding (set 0 drafts)"
+            )
         low = self.new_token_ratio_min
         if low is not None and (isinstance(low, bool) or not isinstance(low, int | float) or not 0 <= low <= 1):
             raise DsakvError(f"new_token_ratio_min = {low!r}: must be None (a constant ratio) or a number in [0, 1]")
@@ -439,7 +462,8 @@ def build_setup(cfg: SimConfig) -> SimSetup:
         victim_order=cfg.victim_order,
         requeue=cfg.requeue,
         num_speculative_tokens=cfg.num_speculative_tokens,
-        schedule_policy=cfg.schedule_policy,
+        # SGLang's mixed chunks: its prefill batch carries the running decodes, as the mixed policy plans a step
+        schedule_policy="mixed" if cfg.mixed_chunk else cfg.schedule_policy,
     )
     cell = RankCell(layout, setting.dcp)
     tiers = tier_setup(cfg, cell, setting) if cfg.has_tiers else None

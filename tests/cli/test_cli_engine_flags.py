@@ -125,20 +125,53 @@ def test_mtp_accept_takes_one_probability_per_draft_position(capsys, trace):
     assert chain["finished"] == low["finished"] == 8 and chain["steps"] < low["steps"]
 
 
-def test_overlap_schedule_flag_delays_a_request_reaching_a_busy_engine(capsys, tmp_path):
-    # Requests every 40 ms into a busy engine: SGLang's overlap scheduler receives each one step late (fact 46), so
-    # the mean TTFT grows; the config reports the flag.
+def _staggered(tmp_path, every_ms: int, output_length: int) -> str:
+    """A trace of eight 1,000-token requests, one every ``every_ms``; returns its path."""
     path = tmp_path / "staggered.jsonl"
     path.write_text(
         "".join(
-            f'{{"timestamp": {40 * k}, "input_length": 1000, "output_length": 64, "hash_ids": [{2 * k}, {2 * k + 1}]}}\n'
+            f'{{"timestamp": {every_ms * k}, "input_length": 1000, "output_length": {output_length}, '
+            f'"hash_ids": [{2 * k}, {2 * k + 1}]}}\n'
             for k in range(8)
         )
     )
-    sync = _run(capsys, str(path), "--schedule-policy", "prefill_first")
-    overlap = _run(capsys, str(path), "--schedule-policy", "prefill_first", "--overlap-schedule")
+    return str(path)
+
+
+def test_overlap_schedule_flag_delays_a_request_reaching_a_busy_engine(capsys, tmp_path):
+    # Requests every 40 ms into a busy engine: SGLang's overlap scheduler receives each one step late (fact 46), so
+    # the mean TTFT grows; the config reports the flag.
+    path = _staggered(tmp_path, 40, 64)
+    sync = _run(capsys, path, "--schedule-policy", "prefill_first")
+    overlap = _run(capsys, path, "--schedule-policy", "prefill_first", "--overlap-schedule")
     assert (
         sync["config"]["config"]["overlap_schedule"] is False
         and overlap["config"]["config"]["overlap_schedule"] is True
     )
     assert overlap["ttft_s"]["mean"] > sync["ttft_s"]["mean"]
+
+
+def test_scheduler_recv_interval_flag_holds_arrivals_for_decode_turns(capsys, tmp_path):
+    # Requests every 150 ms into a decoding engine: with SGLang's --scheduler-recv-interval 8 a loop turn receives only
+    # every eighth decode step, so the mean TTFT grows; the config reports the interval; 0 is a one-line error.
+    path = _staggered(tmp_path, 150, 256)
+    every = _run(capsys, path, "--schedule-policy", "prefill_first")
+    eighth = _run(capsys, path, "--schedule-policy", "prefill_first", "--scheduler-recv-interval", "8")
+    assert every["config"]["config"]["scheduler_recv_interval"] == 1
+    assert eighth["config"]["config"]["scheduler_recv_interval"] == 8
+    assert eighth["ttft_s"]["mean"] > every["ttft_s"]["mean"]
+    code = main([*BASE, "--trace", path, "--scheduler-recv-interval", "0"])
+    assert_one_line_error(code, capsys.readouterr().err, "--scheduler-recv-interval")
+
+
+def test_mixed_chunk_flag_decodes_the_running_requests_in_prefill_steps(capsys, tmp_path):
+    # SGLang's --enable-mixed-chunk: each arriving prompt's prefill step carries the running decodes, so the requests
+    # already decoding are not held behind it and their TPOT falls; the config reports the flag; without
+    # prefill_first it is a one-line error naming the field.
+    path = _staggered(tmp_path, 150, 256)
+    first = _run(capsys, path, "--schedule-policy", "prefill_first")
+    mixed = _run(capsys, path, "--schedule-policy", "prefill_first", "--mixed-chunk")
+    assert first["config"]["config"]["mixed_chunk"] is False and mixed["config"]["config"]["mixed_chunk"] is True
+    assert mixed["tpot_s"]["mean"] < first["tpot_s"]["mean"]
+    code = main([*BASE, "--trace", path, "--mixed-chunk"])
+    assert_one_line_error(code, capsys.readouterr().err, "mixed_chunk", "prefill_first")

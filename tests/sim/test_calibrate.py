@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -517,6 +518,60 @@ def test_a_one_batch_run_is_read_as_bench_one_batch_server_reads_it(tmp_path, ca
     assert calibrate._stat([3.0, 9.0, 1.0], "max") == 9.0 and not calibrate.METRICS["batch_itl_ms"].rate
 
 
+def test_the_receive_interval_is_the_one_the_rows_command_names(calibrate, repo_dir):
+    # InferenceX's Blackwell R1 command passes --scheduler-recv-interval (10 up to 8 concurrent, 30 above); the
+    # held-out rows carry it in recv_interval exactly where their note quotes it, and the replay receives as SGLang's
+    # SchedulerRecvSkipper does. Empty is the engine's default, 1; another engine's row may not set it.
+    rows = {a["id"]: a for a in calibrate.read_anchors(repo_dir / "bench" / "calibration" / "heldout.csv")}
+    named = {i for i, a in rows.items() if a["recv_interval"]}
+    assert named == {i for i, a in rows.items() if "--scheduler-recv-interval" in a["note"]} and len(named) == 22
+    assert all(f"--scheduler-recv-interval {rows[i]['recv_interval']} " in rows[i]["note"] for i in named)
+    assert calibrate.sim_config(rows["r1-sgl0512-b300-tp8-1k1k-c64"]).scheduler_recv_interval == 30
+    assert calibrate.sim_config(rows["r1-sgl0512-b300-tp8-1k1k-c8"]).scheduler_recv_interval == 10
+    assert calibrate.sim_config(rows["r1-sgl0512-h200-tp8-1k1k-c8"]).scheduler_recv_interval == 1
+    sgl = {"id": "x", "engine": "sglang"}
+    assert (
+        calibrate.engine_recv_interval(sgl) == 1 and calibrate.engine_recv_interval({**sgl, "recv_interval": "4"}) == 4
+    )
+    for bad in ("0", "2.5", "x"):
+        with pytest.raises(calibrate.DsakvError, match=rf"^anchor x: recv_interval = {re.escape(bad)}: must be"):
+            calibrate.engine_recv_interval({**sgl, "recv_interval": bad})
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x: recv_interval = 4: SGLang's"):
+        calibrate.engine_recv_interval({"id": "x", "engine": "vllm", "recv_interval": "4"})
+
+
+def test_the_fit_files_rows_carry_aiconfigurators_sglang_launch_rules(calibrate, repo_dir):
+    # Every AIConfigurator row measured from 2026-01-19 runs mixed chunks, and every one (the earliest was measured
+    # 2025-12-31) takes ISL + 1500 prompt tokens a step, SGLang's smaller limit where the chunk is smaller.
+    rows = calibrate.read_anchors(repo_dir / "bench" / "calibration" / "fit.csv")
+    mixed = {a["id"] for a in rows if a["mixed_chunk"] == "1"}
+    assert mixed == {a["id"] for a in rows if a["note"].split("measured ")[1][:10] >= "2026-01-19"}
+    assert len(rows) - len(mixed) == 1 and all(int(a["budget"]) == int(a["isl"]) + 1500 for a in rows)
+    h200_8k = calibrate.sim_config(next(a for a in rows if a["id"] == "aic-v3-sgl-h200-tp8-8k1k-c16"))
+    assert h200_8k.mixed_chunk and h200_8k.gpu.max_batched_tokens == 8192  # 9,692 against H200's 8,192 chunk
+
+
+def test_the_mixed_chunk_column_and_sglangs_two_prompt_token_limits(calibrate):
+    # mixed_chunk = 1 runs SGLang's --enable-mixed-chunk (the engine stays SGLang's, the scheduler mixes); SGLang
+    # counts a batch's prompt tokens against --max-prefill-tokens and --chunked-prefill-size alike, so its step takes
+    # the smaller, where vLLM's --max-num-batched-tokens is the step's budget whatever the chunk.
+    sgl = {"id": "x", "engine": "sglang", "model": "deepseek-v3.2", "gpu": "H200", "gpus": "8", "conc": "4"}
+    assert (
+        calibrate.engine_mixed_chunk(sgl) is False
+        and calibrate.engine_mixed_chunk({**sgl, "mixed_chunk": "0"}) is False
+    )
+    cfg = calibrate.sim_config({**sgl, "mixed_chunk": "1", "budget": "2524"})
+    assert cfg.mixed_chunk and cfg.schedule_policy == "prefill_first" and cfg.gpu.max_batched_tokens == 2524
+    assert calibrate.engine_step_tokens({**sgl, "budget": "9692"}, 8192) == 8192
+    assert calibrate.engine_step_tokens(sgl, 8192) == 8192
+    assert calibrate.engine_step_tokens({**sgl, "engine": "vllm", "budget": "9692"}, 8192) == 9692
+    with pytest.raises(calibrate.DsakvError, match=r"^anchor x: mixed_chunk = yes: must be 1, 0 or empty"):
+        calibrate.engine_mixed_chunk({**sgl, "mixed_chunk": "yes"})
+    for row in ({**sgl, "engine": "vllm"}, {**sgl, "mtp": "3"}):
+        with pytest.raises(calibrate.DsakvError, match=r"^anchor x: mixed_chunk = 1: SGLang's --enable-mixed-chunk"):
+            calibrate.engine_mixed_chunk({**row, "mixed_chunk": "1"})
+
+
 def test_the_one_batch_client_skips_the_tokenizers_queue_not_the_front_ends_latency(calibrate, repo_dir):
     # bench_one_batch_server sends every prompt's token ids in one /generate request: no tokenization, so no queue of
     # requests at the tokenizer (the measured service time); its batch still passes the server's path to the scheduler
@@ -714,6 +769,15 @@ def test_aiconfigurator_rows_keep_what_dsakv_prices_once_each(load_file_module, 
     assert first["kv"] == first["mem"] == first["cap"] == first["chunk"] == ""  # the dump sets none of them
     assert json.loads(first["published"]) == {"ttft_ms": [363.686, "mean"], "tpot_ms": [20.344, "mean"]}
     assert out[2]["model"] == "deepseek-v3.2" and out[2]["indexer"] == "0"
+    assert first["budget"] == first["mixed_chunk"] == ""  # no measured date: no generator rule read into it
+    # AIConfigurator's generator launches SGLang agg with --max-prefill-tokens ISL + 1500 (from 2025-12-04) and
+    # --enable-mixed-chunk (from 2026-01-19): a row measured after each rule came in carries it
+    dated = {
+        day: aic.anchor_row({**base, "silicon_data_source": f"model=GLM-5; measured={day}T06:26:42Z; wip=False"})
+        for day in ("2025-11-30", "2025-12-31", "2026-03-19")
+    }
+    assert [(r["budget"], r["mixed_chunk"]) for r in dated.values()] == [("", ""), ("2524", ""), ("2524", "1")]
+    assert "--enable-mixed-chunk" in dated["2026-03-19"]["note"] and "mixed-chunk" in dated["2025-11-30"]["note"]
 
 
 def test_sglang_build_dates_come_from_releases_commits_and_nightly_tags(calibrate):

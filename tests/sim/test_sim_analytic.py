@@ -58,8 +58,21 @@ def _same_runs(step, analytic):
             requeue="back",
         ),
         SimConfig(pool_tokens=40_000, schedule_policy="prefill_first", overlap_schedule=True),  # SGLang's loop
+        SimConfig(  # its receive interval: a run's decode turns count as its steps would, one by one
+            pool_tokens=40_000, schedule_policy="prefill_first", overlap_schedule=True, scheduler_recv_interval=7
+        ),
+        SimConfig(max_concurrency=3, schedule_policy="prefill_first", scheduler_recv_interval=4),
     ],
-    ids=["roofline", "evicting", "prefill-first-constant", "closed-loop", "sglang-admission", "overlap"],
+    ids=[
+        "roofline",
+        "evicting",
+        "prefill-first-constant",
+        "closed-loop",
+        "sglang-admission",
+        "overlap",
+        "recv-interval",
+        "closed-loop-recv-interval",
+    ],
 )
 def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)
@@ -88,8 +101,17 @@ def test_one_group_advances_runs_to_the_same_figures(chat, cfg):
             pool_tokens=40_000,
             overlap_schedule=True,
         ),
+        SimConfig(  # and its receive interval, counted per instance
+            instances=2,
+            gpu=GpuSetting(dp_attention=2),
+            router="least-loaded",
+            pool_tokens=40_000,
+            schedule_policy="prefill_first",
+            overlap_schedule=True,
+            scheduler_recv_interval=5,
+        ),
     ],
-    ids=["round-robin", "dp2-least-loaded", "kv-aware", "oracle", "dp2-overlap"],
+    ids=["round-robin", "dp2-least-loaded", "kv-aware", "oracle", "dp2-overlap", "dp2-recv-interval"],
 )
 def test_a_cluster_advances_runs_to_the_same_figures(chat, cfg):
     setup = build_setup(cfg)

@@ -10,6 +10,7 @@ import pytest
 
 from dsakv.cache.key import RadixKey
 from dsakv.errors import DsakvError
+from dsakv.planner.deployment import GpuSetting
 from dsakv.scheduler.request import Request, check_prompt
 from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
@@ -109,3 +110,91 @@ def test_an_idle_overlap_scheduler_receives_at_once():
     cfg = SimConfig(step_model="constant", schedule_policy="prefill_first", overlap_schedule=True)
     result = simulate(cfg, reqs, check_every=1)
     assert {r.line: r.admit_s for r in result.records} == pytest.approx({1: 0.0, 2: 0.5})
+
+
+@pytest.mark.parametrize("analytic", [True, False])
+@pytest.mark.parametrize(("overlap", "interval", "admit_s"), [(False, 1, 0.04), (False, 3, 0.08), (True, 3, 0.08)])
+def test_the_receive_interval_holds_a_request_until_the_nth_decode_turn(analytic, overlap, interval, admit_s):
+    # SGLang's SchedulerRecvSkipper (--scheduler-recv-interval n): a loop turn adds 1,000 after a prefill step and 1
+    # after a decode step, and receives when that brings its count to n. Constant 20 ms steps: request 1 prefills in
+    # [0, 20) ms, so the turn at 20 ms receives (and starts the count again); request 2 reaches the scheduler at 30 ms,
+    # and at n = 3 the turns at 40 and 60 ms count 1 and 2 and the turn at 80 ms receives it (under the overlap
+    # scheduler, the turn at 80 ms began as the step at 60 ms started: it reached the scheduler by then).
+    reqs = [TraceRequest(0.0, 64, 40, (1,), 1), TraceRequest(30.0, 64, 4, (2,), 2)]
+    cfg = SimConfig(
+        step_model="constant",
+        schedule_policy="prefill_first",
+        overlap_schedule=overlap,
+        scheduler_recv_interval=interval,
+    )
+    result = simulate(cfg, reqs, analytic_decode=analytic, check_every=1)
+    assert result.summary["finished"] == 2
+    assert {r.line: r.admit_s for r in result.records} == pytest.approx({1: 0.0, 2: admit_s})
+
+
+def test_the_turn_after_a_prefill_step_receives():
+    # Request 2 reaches the scheduler at 10 ms, during request 1's prefill step [0, 20): that step weighs 1,000, so
+    # the next turn receives whatever the interval.
+    reqs = [TraceRequest(0.0, 64, 40, (1,), 1), TraceRequest(10.0, 64, 4, (2,), 2)]
+    cfg = SimConfig(step_model="constant", schedule_policy="prefill_first", scheduler_recv_interval=30)
+    result = simulate(cfg, reqs, check_every=1)
+    assert {r.line: r.admit_s for r in result.records} == pytest.approx({1: 0.0, 2: 0.02})
+
+
+def test_an_idle_loop_receives_at_once_whatever_the_interval():
+    # A request reaching an engine with nothing to run (here: after request 1 has left) is received as it comes: an
+    # idle loop turns in microseconds, so its count reaches the interval at once.
+    reqs = [TraceRequest(0.0, 64, 2, (1,), 1), TraceRequest(500.0, 64, 2, (2,), 2)]
+    cfg = SimConfig(step_model="constant", schedule_policy="prefill_first", scheduler_recv_interval=30)
+    result = simulate(cfg, reqs, check_every=1)
+    assert {r.line: r.admit_s for r in result.records} == pytest.approx({1: 0.0, 2: 0.5})
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_a_receive_interval_other_than_a_positive_integer_is_refused(bad):
+    with pytest.raises(DsakvError, match=r"^scheduler_recv_interval = .*: must be a positive integer"):
+        SimConfig(scheduler_recv_interval=bad)
+
+
+def test_mixed_chunks_decode_the_running_requests_in_every_prefill_step():
+    # SGLang's --enable-mixed-chunk mixes the running decodes into its prefill batch. Constant 20 ms steps, 256 prompt
+    # tokens a step: request 2's 1,024-token prompt takes four chunk steps while request 1 decodes. Prefill-first
+    # holds request 1 for those four steps; with mixed chunks it decodes in each of them and finishes 80 ms sooner.
+    reqs = [TraceRequest(0.0, 64, 40, (1,), 1), TraceRequest(30.0, 1024, 4, (2, 3), 2)]
+    finish = {}
+    for mixed in (False, True):
+        cfg = SimConfig(
+            step_model="constant",
+            schedule_policy="prefill_first",
+            mixed_chunk=mixed,
+            chunk_tokens=256,
+            gpu=GpuSetting(max_batched_tokens=256),
+        )
+        result = simulate(cfg, reqs, check_every=1)
+        assert result.summary["finished"] == 2
+        finish[mixed] = {r.line: r.finish_s for r in result.records}
+    assert finish[True][1] == pytest.approx(finish[False][1] - 0.08)
+    # the engine stays SGLang's: the step time is the one prefill-first prices; the scheduler plans mixed steps
+    on = SimConfig(schedule_policy="prefill_first", mixed_chunk=True)
+    off = SimConfig(schedule_policy="prefill_first")
+    assert build_setup(on).step_time == build_setup(off).step_time
+    assert build_setup(on).scheduler.schedule_policy == "mixed"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"mixed_chunk": True},
+            r"^mixed_chunk = True: SGLang's --enable-mixed-chunk needs schedule_policy prefill_first",
+        ),
+        (
+            {"mixed_chunk": True, "schedule_policy": "prefill_first", "num_speculative_tokens": 2},
+            r"^mixed_chunk = True: SGLang turns mixed chunks off under speculative decoding",
+        ),
+        ({"mixed_chunk": 1, "schedule_policy": "prefill_first"}, r"^mixed_chunk = 1: must be True or False"),
+    ],
+)
+def test_mixed_chunks_outside_sglangs_rules_are_refused(kwargs, match):
+    with pytest.raises(DsakvError, match=match):
+        SimConfig(**kwargs)
