@@ -81,15 +81,16 @@ class SimConfig:
     step exposed: the step time's ``spec_host_s``); ``overlap_schedule``: the scheduler plans each step while the one
     before it runs, as SGLang's overlap scheduler does (``Scheduler.event_loop_overlap``; on by default there, off
     under EAGLE V1): a request that reaches a busy engine joins the second step after, not the next
-    (``dsakv.sim.cluster``); ``scheduler_recv_interval``: n > 1 receives new requests as SGLang's
-    ``SchedulerRecvSkipper`` does (``--scheduler-recv-interval n``): each loop turn adds 1 after a decode (or verify)
-    step and 1,000 after a step with prefill tokens, and the turn that brings the count to n receives and starts it
-    again, so a request reaching a decoding engine waits up to n - 1 more steps (an idle loop receives at once);
-    ``mixed_chunk``: SGLang's ``--enable-mixed-chunk`` (``Scheduler._get_new_batch_prefill_raw`` mixes the running
-    decodes into a prefill batch whose prompt tokens it cuts by their count): the scheduler plans as the ``mixed``
-    policy does while the engine stays ``prefill_first``'s (its kernels and admission); only with ``prefill_first``
-    and without speculative decoding, which SGLang refuses it with; ``prefill_graph``: False runs prefill forwards eagerly, as SGLang
-    does on a DSA model (a launch floor under every step with prefill tokens: the step time's ``eager_layer_s``);
+    (``dsakv.sim.cluster``); ``scheduler_recv_interval``: n > 1 (with ``prefill_first``, SGLang's policy) receives
+    new requests as SGLang's ``SchedulerRecvSkipper`` does (``--scheduler-recv-interval n``): each loop turn adds 1
+    after a decode (or verify) step and 1,000 after a step with prefill tokens, and the turn that brings the count to
+    n receives and starts it again, so a request reaching a decoding engine waits up to n - 1 more steps (an idle loop
+    receives at once); ``mixed_chunk``: SGLang's ``--enable-mixed-chunk`` (``Scheduler._get_new_batch_prefill_raw``
+    mixes the running decodes into a prefill batch whose prompt tokens it cuts by their count): the scheduler plans
+    as the ``mixed`` policy does while the engine stays ``prefill_first``'s (its kernels and admission); only with
+    ``prefill_first`` and without speculative decoding, which SGLang refuses it with; ``prefill_graph``: False runs
+    prefill forwards eagerly, as SGLang does on a DSA model (a launch floor under every step with prefill tokens: the
+    step time's ``eager_layer_s``);
     ``dense_short_prefill``: False keeps a prefill whose sequences hold at most top-k keys in the sparse kernels, where
     the engine's rule would run it as dense MHA (``kernels.sglang_dense_short_prefill``; SGLang turned it off for GLM-5
     on Blackwell from sgl-project/sglang#18521, 2026-02-10, to #21332, 2026-06-03). ``moe_deep_gemm``: True runs
@@ -233,6 +234,11 @@ class SimConfig:
             if isinstance(fe, bool) or not isinstance(fe, (int, float)) or not 0 <= fe < float("inf"):
                 raise DsakvError(f"{name} = {fe!r}: must be a number of seconds >= 0")
         check_choice("schedule_policy", self.schedule_policy, SCHEDULE_POLICIES)
+        if self.scheduler_recv_interval > 1 and self.schedule_policy != "prefill_first":
+            raise DsakvError(
+                f"scheduler_recv_interval = {self.scheduler_recv_interval}: SGLang's --scheduler-recv-interval needs "
+                f"schedule_policy prefill_first, not {self.schedule_policy} (1: receive every loop turn)"
+            )
         if self.mixed_chunk and self.schedule_policy != "prefill_first":
             raise DsakvError(
                 f"mixed_chunk = True: SGLang's --enable-mixed-chunk needs schedule_policy prefill_first, not "

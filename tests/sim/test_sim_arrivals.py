@@ -153,7 +153,13 @@ def test_an_idle_loop_receives_at_once_whatever_the_interval():
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
 def test_a_receive_interval_other_than_a_positive_integer_is_refused(bad):
     with pytest.raises(DsakvError, match=r"^scheduler_recv_interval = .*: must be a positive integer"):
-        SimConfig(scheduler_recv_interval=bad)
+        SimConfig(scheduler_recv_interval=bad, schedule_policy="prefill_first")
+
+
+def test_a_receive_interval_is_sglangs_and_needs_its_policy():
+    with pytest.raises(DsakvError, match=r"^scheduler_recv_interval = 5: SGLang's --scheduler-recv-interval needs "):
+        SimConfig(scheduler_recv_interval=5)  # the mixed policy: vLLM's engine receives every step
+    assert SimConfig(scheduler_recv_interval=1).scheduler_recv_interval == 1  # the default passes either policy
 
 
 def test_mixed_chunks_decode_the_running_requests_in_every_prefill_step():
