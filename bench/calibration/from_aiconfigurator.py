@@ -95,6 +95,8 @@ def anchor_row(row: dict) -> dict:
         f"; AIConfigurator's SGLang agg rules in force then (rule_plugin/sglang.rule): {', '.join(launched)}"
         if launched
         else "; measured before AIConfigurator's SGLang agg rules set --enable-mixed-chunk"
+        if measured
+        else "; no measured date: no AIConfigurator generator rule read into it"
     )
     note = (
         f"AIConfigurator silicon {row['id']} ({row['model_path']}, SGLang {version or 'version not stated'}, "

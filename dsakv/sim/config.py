@@ -211,6 +211,29 @@ class SimConfig:
         ts = self.time_scale
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 < ts < float("inf"):
             raise DsakvError(f"time_scale = {ts!r}: must be a positive number (2 = replay twice as slowly)")
+        self._check_engine()
+        c = self.max_concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
+            raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
+        check_choice("router", self.router, ROUTERS)
+        self._check_kv_events()
+        self._check_workers()
+        if self.instances > 1 and (self.frontend_request_s or self.frontend_token_s):
+            raise DsakvError(
+                f"frontend_request_s / frontend_token_s with instances = {self.instances}: the front-end queue is "
+                "modelled for one instance (its one API process); use instances = 1 or no front-end service time"
+            )
+        if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
+            raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
+        self._check_tiers()
+        WritePolicy(self.write_policy, self.hit_threshold)
+        if self.has_tiers and not self.prefix_cache:
+            raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
+
+    def _check_engine(self) -> None:
+        """The speculative, scheduler-loop and front-end knobs, and the SGLang flags that need its policy."""
         n = self.scheduler_recv_interval
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise DsakvError(
@@ -257,21 +280,9 @@ class SimConfig:
         clip = self.new_token_clip
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int) or clip < 1):
             raise DsakvError(f"new_token_clip = {clip!r}: must be a positive number of tokens or None (no clip)")
-        c = self.max_concurrency
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise DsakvError(f"max_concurrency = {c!r}: must be a positive integer (closed loop) or None")
-        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
-            raise DsakvError(f"instances = {self.instances!r}: must be a positive integer")
-        check_choice("router", self.router, ROUTERS)
-        self._check_kv_events()
-        self._check_workers()
-        if self.instances > 1 and (self.frontend_request_s or self.frontend_token_s):
-            raise DsakvError(
-                f"frontend_request_s / frontend_token_s with instances = {self.instances}: the front-end queue is "
-                "modelled for one instance (its one API process); use instances = 1 or no front-end service time"
-            )
-        if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens < 0):
-            raise DsakvError(f"pool_tokens = {self.pool_tokens!r}: must be an integer >= 0")
+
+    def _check_tiers(self) -> None:
+        """Each lower tier's size, given one way, and the store's link."""
         for tier in ("host", "store"):
             size, tokens = getattr(self, f"{tier}_bytes"), getattr(self, f"{tier}_tokens")
             if size is not None and tokens is not None:
@@ -287,9 +298,6 @@ class SimConfig:
         gbps = self.store_gbps
         if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < float("inf"):
             raise DsakvError(f"store_gbps = {gbps!r}: must be a positive number of GB/s")
-        WritePolicy(self.write_policy, self.hit_threshold)
-        if self.has_tiers and not self.prefix_cache:
-            raise DsakvError("host/store tiers need the prefix cache (they hold its pages); drop --no-prefix-cache")
 
     def _check_kv_events(self) -> None:
         if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
