@@ -676,6 +676,33 @@ def test_a_step_lasts_at_least_layers_times_the_layer_minimum(glm52):
         assert c.total_seconds == pytest.approx(b.total_seconds + max(0.0, layers * st.terms.layer_min_s - work))
 
 
+def test_trtllms_fused_moe_grows_beyond_the_layer_minimum_from_one_token(dsv32):
+    # Fact 49: the layer minimum holds TensorRT-LLM's fused MoE at one token; what more tokens add to the experts'
+    # bytes runs after the rest of the layer's latency, not under it. A batch-1 decode costs what the minimum says;
+    # a batch-8 decode whose other kernels stay under the minimum costs that plus the MoE's growth, exactly.
+    # Hopper's Triton MoE (its rate the fitted bw_eff) stays inside the minimum (fact 14).
+    b300, h200 = gpu_kind("B300"), gpu_kind("H200")
+    trt = RooflineStepTime(dsv32, gpu=b300, weight_dtype="fp8", moe_trtllm=True)
+    one, eight = trt.cost([], [1024]), trt.cost([], [1024] * 8)
+    assert one.seconds["moe"] == pytest.approx(trt.moe_one_token_seconds())
+    assert one.total_seconds == pytest.approx(trt.terms.overhead_s + trt.rank.floor_s + trt.rank.layer_min_s)
+
+    def rest(c) -> float:
+        return sum(v for k, v in c.seconds.items() if k not in ("floor", "overhead", "moe"))
+
+    assert rest(eight) < trt.rank.layer_min_s - trt.moe_one_token_seconds()  # the other kernels stay under it
+    growth = eight.seconds["moe"] - one.seconds["moe"]
+    assert growth > 0.25 * one.total_seconds  # 49 more experts a layer: not a rounding
+    assert eight.total_seconds - one.total_seconds == pytest.approx(growth)
+    big = trt.cost([(8192, 0)], [])  # a step whose work is above the minimum pays the floors only
+    assert big.seconds["floor"] == pytest.approx(trt.rank.floor_s)
+    triton = RooflineStepTime(dsv32, gpu=h200, weight_dtype="fp8")
+    work8 = sum(v for k, v in triton.cost([], [1024] * 8).seconds.items() if k not in ("floor", "overhead"))
+    assert triton.moe_one_token_seconds() > 0.0 and triton.rank.layer_min_s > 0.0
+    floor8 = triton.rank.floor_s + max(0.0, triton.rank.layer_min_s - work8)
+    assert triton.cost([], [1024] * 8).seconds["floor"] == pytest.approx(floor8)
+
+
 def test_batch_one_decode_of_a_dense_mla_model_takes_kimi_k2s_tpot():
     # Fact 14: Kimi-K2 (61 DeepSeek-V3 layers, no indexer), SGLang TP8, concurrency 1, 1,024-token prompts: TPOT
     # 11.4 ms (sgl-project/sglang#13466). The DeepSeek preset without the indexer prices that step at 11.4 ms.

@@ -230,6 +230,7 @@ class RooflineStepTime:
         object.__setattr__(self, "rank", rank_figures(self))
         # seconds of decode steps that see their whole top-k (or of one decode), by (decodes, dp) and context sum
         object.__setattr__(self, "_saturated", {})
+        object.__setattr__(self, "_moe_one_s", self.moe_one_token_seconds() if self.moe_trtllm else 0.0)
 
     @property
     def runs_tilelang(self) -> bool:
@@ -242,6 +243,15 @@ class RooflineStepTime:
         """Expected tokens one decode step yields per request (1 without MTP): the token, plus draft position ``i``
         where it and every earlier one are accepted (``1 + sum_i p_1 ... p_i``)."""
         return tokens_per_decode(self.mtp_accept, self.num_speculative_tokens)
+
+    def moe_one_token_seconds(self) -> float:
+        """The routed experts' seconds on a batch-1 decode step (one token through every MoE layer, the step kind
+        the layer minimum was measured on: Kimi-K2 at concurrency 1, fact 14); 0 for a model without them."""
+        r = self.rank
+        if not r.experts:
+            return 0.0
+        one = r.linear.expert_bytes * self._touched(1)
+        return self._moe_seconds(r.linear.expert_flops_per_token, one, 1, r.moe_act.layers, False, max)[0]
 
     def _touched(self, tokens: float) -> float:
         """Fraction of the routed experts at least one of ``tokens`` tokens picks (uniform routing)."""
@@ -329,7 +339,10 @@ class RooflineStepTime:
         components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
         if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
             work = components - draft_s  # the draft passes are forwards of their own
-            floor_s = r.floor_s + larger(0.0, r.layer_min_s - work)
+            # TensorRT-LLM's fused MoE (fact 49): the minimum holds its one-token time, what more tokens add to its
+            # bytes comes after the rest of the layer's latency, not under it
+            rest = work - moe_s if self.moe_trtllm else work
+            floor_s = r.floor_s + larger(0.0, r.layer_min_s - self._moe_one_s - rest)
         else:
             floor_s = 0.0
         overhead_s = self.terms.overhead_s if tokens else 0.0
