@@ -360,6 +360,9 @@ SGLANG_RELEASE_DATES = {
     "0.5.6": datetime.date(2025, 12, 2),  # 7ae368efd "bump SGLang version to 0.5.6"
     "0.5.6.post1": datetime.date(2025, 12, 9),  # 9a327bdfc
     "0.5.6.post2": datetime.date(2025, 12, 11),  # 5c8bd8b51
+    # no later than in use: InferenceX moved its DeepSeek-R1 H200 configuration to ``lmsysorg/sglang:v0.5.7-cu129-amd64``
+    # on 2026-01-22 (6e35460d2, its #538); the held-out v0.5.7 update rows run it
+    "0.5.7": datetime.date(2026, 1, 22),
     "0.5.9": datetime.date(2026, 3, 4),
     # no later than in use: the docs' image table of a3291b565 (2026-04-20) names ``lmsysorg/sglang:v0.5.10.post1``
     # (after 0.5.9; only the fit file's DeepSeek-V3 rows run it, and no rule here turns on a date in between)
@@ -370,6 +373,10 @@ SGLANG_RELEASE_DATES = {
     "0.5.13.post1": datetime.date(2026, 6, 15),
     "0.5.14": datetime.date(2026, 7, 10),
 }
+# A release's earliest possible cut, where a source bounds it: v0.5.12's release branch took a DeepSeek-V4 fix
+# (sgl-project/sglang#26071, "[Cherry-pick to release/v0.5.12] perf(dsv4): add MHC token-count prewarm (#25810)"), and
+# the DeepSeek-V4 model first landed on main on 2026-05-07 (35870d55a, #23882, ``models/deepseek_v4.py``).
+SGLANG_RELEASE_CUT_AFTER = {"0.5.12": datetime.date(2026, 5, 7)}
 SGLANG_COMMIT_DATES = {
     "947927bdb": datetime.date(2026, 2, 11),  # the GLM-5 cookbook's commit
     "1eea7448": datetime.date(2026, 3, 17),
@@ -518,6 +525,7 @@ def engine_step_tokens(anchor: dict, chunk: int) -> int:
 # included: rule 6 of the default's own commit ("Non-CUDA hardware (AMD, NPU, etc.)"), the same rule at f7632ef86
 # (2026-06-18, the MI355X cells' image date) and at 06ad7b2b0 ("non-CUDA hardware (HIP/NPU/CPU/MPS/XPU)").
 SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
+SGLANG_PIECEWISE_GRAPH_DATE = datetime.date(2026, 3, 2)  # c64274c74, "Piecewise Cuda Graph set default" (#16331)
 # SGLang built the lightning indexer on every layer of a DSA model, also on the layers that reuse the previous
 # layer's top-k (GLM-5.2's IndexCache, 57 of 78), until sgl-project/sglang#30531 (8cc112d48, "[DSA] Skip indexer KV
 # cache for skip-topk layers"): ``DeepseekV2AttentionMLA.__init__`` constructed ``Indexer(...)`` (replicated
@@ -527,20 +535,44 @@ SGLANG_DSA_PREFILL_GRAPH_DATE = datetime.date(2026, 5, 22)
 SGLANG_SKIP_TOPK_INDEXER_DATE = datetime.date(2026, 8, 17)
 
 
+def _release_key(release: str) -> tuple[int, ...]:
+    """``0.5.13.post1`` as (0, 5, 13, 1), ``0.5.12`` as (0, 5, 12, 0): the order SGLang cut its releases in."""
+    numbers = re.findall(r"\d+", release)
+    return tuple(int(n) for n in numbers) + (0,) * (4 - len(numbers))
+
+
+def sglang_cut_no_earlier(anchor: dict) -> datetime.date | None:
+    """The earliest day the row's SGLang build can have been cut: a commit's, a nightly's or a model-launch image's
+    own date; for a release, the latest lower bound ``SGLANG_RELEASE_CUT_AFTER`` gives it or any release before it
+    (releases are cut in version order), None where none is on file (the dates of ``SGLANG_RELEASE_DATES`` are
+    upper bounds, the day a release was in use); None for an empty ``version``."""
+    text = (anchor.get("version") or "").strip()
+    release = re.match(r"^(?:[\w./-]+:)?v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-\s]|$)", text)
+    if release and release.group(1) in SGLANG_RELEASE_DATES:
+        key = _release_key(release.group(1))
+        bounds = [day for name, day in SGLANG_RELEASE_CUT_AFTER.items() if _release_key(name) <= key]
+        return max(bounds, default=None)
+    return sglang_build_date(anchor)
+
+
 def engine_prefill_graph(anchor: dict) -> bool:
     """Whether the row's engine replays CUDA graphs for prefill steps (``SimConfig.prefill_graph``): vLLM V1's
-    piecewise graphs do; SGLang runs a DSA model's prefill eagerly (``kernels.EAGER_LAYER_S``) in builds before
-    ``SGLANG_DSA_PREFILL_GRAPH_DATE`` (or naming no version), and after it under DP attention or DeepEP; every other
-    SGLang row on file (DeepSeek-R1 / V3) predates those graphs or cannot be dated against their 2026-03-02 default,
-    and keeps eager prefill. On an AMD GPU (a CDNA kind: ROCm's HIP) SGLang never replays prefill graphs. (A
+    piecewise graphs do; SGLang's do by default since ``SGLANG_PIECEWISE_GRAPH_DATE``, except under DP attention, with
+    an all-to-all MoE backend and on an AMD GPU (a CDNA kind: ROCm's HIP), and for a DSA model until
+    ``SGLANG_DSA_PREFILL_GRAPH_DATE``. A dense-MLA row (DeepSeek-R1 / V3) replays them where its build was cut on or
+    after the default (``sglang_cut_no_earlier``: InferenceX's v0.5.12 rows); the fit file's 0.5.9 and 0.5.10.post1
+    rows cannot be placed against it and stay eager, as do the anchors' and v0.5.7 rows that predate it. (A
     piecewise graph covers prefill steps of up to 2,048 tokens for an MLA model; above that SGLang runs eagerly, where
     the eager floor no longer binds.)"""
     if policy_of(anchor) == "mixed":
         return True
-    if not has_indexer(anchor) or _int(anchor.get("dp"), 1) > 1 or engine_moe_a2a(anchor)[0] != "none":
+    if _int(anchor.get("dp"), 1) > 1 or engine_moe_a2a(anchor)[0] != "none":
         return False
     if gpu_kind(anchor["gpu"]).arch.startswith("cdna"):
         return False
+    if not has_indexer(anchor):
+        cut = sglang_cut_no_earlier(anchor)
+        return cut is not None and cut >= SGLANG_PIECEWISE_GRAPH_DATE
     built = sglang_build_date(anchor)
     return built is not None and built >= SGLANG_DSA_PREFILL_GRAPH_DATE
 

@@ -7,6 +7,7 @@ the calibration files are replayed with both."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 
 import numpy as np
 import pytest
@@ -212,9 +213,24 @@ def test_sglang_rows_replay_eager_prefill_and_vllm_rows_graphs(calibrate):
     assert calibrate.engine_prefill_graph(row) is False
     assert calibrate.engine_prefill_graph({**row, "id": "x-vllm-tp8", "engine": "vllm"}) is True
     # sgl-project/sglang#23351 (2026-05-22) lets a DSA model's prefill run piecewise graphs, except under DP attention
-    # or an all-to-all MoE backend; a dense-MLA row (indexer 0) keeps eager prefill here.
+    # or an all-to-all MoE backend.
     assert calibrate.engine_prefill_graph({**row, "version": "commit 947927bdb"}) is False
     assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14"}) is True
     assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "dp": "8"}) is False
     assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "moe_a2a": "deepep"}) is False
-    assert calibrate.engine_prefill_graph({**row, "version": "v0.5.14", "indexer": "0"}) is False
+    # A dense-MLA model (indexer 0) had them by default from 2026-03-02 (c64274c74): a build cut after that day replays
+    # them (v0.5.12's cut is bounded below by its DeepSeek-V4 cherry-pick, and every later release's by it); a release
+    # only dated by the day it was in use (0.5.9 by 2026-03-04, 0.5.10.post1, v0.5.7) cannot be placed and stays eager.
+    dense = {**row, "indexer": "0"}
+    for version, graphs in (
+        ("v0.5.14", True), ("lmsysorg/sglang:v0.5.12-cu130", True), ("0.5.13.post1", True),
+        ("0.5.9", False), ("lmsysorg/sglang:v0.5.9-cu130", False), ("0.5.10.post1", False),
+        ("lmsysorg/sglang:v0.5.7-cu129-amd64", False), ("commit 947927bdb", False), ("main @ 09ca4fc", True), ("", False),
+    ):  # fmt: skip
+        assert calibrate.engine_prefill_graph({**dense, "version": version}) is graphs, version
+    assert calibrate.engine_prefill_graph({**dense, "version": "v0.5.12", "dp": "8"}) is False
+    assert calibrate.engine_prefill_graph({**dense, "version": "v0.5.12", "gpu": "MI355X"}) is False
+    assert (
+        calibrate.sglang_cut_no_earlier({**dense, "version": "v0.5.14"}) == calibrate.SGLANG_RELEASE_CUT_AFTER["0.5.12"]
+    )
+    assert calibrate.sglang_cut_no_earlier({**dense, "version": "main @ 09ca4fc"}) == datetime.date(2026, 6, 26)
