@@ -408,6 +408,13 @@ SGLANG_BLACKWELL_DSA_KV = (
 )
 
 
+def _release_of(version: str) -> str | None:
+    """The release of ``SGLANG_RELEASE_DATES`` a ``version`` names (``0.5.9``, ``v0.5.14``, an image
+    ``lmsysorg/sglang:v0.5.9-cu130``), or None."""
+    release = re.match(r"^(?:[\w./-]+:)?v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-\s]|$)", version)
+    return release.group(1) if release and release.group(1) in SGLANG_RELEASE_DATES else None
+
+
 def sglang_build_date(anchor: dict) -> datetime.date | None:
     """When the row's SGLang build was cut (``version``): a release (``0.5.9``, ``v0.5.14``, an image
     ``lmsysorg/sglang:v0.5.9-cu130``) from ``SGLANG_RELEASE_DATES``, a commit (``commit 947927bdb``,
@@ -421,9 +428,9 @@ def sglang_build_date(anchor: dict) -> datetime.date | None:
     nightly = re.search(r"nightly[-\w]*?-(\d{8})(?:-|$)", text)
     if nightly:
         return datetime.datetime.strptime(nightly.group(1), "%Y%m%d").date()
-    release = re.match(r"^(?:[\w./-]+:)?v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-\s]|$)", text)
-    if release and release.group(1) in SGLANG_RELEASE_DATES:
-        return SGLANG_RELEASE_DATES[release.group(1)]
+    release = _release_of(text)
+    if release:
+        return SGLANG_RELEASE_DATES[release]
     for commit, date in SGLANG_COMMIT_DATES.items():
         if re.search(rf"\b{commit}", text):
             return date
@@ -546,10 +553,9 @@ def sglang_cut_no_earlier(anchor: dict) -> datetime.date | None:
     own date; for a release, the latest lower bound ``SGLANG_RELEASE_CUT_AFTER`` gives it or any release before it
     (releases are cut in version order), None where none is on file (the dates of ``SGLANG_RELEASE_DATES`` are
     upper bounds, the day a release was in use); None for an empty ``version``."""
-    text = (anchor.get("version") or "").strip()
-    release = re.match(r"^(?:[\w./-]+:)?v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-\s]|$)", text)
-    if release and release.group(1) in SGLANG_RELEASE_DATES:
-        key = _release_key(release.group(1))
+    release = _release_of((anchor.get("version") or "").strip())
+    if release:
+        key = _release_key(release)
         bounds = [day for name, day in SGLANG_RELEASE_CUT_AFTER.items() if _release_key(name) <= key]
         return max(bounds, default=None)
     return sglang_build_date(anchor)
