@@ -696,6 +696,10 @@ def test_trtllms_fused_moe_grows_beyond_the_layer_minimum_from_one_token(dsv32):
     assert eight.total_seconds - one.total_seconds == pytest.approx(growth)
     big = trt.cost([(8192, 0)], [])  # a step whose work is above the minimum pays the floors only
     assert big.seconds["floor"] == pytest.approx(trt.rank.floor_s)
+    # a run of decodes priced as arrays keeps the same floor, bit for bit
+    contexts, steps = [1024] * 8, 6
+    run = trt.run_seconds(contexts, steps)
+    assert np.array_equal(run, [trt.step_seconds([], [c + j for c in contexts]) for j in range(steps)])
     triton = RooflineStepTime(dsv32, gpu=h200, weight_dtype="fp8")
     work8 = sum(v for k, v in triton.cost([], [1024] * 8).seconds.items() if k not in ("floor", "overhead"))
     assert triton.moe_one_token_seconds() > 0.0 and triton.rank.layer_min_s > 0.0
