@@ -337,14 +337,8 @@ class RooflineStepTime:
             draft_s = self._draft_seconds(n_dec, draft_rows, dec_sum, s.dec_topk, larger)
         # left to right in ``seconds``' order, as total_seconds adds them: its partial sum
         components = linear_s + moe_s + mla_s + idx_s + write_s + coll_s + draft_s
-        if tokens:  # small kernels' floor; below layers x layer_min_s the big kernels' work is their own latency
-            work = components - draft_s  # the draft passes are forwards of their own
-            # TensorRT-LLM's fused MoE (fact 49): the minimum holds its one-token time, what more tokens add to its
-            # bytes comes after the rest of the layer's latency, not under it
-            rest = work - moe_s if self.moe_trtllm else work
-            floor_s = r.floor_s + larger(0.0, r.layer_min_s - self._moe_one_s - rest)
-        else:
-            floor_s = 0.0
+        # the draft passes are forwards of their own, outside the layers' minimum
+        floor_s = self._floor_seconds(components - draft_s, moe_s, larger) if tokens else 0.0
         overhead_s = self.terms.overhead_s if tokens else 0.0
         total = components + floor_s + overhead_s
         spec_host_s = 0.0
@@ -374,6 +368,15 @@ class RooflineStepTime:
         if np.any(eager_s):
             secs["eager_launch"] = eager_s
         return StepCost(flops, nbytes, secs, total)
+
+    def _floor_seconds(self, work, moe_s, larger):
+        """A non-empty step's floor: the small kernels' chains, and what the layer minimum adds where the big kernels'
+        ``work`` is below it (their own latency, fact 14). Under TensorRT-LLM's fused MoE the minimum holds only its
+        one-token time: what more tokens add to its bytes (``moe_s``) comes after the rest of the layer's latency, not
+        under it (fact 49). ``larger``: ``max``, or ``np.maximum`` over a run's arrays."""
+        r = self.rank
+        rest = work - moe_s if self.moe_trtllm else work
+        return r.floor_s + larger(0.0, r.layer_min_s - self._moe_one_s - rest)
 
     def _eager_launch_seconds(self, s: StepSums) -> float | np.ndarray:
         """The host's launch work of an eager prefill forward: every layer's chain, and each full indexer layer's
