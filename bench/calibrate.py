@@ -224,13 +224,13 @@ SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB = 1.5 * 1024
 
 
 def sglang_mem_fraction_static(
-    gpu_memory_mib: float, tp: int, dp_attention: int, speculative: bool, prefill_graph: bool = False
+    gpu_memory_mib: float, tp: int, dp_attention: int, draft_reserve_mib: float, prefill_graph: bool = False
 ) -> float:
     """SGLang's default ``--mem-fraction-static`` (``ServerArgs._handle_gpu_memory_settings``, SGLang >= 0.5):
     reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
     attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, with piecewise prefill graphs of an
-    MLA model + ``SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB``, at least 10 GiB above 60 GiB, + 2 GiB for an EAGLE draft
-    model. Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
+    MLA model + ``SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB``, at least 10 GiB above 60 GiB, + ``draft_reserve_mib`` for an
+    EAGLE draft model (``sglang_eagle_reserve_mib``: 0 without one). Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
     cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
     MI300X)."""
     chunk = sglang_chunked_prefill_size(gpu_memory_mib)
@@ -242,9 +242,42 @@ def sglang_mem_fraction_static(
         reserved += SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB
     if gpu_memory_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    if speculative:
-        reserved += 2 * 1024
+    reserved += draft_reserve_mib
     return round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)
+
+
+# What SGLang's ``--mem-fraction-static`` heuristic reserves for an EAGLE / MTP draft model and its CUDA graphs, by
+# build (``ServerArgs._handle_gpu_memory_settings``), (from, MiB): 2 GiB since the heuristic's rewrite
+# (sgl-project/sglang#7054, 6b12d6a8d), 4 GiB from e55e65535 (#19418, 2026-02-26), nothing from 75998d042 (#23862,
+# 2026-06-12: "Fix --mem-fraction-static not accounting for EAGLE draft model KV cache", the draft's weights are
+# loaded before the memory profile and its pool is sized inside the same fraction, as dsakv's layout already counts
+# the MTP layer's pages, ``CacheLayout.mtp_layers``).
+SGLANG_EAGLE_RESERVE_MIB = (
+    (datetime.date(2025, 6, 10), 2 * 1024),
+    (datetime.date(2026, 2, 26), 4 * 1024),
+    (datetime.date(2026, 6, 12), 0),
+)
+
+
+def sglang_eagle_reserve_mib(anchor: dict) -> int:
+    """The draft model's share of SGLang's reserve for the row's build (``SGLANG_EAGLE_RESERVE_MIB``); 0 for a row
+    without speculative decoding. A build is placed by its bounds: the day it was in use (``sglang_build_date``, or the
+    first entry's value for an empty ``version``) before a change, or its earliest cut (``sglang_cut_no_earlier``) on
+    or after one; a build whose bounds straddle a change is an error asking for the row's ``mem``."""
+    if not (_int(anchor.get("mtp"), 0) or 0):
+        return 0
+    built, cut = sglang_build_date(anchor), sglang_cut_no_earlier(anchor)
+    era = SGLANG_EAGLE_RESERVE_MIB[0][1]
+    for since, mib in SGLANG_EAGLE_RESERVE_MIB[1:]:
+        if built is None or built < since:
+            return era
+        if cut is None or cut < since:
+            raise DsakvError(
+                f"anchor {anchor['id']}: version = {anchor.get('version')!r}: its build may predate SGLang's EAGLE "
+                f"memory reserve change of {since} (SGLANG_EAGLE_RESERVE_MIB) or not; set the row's mem"
+            )
+        era = mib
+    return era
 
 
 def engine_new_token_ratio(anchor: dict) -> float:
@@ -317,7 +350,7 @@ def engine_mem_fraction(anchor: dict) -> float:
         gpu_kind(anchor["gpu"]).memory_bytes / 2**20,
         gpus,
         dp,
-        _int(anchor.get("mtp"), 0) > 0,
+        sglang_eagle_reserve_mib(anchor),
         prefill_graph=engine_prefill_graph(anchor),
     )
 

@@ -108,11 +108,11 @@ def test_make_traces_spaces_arrivals_by_the_rate(make_traces):
 def test_an_empty_mem_takes_the_engines_default(calibrate):
     # SGLang TP8 + DP8 on an H200 (143,771 MiB): reserve 512 + 1.5 x 8192 + 2 x 512 + 1024 + 512 x 8 x 4.5 = 33,280
     # MiB -> (143771 - 33280) / 143771 = 0.769; without DP attention 14,848 MiB -> 0.897.
-    assert calibrate.sglang_mem_fraction_static(143_771, 8, 8, False) == 0.769
-    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, False) == 0.897
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 8, 0) == 0.769
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, 0) == 0.897
     # with an MLA model's piecewise prefill graphs (SGLang builds of a DSA model after 2026-05-22, no DP attention):
     # + 1,536 MiB -> 16,384 MiB -> 0.886
-    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, False, prefill_graph=True) == 0.886
+    assert calibrate.sglang_mem_fraction_static(143_771, 8, 1, 0, prefill_graph=True) == 0.886
     tp8 = {"id": "x-sgl-tp8", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "0", "mem": ""}
     assert calibrate.engine_mem_fraction({**tp8, "version": "v0.5.14"}) == 0.886
     assert calibrate.engine_mem_fraction({**tp8, "version": "commit 947927bdb"}) == 0.897
@@ -120,6 +120,33 @@ def test_an_empty_mem_takes_the_engines_default(calibrate):
     assert calibrate.engine_mem_fraction(row) == 0.769
     assert calibrate.engine_mem_fraction({**row, "id": "x-vllm-tp8", "dp": "1"}) == 0.9
     assert calibrate.engine_mem_fraction({**row, "mem": "0.85"}) == 0.85
+
+
+def test_sglangs_draft_model_reserve_follows_the_rows_build(calibrate):
+    # An EAGLE row with an empty mem on an H200 at TP8: 14,848 MiB reserved before the draft's share (the test above).
+    row = {"id": "x-sgl-tp8-mtp3", "engine": "sglang", "gpu": "H200", "gpus": "8", "dp": "1", "mtp": "3", "mem": ""}
+    # 0.5.6 (in use 2025-12-02) and a build with no version: + 2,048 MiB -> 16,896 MiB -> 0.882
+    assert calibrate.sglang_eagle_reserve_mib({**row, "version": "0.5.6"}) == 2048
+    assert calibrate.engine_mem_fraction({**row, "version": "0.5.6"}) == 0.882
+    assert calibrate.engine_mem_fraction({**row, "version": ""}) == 0.882
+    # a nightly of 2026-03-17 (after e55e65535): + 4,096 MiB -> 18,944 MiB -> 0.868
+    assert calibrate.sglang_eagle_reserve_mib({**row, "version": "nightly-dev-20260317-1eea7448"}) == 4096
+    assert calibrate.engine_mem_fraction({**row, "version": "nightly-dev-20260317-1eea7448"}) == 0.868
+    # v0.5.12 was cut on or after 2026-05-07 and in use by 2026-05-16: between the two changes, 4 GiB
+    assert calibrate.sglang_eagle_reserve_mib({**row, "version": "v0.5.12"}) == 4096
+    # main @ 09ca4fc (2026-06-26, after 75998d042): the draft's pool is sized inside the fraction, nothing reserved;
+    # the DSA model's piecewise prefill graphs (after 2026-05-22) keep their 1,536 MiB -> 16,384 MiB -> 0.886
+    assert calibrate.sglang_eagle_reserve_mib({**row, "version": "main @ 09ca4fc"}) == 0
+    assert calibrate.engine_mem_fraction({**row, "version": "main @ 09ca4fc"}) == 0.886
+    # no draft, no share; a set mem wins
+    assert calibrate.sglang_eagle_reserve_mib({**row, "mtp": "0", "version": "0.5.6"}) == 0
+    assert calibrate.engine_mem_fraction({**row, "version": "v0.5.14", "mem": "0.8"}) == 0.8
+    # 0.5.9 was in use by 2026-03-04 with no earliest cut on file: it may predate the 4 GiB change or not
+    with pytest.raises(calibrate.DsakvError, match=r"version = '0\.5\.9'.*2026-02-26.*set the row's mem"):
+        calibrate.engine_mem_fraction({**row, "version": "0.5.9"})
+    # v0.5.14 (cut on or after 2026-05-07, in use by 2026-07-10) straddles 75998d042
+    with pytest.raises(calibrate.DsakvError, match=r"2026-06-12"):
+        calibrate.sglang_eagle_reserve_mib({**row, "version": "v0.5.14"})
 
 
 def test_inferencex_rows_replay_its_clients_length_range(calibrate):
@@ -279,7 +306,7 @@ def test_gpustack_rows_leave_mem_and_kv_to_the_engines_defaults(calibrate, share
     gpustack = [a for a in rows.values() if "gpustack" in a["src"]]
     assert gpustack and all(a["mem"] == a["kv"] == "" for a in gpustack)
     sgl, vllm = rows["ds-sgl-dp8-32k100"], rows["ds-vllm-tp8-4k200"]
-    assert calibrate.engine_mem_fraction(sgl) == calibrate.sglang_mem_fraction_static(143_771, 8, 8, False) == 0.769
+    assert calibrate.engine_mem_fraction(sgl) == calibrate.sglang_mem_fraction_static(143_771, 8, 8, 0) == 0.769
     assert calibrate.engine_mem_fraction(vllm) == calibrate.VLLM_GPU_MEMORY_UTILIZATION
     assert calibrate.sim_config(vllm).kv_dtype == "bf16"
 
@@ -805,7 +832,9 @@ def test_sglang_spec_v2_builds_replay_with_the_overlap_scheduler(calibrate):
     assert calibrate.engine_spec_overlap({**row, "version": "commit 947927bdb"}) is False
     assert calibrate.engine_spec_overlap({**row, "version": "v0.5.14"}) is True
     assert calibrate.engine_spec_overlap({**row, "version": "main @ 09ca4fc"}) is True
-    assert calibrate.sim_config({**row, "model": "glm-5.2", "weight_dtype": "fp8", "version": "v0.5.14"}).spec_overlap
+    assert calibrate.sim_config(
+        {**row, "model": "glm-5.2", "weight_dtype": "fp8", "version": "v0.5.14", "mem": "0.85"}
+    ).spec_overlap
 
 
 def test_the_engines_overlapped_loops_receive_a_request_one_step_late(calibrate):
