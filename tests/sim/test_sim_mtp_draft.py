@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from dsakv.errors import DsakvError
 from dsakv.planner.draft import draft_pass_cost
 from dsakv.planner.gpus import gpu_kind
+from dsakv.planner.weights import weight_parts
 from dsakv.sim import run as simulate
 from dsakv.sim.config import SimConfig, build_setup
 from dsakv.sim.steptime import RooflineStepTime
+from dsakv.sim.steptime.kernels import triton_moe_slice_factor
 from dsakv.spec.layout import CacheLayout
 from dsakv.spec.model_spec import ModelSpec
 from dsakv.workloads.traces import TraceRequest
@@ -52,7 +54,14 @@ def one_pass(layout: CacheLayout, model: RooflineStepTime, ctx: int, *, indexer:
     scoring = max(idx_flops / (gpu.fp8_flops * model.terms.indexer_eff), ctx * (layout.indexer_row_bytes + 8) / bw)
     write = (layout.main_row_bytes + layout.indexer_row_bytes) / bw
     activations = sum(fused_moe_activation_bytes(model, 1, 1)) / bw  # its MoE's (fact 43), one row
-    reads = drafted.weight_bytes / bw + activations
+    # the experts the row picks stream at the fused MoE's rate for the rank's slice of an expert (fact 51)
+    a = spec.arch_value
+    mtp_experts = {p.name: p.bytes for p in weight_parts(spec, 1)}["routed experts"]
+    experts = (mtp_experts - {p.name: p.bytes for p in weight_parts(spec, 0)}["routed experts"]) * (
+        a("num_experts_per_tok") / a("n_routed_experts")
+    )
+    expert_bw = bw * triton_moe_slice_factor(a("moe_intermediate_size") * model.ep / model.tp)
+    reads = (drafted.weight_bytes - experts) / bw + experts / expert_bw + activations
     one = max(reads + mla + (scoring if indexer else 0.0) + write, model.terms.layer_min_s)
     return one + model.terms.layer_floor_s + model.terms.indexer_floor_s  # the layer's and its indexer's kernel chains
 

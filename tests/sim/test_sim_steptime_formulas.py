@@ -55,6 +55,7 @@ from dsakv.sim.steptime.kernels import (
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
     sglang_batch1_at_reference,
+    triton_moe_slice_factor,
     vllm_deep_gemm_moe_min_tokens,
 )
 from dsakv.sim.steptime.runs import run_stretch
@@ -389,11 +390,13 @@ def test_deepep_runs_whole_shared_experts_on_the_rank_own_tokens(glm52):
 
 def test_deepep_experts_stream_at_deepgemms_decode_gemm_rate(glm52):
     # Fact 35: under DeepEP SGLang runs each rank's whole experts in DeepGEMM's grouped GEMMs, whose weights stream
-    # at the rate DeepGEMM publishes for decode-size GEMMs (GEMM_STREAM_EFF); the TP MoE keeps the fitted bw_eff.
+    # at the rate DeepGEMM publishes for decode-size GEMMs (GEMM_STREAM_EFF); the fused MoE without an all-to-all
+    # keeps the fitted bw_eff, scaled for its slice of an expert (fact 51: whole experts here, ep = tp).
     tp = RooflineStepTime(glm52, dp_attention=8, ep=8)
     a2a = RooflineStepTime(glm52, dp_attention=8, ep=8, moe_a2a="deepep")
     hbm = tp.gpu.hbm_bytes_per_s
-    assert tp.rank.expert_bw == pytest.approx(hbm * tp.bw_eff)
+    whole = glm52.spec.arch_value("moe_intermediate_size")
+    assert tp.rank.expert_bw == pytest.approx(hbm * tp.bw_eff * triton_moe_slice_factor(whole))
     assert a2a.rank.expert_bw == pytest.approx(hbm * GEMM_STREAM_EFF) and GEMM_STREAM_EFF > a2a.bw_eff
     weights = []
     for st in (tp, a2a):

@@ -49,11 +49,13 @@ from dsakv.sim.steptime.kernels import (
     TILELANG_DECODE_FIXED_S,
     TILELANG_DECODE_STREAM_EFF,
     TILELANG_PREFILL_SLOT_S,
+    TRITON_MOE_REFERENCE_SLICE,
     TRTLLM_MOE_STREAM_EFF,
     chain_fixed_seconds,
     fixed_and_seconds_per_byte,
     flashmla_efficiency,
     tilelang_mla_heads,
+    triton_moe_slice_factor,
     trtllm_gen_mla_heads,
 )
 from dsakv.spec.layout import CacheLayout
@@ -272,7 +274,7 @@ class RankFigures:
     prefill_kernel_row_sms: int  # the SMs a query row's padded heads take in FlashMLA's sparse prefill kernel (fact 44)
     # -- rates (FLOP/s or B/s, efficiencies applied)
     bw: float  # HBM bytes per second x bw_eff
-    expert_bw: float  # the rate the routed experts' weights stream at: HBM x GEMM_STREAM_EFF under DeepEP, else bw
+    expert_bw: float  # routed experts: HBM x GEMM_STREAM_EFF under DeepEP, else bw x the slice factor (fact 51)
     deep_gemm_bw: float  # HBM x GEMM_STREAM_EFF: DeepGEMM's grouped GEMMs (vLLM's MoE with DeepGEMM switched on)
     trtllm_moe_bw: float  # HBM x TRTLLM_MOE_STREAM_EFF: TensorRT-LLM's fused MoE (SGLang on Blackwell, fact 37)
     aiter_moe_bw: float  # HBM x AITER_MOE_STREAM_EFF: AITER's fused MoE (SGLang on CDNA 4, fact 38)
@@ -365,15 +367,17 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     dispatched to) for ``model``'s MoE exchange; ``bw`` is the fitted HBM rate. Under DeepEP each rank holds whole
     experts and SGLang runs them in DeepGEMM's grouped GEMMs (the masked layout on low-latency decode steps:
     ``DeepEPMoE`` requires DeepGEMM there): their weights stream at the rate DeepGEMM's decode-size GEMMs publish
-    (fact 35); the TP MoE's slices of every expert keep the fitted bw_eff, except in vLLM's DeepGEMM experts where its
-    switch is set (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and in its AITER fused MoE on
-    CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a
+    (fact 35); the fused MoE's slices of every expert keep the fitted bw_eff, scaled by the measured fall-off with the
+    rank's slice (``kernels.triton_moe_slice_factor``, 1 at the fitted rows' 256 columns: fact 51), except in vLLM's
+    DeepGEMM experts where its switch is set (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and
+    in its AITER fused MoE on CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a
     token once to each other rank holding one of its experts (fact 35)."""
     a = model.layout.spec.arch_value
     experts = a("n_routed_experts")
     deep_gemm_bw = model.gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
-    if model.moe_a2a != "deepep":
-        return deep_gemm_bw, bw, 0.0
+    if model.moe_a2a != "deepep":  # the fused MoE's slices of every expert: the fitted rate, by the slice (fact 51)
+        slice_columns = a("moe_intermediate_size") * model.ep / model.tp if experts else TRITON_MOE_REFERENCE_SLICE
+        return deep_gemm_bw, bw * triton_moe_slice_factor(slice_columns), 0.0
     dispatch_copies = 0.0
     if experts:
         ranks = normal_dispatch_ranks(

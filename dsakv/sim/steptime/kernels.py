@@ -233,6 +233,36 @@ def aiter_moe_stream_and_compute() -> tuple[float, float]:
 
 AITER_MOE_STREAM_EFF, AITER_MOE_COMPUTE_EFF = aiter_moe_stream_and_compute()
 
+# SGLang's Triton fused MoE (``fused_experts_impl``, the tensor-parallel experts on Hopper) streams its experts' weights
+# at a fraction of HBM that falls with the rank's slice of an expert (``moe_intermediate_size x ep / tp`` columns of
+# the gate / up and down projections): measured in AIConfigurator's H200 tables of SGLang 0.5.6.post2 (ai-dynamo/
+# aiconfigurator 095f58a51, ``bench/calibration/aiconfigurator/moe.csv``: DeepSeek's 256 experts of width 2,048, top 8,
+# fp8 blocks, MoE TP 1 to 32), each layer's bytes counted as dsakv counts them for the experts the table's own routing
+# touches (``python bench/moe_stream.py``, which recomputes these): the median over 32 to 256 tokens, (slice columns,
+# fraction of HBM). The fitted ``bw_eff`` holds at the slice of every Hopper row it was fitted on
+# (``TRITON_MOE_REFERENCE_SLICE``, MoE TP 8); another slice streams at ``bw_eff`` times its measured fraction over
+# the reference's (``triton_moe_slice_factor``; docs/steptime.md fact 51).
+TRITON_MOE_STREAM_BY_SLICE = ((64, 0.30), (128, 0.46), (256, 0.66), (512, 0.82), (1024, 0.88), (2048, 0.90))
+TRITON_MOE_REFERENCE_SLICE = 256
+
+
+def triton_moe_slice_factor(slice_columns: float) -> float:
+    """The Triton fused MoE's streaming fraction at a rank's expert slice of ``slice_columns`` over its fraction at
+    ``TRITON_MOE_REFERENCE_SLICE`` (1 there): interpolated linearly in log2 of the slice between the measured points
+    of ``TRITON_MOE_STREAM_BY_SLICE``, held at the end points beyond them."""
+    points = TRITON_MOE_STREAM_BY_SLICE
+    reference = dict(points)[TRITON_MOE_REFERENCE_SLICE]
+    x = math.log2(max(slice_columns, 1.0))
+    xs = [math.log2(cols) for cols, _ in points]
+    if x <= xs[0]:
+        return points[0][1] / reference
+    if x >= xs[-1]:
+        return points[-1][1] / reference
+    i = next(i for i in range(1, len(xs)) if x <= xs[i])
+    frac = points[i - 1][1] + (points[i][1] - points[i - 1][1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return frac / reference
+
+
 # AITER's fp8 block-scale GEMM with pre-shuffled weights (``gemm_a8w8_blockscale_bpreshuffle``, CK kernels), what
 # SGLang runs an fp8 checkpoint's linear layers in on gfx950 with ROCm >= 7.2 (``_use_aiter_bpreshuffle_gfx95``,
 # ``aiter_w8a8_block_fp8_linear``; AITER's Triton GEMMs only for the DeepSeek shapes that
