@@ -17,6 +17,9 @@ from_aiconfigurator_tables.py`` extracts them (docs/calibration-data.md). The op
   N-token prefill chunk, N / DP tokens on each of the DP groups); measured: SGLang's fused MoE layer (the kernel the
   table names), routed by AIConfigurator's ``power_law_1.01``. Rows whose experts run under an all-to-all are left
   out (the tables are MoE TP without expert parallelism).
+* ``moe routed N``: the same layer with dsakv's price taken at the experts the table's own routing touched
+  (``aic_routing.touched_experts``; fewer than uniform routing touches from 16 tokens on), so the ratio is the rate's
+  alone; tables collected behind DeepSeek's grouped top-k (``aic_routing.GROUPED_TOPK_VERSIONS``) are left out.
 * ``attention decode B x C`` and ``attention prefill N``: one DSA attention layer for B decodes at context C, or for
   one N-token prompt. dsakv: the step's sparse-MLA, indexer and cache-write components over its attention layers,
   plus the attention projections' share of the linear component (their FLOPs at the GEMM rate or their weight bytes
@@ -39,6 +42,7 @@ import argparse
 import bisect
 import csv
 import dataclasses
+import functools
 import statistics
 import sys
 from collections import defaultdict
@@ -46,14 +50,17 @@ from pathlib import Path
 
 from dsakv.errors import DsakvError
 from dsakv.sim.config import build_setup
+from dsakv.sim.steptime import RooflineStepTime
 from dsakv.sim.steptime.kernels import GEMM_FIXED_S, LAYER_KERNEL_CHAIN, chain_fixed_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibrate  # noqa: E402
+from aic_routing import GROUPED_TOPK_VERSIONS, touched_experts  # noqa: E402
 
 TABLES = Path(__file__).resolve().parent / "calibration" / "aiconfigurator"
 REDUCE_TOKENS = (1, 16, 64, 256, 1024, 8192)
 MOE_TOKENS = (8, 64, 256, 1024, 8192)
+ROUTING_DRAWS = 32  # routings drawn per token count for the ``moe routed`` lines (aic_routing.touched_experts)
 DECODE = ((1, 4096), (16, 4096), (64, 4096))  # decodes per rank x context
 PREFILL = (4096, 8192, 16384)
 DSA_MODEL = {"deepseek-v3.2": "deepseek-v3.2", "glm-5": "glm-5", "glm-5.1": "glm-5", "glm-5.2": "glm-5.2"}
@@ -122,6 +129,27 @@ class Tables:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class TableRouted(RooflineStepTime):
+    """dsakv's roofline with the routed experts a step touches counted as AIConfigurator's tables route their tokens
+    (``moe_stream.touched_experts``: its power-law generator, seeded) instead of uniformly: set against the tables,
+    its MoE layer differs from theirs by the rate alone, not by the routing's skew."""
+
+    def _touched(self, tokens: float) -> float:
+        experts = self.rank.experts
+        return 1.0 if not experts else _touched_share(round(tokens), experts, self.rank.topk_experts)
+
+
+@functools.lru_cache(maxsize=256)
+def _touched_share(tokens: int, experts: int, topk: int) -> float:
+    return touched_experts(tokens, experts, topk, ROUTING_DRAWS) / experts
+
+
+def _table_routed(model: RooflineStepTime) -> TableRouted:
+    """``model`` rebuilt as a ``TableRouted`` (every init field kept)."""
+    return TableRouted(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.init})
+
+
 def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> list[str]:
     """The row's lines (its header, then one line per operation and table version); ``ratios`` collects measured /
     dsakv per operation family."""
@@ -156,6 +184,7 @@ def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> lis
     moe_layers = r.attn_layers - r.dense_layers
     if r.experts and m.moe_a2a == "none" and moe_layers > 0:
         moe = tables.moe
+        routed = _table_routed(m)
         for n in MOE_TOKENS:
             per_group = max(1, n // dp)
             price = m.cost([(per_group, 0)], []).seconds["moe"] / moe_layers
@@ -165,6 +194,9 @@ def compare(anchor: dict, tables: Tables, ratios: dict[str, list[float]]) -> lis
                 if k[0] == gpu and int(k[3]) == r.hidden and int(k[4]) == tp
             ]
             emit(f"moe {per_group * dp}", price, found)
+            # the same layer with the experts the table's own routing touches (bench/moe_stream.py): the rate alone
+            price = routed.cost([(per_group, 0)], []).seconds["moe"] / moe_layers
+            emit(f"moe routed {per_group * dp}", price, [x for x in found if x[0] not in GROUPED_TOPK_VERSIONS])
 
     model = DSA_MODEL.get(anchor["model"])
     if model and r.idx_layers:

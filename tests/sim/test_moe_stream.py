@@ -22,20 +22,25 @@ def moe_stream(load_file_module, repo_dir):
     return load_file_module(repo_dir / "bench" / "moe_stream.py")
 
 
+@pytest.fixture
+def aic_routing(load_file_module, repo_dir):
+    return load_file_module(repo_dir / "bench" / "aic_routing.py")
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 32, 64, 512])
-def test_aiconfigurators_routing_gives_every_token_its_top_k_once_per_expert(moe_stream, tokens):
+def test_aiconfigurators_routing_gives_every_token_its_top_k_once_per_expert(aic_routing, tokens):
     rng = np.random.default_rng(7)
     for _ in range(5):
-        counts = moe_stream.aic_expert_counts(tokens, 256, 8, rng)
+        counts = aic_routing.aic_expert_counts(tokens, 256, 8, rng)
         assert counts.shape == (256,) and counts.sum() == tokens * 8  # the sum restored exactly
         assert counts.min() >= 0 and counts.max() <= tokens  # an expert takes a token at most once
 
 
-def test_the_power_law_touches_fewer_experts_than_uniform_routing(moe_stream):
+def test_the_power_law_touches_fewer_experts_than_uniform_routing(aic_routing):
     uniform = 256 * (1 - (1 - 8 / 256) ** 64)  # dsakv's own count (RooflineStepTime._touched): 222.4
-    touched = moe_stream.touched_experts(64, 256, 8, draws=32)
+    touched = aic_routing.touched_experts(64, 256, 8, draws=32)
     assert 180 < touched < uniform  # the skew concentrates the tokens: about 192
-    assert moe_stream.touched_experts(64, 256, 8, draws=32) == touched  # seeded: the same count every run
+    assert aic_routing.touched_experts(64, 256, 8, draws=32) == touched  # seeded: the same count every run
 
 
 def test_the_slice_constants_are_the_tables_medians(moe_stream):
