@@ -230,8 +230,8 @@ def sglang_mem_fraction_static(
     reserve, in MiB, 512 + 1.5 x max(chunked prefill, 2048) + 2 x cuda-graph max batch + tp/8 x 1024, with DP
     attention + 3 x (4.5 x above a 300 max batch) x cuda-graph max batch x dp, with piecewise prefill graphs of an
     MLA model + ``SGLANG_MLA_PREFILL_GRAPH_RESERVE_MIB``, at least 10 GiB above 60 GiB, + ``draft_reserve_mib`` for an
-    EAGLE draft model (``sglang_eagle_reserve_mib``: 0 without one). Chunked prefill (``sglang_chunked_prefill_size``, before the DP division) /
-    cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
+    EAGLE draft model (``sglang_eagle_reserve_mib``: 0 without one). Chunked prefill
+    (``sglang_chunked_prefill_size``, before the DP division) / cuda-graph max batch by memory: 8192 / 512 (TP >= 4) below 160 GiB (H100, H200), 16384 / 512 above (B200,
     MI300X)."""
     chunk = sglang_chunked_prefill_size(gpu_memory_mib)
     graph_bs = 512 if tp >= 4 or gpu_memory_mib >= 160 * 1024 else 256

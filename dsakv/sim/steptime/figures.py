@@ -370,8 +370,8 @@ def _moe_exchange(model: RooflineStepTime, bw: float) -> tuple[float, float, flo
     (fact 35); the fused MoE's slices of every expert keep the fitted bw_eff, scaled by the measured fall-off with the
     rank's slice (``kernels.triton_moe_slice_factor``, 1 at the fitted rows' 256 columns: fact 51), except in vLLM's
     DeepGEMM experts where its switch is set (fact 36), in SGLang's TensorRT-LLM fused MoE on Blackwell (fact 37) and
-    in its AITER fused MoE on CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode (extend steps) sends a
-    token once to each other rank holding one of its experts (fact 35)."""
+    in its AITER fused MoE on CDNA 4 (fact 38; ``RooflineStepTime._expert_bw`` picks the rate). DeepEP's normal mode
+    (extend steps) sends a token once to each other rank holding one of its experts (fact 35)."""
     a = model.layout.spec.arch_value
     experts = a("n_routed_experts")
     deep_gemm_bw = model.gpu.hbm_bytes_per_s * GEMM_STREAM_EFF
