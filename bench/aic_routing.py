@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 import numpy as np
@@ -55,7 +56,9 @@ def _adjust(counts: np.ndarray, delta: int, cap: int) -> np.ndarray:
     return counts
 
 
+@functools.lru_cache(maxsize=1024)
 def touched_experts(tokens: int, experts: int, topk: int, draws: int, seed: int = 0) -> float:
-    """The mean number of experts with at least one of ``tokens`` tokens under AIConfigurator's routing."""
+    """The mean number of experts with at least one of ``tokens`` tokens under AIConfigurator's routing (seeded:
+    the same figure for the same arguments, so it is kept once computed)."""
     rng = np.random.default_rng(seed)
     return statistics.fmean(int((aic_expert_counts(tokens, experts, topk, rng) > 0).sum()) for _ in range(draws))

@@ -42,7 +42,6 @@ import argparse
 import bisect
 import csv
 import dataclasses
-import functools
 import statistics
 import sys
 from collections import defaultdict
@@ -132,17 +131,16 @@ class Tables:
 @dataclasses.dataclass(frozen=True)
 class TableRouted(RooflineStepTime):
     """dsakv's roofline with the routed experts a step touches counted as AIConfigurator's tables route their tokens
-    (``moe_stream.touched_experts``: its power-law generator, seeded) instead of uniformly: set against the tables,
+    (``aic_routing.touched_experts``: its power-law generator, seeded) instead of uniformly: set against the tables,
     its MoE layer differs from theirs by the rate alone, not by the routing's skew."""
 
     def _touched(self, tokens: float) -> float:
         experts = self.rank.experts
-        return 1.0 if not experts else _touched_share(round(tokens), experts, self.rank.topk_experts)
-
-
-@functools.lru_cache(maxsize=256)
-def _touched_share(tokens: int, experts: int, topk: int) -> float:
-    return touched_experts(tokens, experts, topk, ROUTING_DRAWS) / experts
+        return (
+            1.0
+            if not experts
+            else touched_experts(round(tokens), experts, self.rank.topk_experts, ROUTING_DRAWS) / experts
+        )
 
 
 def _table_routed(model: RooflineStepTime) -> TableRouted:

@@ -8,8 +8,8 @@ fused MoE on Hopper).
 AIConfigurator times one MoE layer (``moe.csv``: GPU, SGLang version, kernel, hidden width, MoE TP, tokens) with its
 tokens routed by a power law (``power_law_1.01``), not uniformly as dsakv routes them, so the table's times cannot
 be set against dsakv's price directly (``bench/measured_ops.py`` does, and reads the routing's skew as speed). Here
-the experts the table's tokens touched are counted under that routing (``aic_expert_counts``, the collector's
-generator replayed, seeded), and the layer's bytes are dsakv's own for that many experts: each touched expert's
+the experts the table's tokens touched are counted under that routing (``aic_routing.aic_expert_counts``, the
+collector's generator replayed, seeded), and the layer's bytes are dsakv's own for that many experts: each touched expert's
 weights on the rank (``LinearShare.expert_bytes`` per MoE layer) and the kernels' activations per token (fact 43).
 Measured fraction = bytes / (measured seconds x the GPU's HBM bandwidth). The kernel's fixed costs (routing,
 alignment, launches) are inside the measured time, so the fraction is a lower bound of the streaming rate. One line
@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=64, help="routings drawn per token count (default: %(default)s)")
     args = ap.parse_args(argv)
     curves = Tables.read(args.tables).moe
-    touched_at: dict[int, float] = {}
     for key, curve in sorted(curves.items()):
         gpu, version, kernel, hidden, moe_tp = key[0], key[1], key[2], int(key[3]), int(key[4])
         if hidden not in MODEL_BY_HIDDEN:
@@ -107,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in TOKENS:
             if n not in curve.points:
                 continue
-            if n not in touched_at:
-                touched_at[n] = touched_experts(n, model.rank.experts, model.rank.topk_experts, args.draws)
-            cells.append(f"{n} {stream_fraction(model, n, touched_at[n], curve.at(n)):.2f}")
+            touched = touched_experts(n, model.rank.experts, model.rank.topk_experts, args.draws)
+            cells.append(f"{n} {stream_fraction(model, n, touched, curve.at(n)):.2f}")
         print(f"{gpu:<6} {version:<20} {kernel:<30} hidden {hidden} MoE TP {moe_tp}{note}: " + ", ".join(cells))
     medians = slice_fractions(curves, draws=args.draws)
     by_slice = ", ".join(f"{cols} {frac:.2f}" for cols, frac in medians.items())

@@ -40,7 +40,8 @@ def test_the_power_law_touches_fewer_experts_than_uniform_routing(aic_routing):
     uniform = 256 * (1 - (1 - 8 / 256) ** 64)  # dsakv's own count (RooflineStepTime._touched): 222.4
     touched = aic_routing.touched_experts(64, 256, 8, draws=32)
     assert 180 < touched < uniform  # the skew concentrates the tokens: about 192
-    assert aic_routing.touched_experts(64, 256, 8, draws=32) == touched  # seeded: the same count every run
+    # seeded: a fresh draw (past the cache) gives the same count
+    assert aic_routing.touched_experts.__wrapped__(64, 256, 8, draws=32) == touched
 
 
 def test_the_slice_constants_are_the_tables_medians(moe_stream):
